@@ -1,0 +1,60 @@
+// CPU kernels over configuration arrays (row-major uint64[n, nwords]).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "hamiltonian.hpp"
+
+namespace csk {
+
+struct CoupledSet {
+  std::vector<std::int64_t> source;  // index of the source configuration
+  std::vector<std::uint64_t> configs;  // [m, nwords]
+  std::vector<double> values;          // H_{x' x}
+};
+
+struct CsrMatrix {
+  std::vector<std::int64_t> indptr;
+  std::vector<std::int64_t> indices;
+  std::vector<double> data;
+};
+
+struct UniqueResult {
+  std::vector<std::uint64_t> keys;      // [u, nwords], sorted
+  std::vector<std::int64_t> inverse;    // [n]
+  std::vector<std::int64_t> counts;     // [u]
+};
+
+// Open-addressing hash index over the rows of a key array (which must outlive it).
+class KeyIndex {
+ public:
+  KeyIndex(const std::uint64_t* keys, std::int64_t n, int nwords);
+  std::int64_t find(const std::uint64_t* q) const;
+  bool has_duplicates() const { return duplicates_; }
+
+ private:
+  const std::uint64_t* keys_;
+  int nwords_;
+  std::uint64_t mask_;
+  std::vector<std::int64_t> slots_;
+  bool duplicates_ = false;
+};
+
+void diagonal_energies(const Hamiltonian& H, const std::uint64_t* configs, std::int64_t n,
+                       double* out);
+void matrix_elements(const Hamiltonian& H, const std::uint64_t* bra, const std::uint64_t* ket,
+                     std::int64_t n, double* out);
+CoupledSet coupled_configurations(const Hamiltonian& H, const std::uint64_t* configs,
+                                  std::int64_t n, double eps);
+void coupled_counts(const Hamiltonian& H, const std::uint64_t* configs, std::int64_t n, double eps,
+                    std::int64_t* out);
+CsrMatrix hamiltonian_csr(const Hamiltonian& H, const std::uint64_t* space, std::int64_t n,
+                          double eps);
+
+UniqueResult unique_keys(const std::uint64_t* keys, std::int64_t n, int nwords);
+void lookup_keys(const KeyIndex& index, const std::uint64_t* queries, std::int64_t n, int nwords,
+                 std::int64_t* out);
+
+int max_threads();
+
+}  // namespace csk
