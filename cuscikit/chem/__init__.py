@@ -1,1 +1,23 @@
+"""Chemistry front end: Molecule (PySCF, lazily), FCIDUMP read/write, bundled datasets."""
 
+from cuscikit.chem.datasets import (
+    UnknownDatasetError,
+    dataset_fcidump_path,
+    dataset_metadata,
+    list_datasets,
+)
+from cuscikit.chem.fcidump import FCIDump, FCIDumpError, read_fcidump, restore_eri, write_fcidump
+from cuscikit.chem.molecule import Molecule
+
+__all__ = [
+    "Molecule",
+    "read_fcidump",
+    "write_fcidump",
+    "FCIDump",
+    "FCIDumpError",
+    "restore_eri",
+    "list_datasets",
+    "dataset_metadata",
+    "dataset_fcidump_path",
+    "UnknownDatasetError",
+]

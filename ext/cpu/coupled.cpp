@@ -148,51 +148,87 @@ CoupledSet coupled_configurations(const Hamiltonian& Hm, const std::uint64_t* co
 }
 
 CsrMatrix hamiltonian_csr(const Hamiltonian& Hm, const std::uint64_t* space, std::int64_t n,
-                          double eps) {
+                          double eps, bool upper) {
   check_eps(Hm, eps);
   const HamiltonianView H = Hm.view();
   const int nw = Hm.nwords();
   KeyIndex index(space, n, nw);
   if (index.has_duplicates()) throw std::invalid_argument("the space holds duplicate configurations");
-  const std::int64_t nchunks = (n + kChunk - 1) / kChunk;
-  std::vector<std::vector<std::int64_t>> cols(nchunks);
-  std::vector<std::vector<double>> vals(nchunks);
-  std::vector<std::int64_t> rowlen(n);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t c = 0; c < nchunks; ++c) {
-    std::vector<std::pair<std::int64_t, double>> row;
-    for (std::int64_t r = c * kChunk; r < std::min(n, (c + 1) * kChunk); ++r) {
-      const std::uint64_t* x = space + r * nw;
+  // Two passes (count, then fill in place) so that peak memory is the matrix itself.
+  CsrMatrix m;
+  m.indptr.assign(n + 1, 0);
+  auto visit_row = [&](std::int64_t r, auto&& take) {
+    const std::uint64_t* x = space + r * nw;
+    int occ[64 * kMaxWords];
+    const int ne = occupied_list(x, nw, occ);
+    take(r, diagonal_element(H, occ, ne));
+    for_each_coupled(Hm, H, x, nw, eps, [&](const std::uint64_t* y, double v) {
+      const std::int64_t k = index.find(y);
+      if (k >= 0 && (!upper || k > r)) take(k, v);
+    });
+  };
+#pragma omp parallel for schedule(dynamic, kChunk)
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::int64_t c = 0;
+    visit_row(r, [&](std::int64_t, double) { ++c; });
+    m.indptr[r + 1] = c;
+  }
+  for (std::int64_t r = 0; r < n; ++r) m.indptr[r + 1] += m.indptr[r];
+  m.indices.resize(m.indptr[n]);
+  m.data.resize(m.indptr[n]);
+#pragma omp parallel
+  {
+    std::vector<std::pair<std::int32_t, double>> row;
+#pragma omp for schedule(dynamic, kChunk)
+    for (std::int64_t r = 0; r < n; ++r) {
       row.clear();
-      int occ[64 * kMaxWords];
-      const int ne = occupied_list(x, nw, occ);
-      row.emplace_back(r, diagonal_element(H, occ, ne));
-      for_each_coupled(Hm, H, x, nw, eps, [&](const std::uint64_t* y, double v) {
-        const std::int64_t k = index.find(y);
-        if (k >= 0) row.emplace_back(k, v);
-      });
+      visit_row(r, [&](std::int64_t k, double v) { row.emplace_back(static_cast<std::int32_t>(k), v); });
       std::sort(row.begin(), row.end());
-      rowlen[r] = static_cast<std::int64_t>(row.size());
+      std::int64_t o = m.indptr[r];
       for (auto& e : row) {
-        cols[c].push_back(e.first);
-        vals[c].push_back(e.second);
+        m.indices[o] = e.first;
+        m.data[o++] = e.second;
       }
     }
   }
-  CsrMatrix m;
-  m.indptr.assign(n + 1, 0);
-  for (std::int64_t r = 0; r < n; ++r) m.indptr[r + 1] = m.indptr[r] + rowlen[r];
-  m.indices.resize(m.indptr[n]);
-  m.data.resize(m.indptr[n]);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t c = 0; c < nchunks; ++c) {
-    const std::int64_t o = m.indptr[c * kChunk];
-    std::copy(cols[c].begin(), cols[c].end(), m.indices.begin() + o);
-    std::copy(vals[c].begin(), vals[c].end(), m.data.begin() + o);
-    std::vector<std::int64_t>().swap(cols[c]);
-    std::vector<double>().swap(vals[c]);
-  }
   return m;
+}
+
+void symmetric_csr_matvec(const std::int64_t* indptr, const std::int32_t* indices,
+                          const double* data, std::int64_t n, const double* x, int k, double* y) {
+  // y = (U + U^T - D) x for the upper triangle U (diagonal included); x, y are (n, k) row-major.
+  const int nt = max_threads();
+  std::vector<double> priv(static_cast<std::size_t>(nt) * n * k, 0.0);
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef CSK_HAVE_OPENMP
+    const int t = omp_get_thread_num();
+#else
+    const int t = 0;
+#endif
+    double* yt = priv.data() + static_cast<std::size_t>(t) * n * k;
+#pragma omp for schedule(dynamic, 256)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const double* xr = x + r * k;
+      for (std::int64_t e = indptr[r]; e < indptr[r + 1]; ++e) {
+        const std::int64_t c = indices[e];
+        const double a = data[e];
+        const double* xc = x + c * k;
+        double* yr = yt + r * k;
+        for (int q = 0; q < k; ++q) yr[q] += a * xc[q];
+        if (c != r) {
+          double* yc = yt + c * k;
+          for (int q = 0; q < k; ++q) yc[q] += a * xr[q];
+        }
+      }
+    }
+#pragma omp for schedule(static)
+    for (std::int64_t i = 0; i < n * k; ++i) {
+      double s = 0.0;
+      for (int u = 0; u < nt; ++u) s += priv[static_cast<std::size_t>(u) * n * k + i];
+      y[i] = s;
+    }
+  }
 }
 
 }  // namespace csk

@@ -15,7 +15,7 @@ struct CoupledSet {
 
 struct CsrMatrix {
   std::vector<std::int64_t> indptr;
-  std::vector<std::int64_t> indices;
+  std::vector<std::int32_t> indices;
   std::vector<double> data;
 };
 
@@ -48,8 +48,11 @@ CoupledSet coupled_configurations(const Hamiltonian& H, const std::uint64_t* con
                                   std::int64_t n, double eps);
 void coupled_counts(const Hamiltonian& H, const std::uint64_t* configs, std::int64_t n, double eps,
                     std::int64_t* out);
+// H restricted to a set of unique configurations; with `upper` only columns >= row are kept.
 CsrMatrix hamiltonian_csr(const Hamiltonian& H, const std::uint64_t* space, std::int64_t n,
-                          double eps);
+                          double eps, bool upper);
+void symmetric_csr_matvec(const std::int64_t* indptr, const std::int32_t* indices,
+                          const double* data, std::int64_t n, const double* x, int k, double* y);
 
 UniqueResult unique_keys(const std::uint64_t* keys, std::int64_t n, int nwords);
 void lookup_keys(const KeyIndex& index, const std::uint64_t* queries, std::int64_t n, int nwords,

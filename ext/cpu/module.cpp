@@ -140,17 +140,43 @@ NB_MODULE(_core, m) {
                           to_numpy(std::move(s.values), {m}));
   });
 
-  m.def("hamiltonian_csr", [](const csk::Hamiltonian& H, ConfigArray space, double eps) {
-    check_words(H, space, "space");
-    csk::CsrMatrix a;
-    {
-      nb::gil_scoped_release nogil;
-      a = csk::hamiltonian_csr(H, space.data(), space.shape(0), eps);
-    }
-    const size_t n1 = a.indptr.size(), nnz = a.data.size();
-    return nb::make_tuple(to_numpy(std::move(a.indptr), {n1}), to_numpy(std::move(a.indices), {nnz}),
-                          to_numpy(std::move(a.data), {nnz}));
-  });
+  m.def(
+      "hamiltonian_csr",
+      [](const csk::Hamiltonian& H, ConfigArray space, double eps, bool upper) {
+        check_words(H, space, "space");
+        if (space.shape(0) >= (1ULL << 31))
+          throw std::invalid_argument("spaces beyond 2^31 configurations are not supported");
+        csk::CsrMatrix a;
+        {
+          nb::gil_scoped_release nogil;
+          a = csk::hamiltonian_csr(H, space.data(), space.shape(0), eps, upper);
+        }
+        const size_t n1 = a.indptr.size(), nnz = a.data.size();
+        return nb::make_tuple(to_numpy(std::move(a.indptr), {n1}),
+                              to_numpy(std::move(a.indices), {nnz}),
+                              to_numpy(std::move(a.data), {nnz}));
+      },
+      "hamiltonian"_a, "space"_a, "eps"_a, "upper"_a = false);
+
+  m.def("symmetric_csr_matvec",
+        [](nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> indptr,
+           nb::ndarray<const std::int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> indices,
+           nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu> data,
+           nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> x) {
+          const std::int64_t n = static_cast<std::int64_t>(indptr.shape(0)) - 1;
+          if (static_cast<std::int64_t>(x.shape(0)) != n)
+            throw std::invalid_argument("x has the wrong number of rows");
+          if (indices.shape(0) != data.shape(0))
+            throw std::invalid_argument("indices and data differ in length");
+          const int k = static_cast<int>(x.shape(1));
+          std::vector<double> y(static_cast<size_t>(n) * k);
+          {
+            nb::gil_scoped_release nogil;
+            csk::symmetric_csr_matvec(indptr.data(), indices.data(), data.data(), n, x.data(), k,
+                                      y.data());
+          }
+          return to_numpy(std::move(y), {static_cast<size_t>(n), static_cast<size_t>(k)});
+        });
 
   m.def("unique_keys", [](ConfigArray keys) {
     const int nw = static_cast<int>(keys.shape(1));

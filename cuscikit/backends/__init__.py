@@ -1,0 +1,1 @@
+"""Device dispatch: the compiled CPU module now, CUDA modules later."""

@@ -1,0 +1,597 @@
+"""``Molecule``: the integrals a CI solver needs, from atoms (PySCF), an FCIDUMP or a dataset.
+
+PySCF is imported only inside the code paths that start from atoms or run the reference FCI;
+a Molecule loaded from an FCIDUMP or a bundled dataset works without it.
+"""
+
+from __future__ import annotations
+
+import os
+from math import comb
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cuscikit.chem.fcidump import read_fcidump, restore_eri, write_fcidump
+
+__all__ = ["Molecule", "MAX_ORBITALS", "aufbau_energy"]
+
+#: Bit-width limit of the configuration kernels: 4 uint64 words = 256 spin orbitals.
+MAX_ORBITALS = 128
+
+# PySCF irrep id -> Molpro irrep number (as pyscf.tools.fcidump.ORBSYM_MAP)
+_MOLPRO_ORBSYM = {
+    "D2h": (1, 4, 6, 7, 8, 5, 3, 2),
+    "C2v": (1, 4, 2, 3),
+    "C2h": (1, 4, 2, 3),
+    "D2": (1, 4, 3, 2),
+    "Cs": (1, 2),
+    "C2": (1, 2),
+    "Ci": (1, 2),
+    "C1": (1,),
+}
+
+
+def _pair_diag(norb: int) -> np.ndarray:
+    i = np.arange(norb)
+    return i * (i + 1) // 2 + i
+
+
+def _jk_diagonals(eri8: np.ndarray, norb: int) -> tuple[np.ndarray, np.ndarray]:
+    """J[i, j] = (ii|jj) and K[i, j] = (ij|ji) read straight from 8-fold packed integrals."""
+    i = np.arange(norb)
+    hi, lo = np.maximum(i[:, None], i[None, :]), np.minimum(i[:, None], i[None, :])
+    pij = hi * (hi + 1) // 2 + lo  # pair index of (i, j)
+    pii = _pair_diag(norb)
+    a, b = np.maximum(pii[:, None], pii[None, :]), np.minimum(pii[:, None], pii[None, :])
+    jmat = eri8[a * (a + 1) // 2 + b]
+    kmat = eri8[pij * (pij + 1) // 2 + pij]
+    return jmat, kmat
+
+
+def aufbau_energy(
+    h1e: np.ndarray, eri8: np.ndarray, nelec: tuple[int, int], e_core: float = 0.0
+) -> float:
+    """Energy of the determinant that occupies the lowest ``n_alpha`` / ``n_beta`` orbitals.
+
+    Args:
+        h1e: ``(norb, norb)`` one-electron integrals.
+        eri8: 8-fold packed two-electron integrals.
+        nelec: ``(n_alpha, n_beta)``.
+        e_core: constant energy added to the result.
+
+    Returns:
+        ``E = e_core + sum_i h_ii + 1/2 sum_ij [J_ij - delta_s K_ij]`` over occupied spin orbitals.
+
+    Example:
+        >>> import numpy as np
+        >>> h = np.diag([-1.0, 0.0]); g = np.zeros(6); g[0] = 0.5  # (00|00) = 0.5
+        >>> aufbau_energy(h, g, (1, 1))
+        -1.5
+    """
+    norb = h1e.shape[0]
+    na, nb = nelec
+    jmat, kmat = _jk_diagonals(np.asarray(eri8), norb)
+    d = np.diag(h1e)
+    e = d[:na].sum() + d[:nb].sum()
+    e += 0.5 * (jmat[:na, :na].sum() - kmat[:na, :na].sum())
+    e += 0.5 * (jmat[:nb, :nb].sum() - kmat[:nb, :nb].sum())
+    e += jmat[:na, :nb].sum()
+    return float(e + e_core)
+
+
+def _validate_integrals(h1e: Any, eri: Any, nelec: Any) -> tuple[np.ndarray, np.ndarray, tuple]:
+    h1e = np.asarray(h1e, dtype=np.float64)
+    if h1e.ndim != 2 or h1e.shape[0] != h1e.shape[1]:
+        raise ValueError(f"h1e must be a square (norb, norb) matrix, got shape {h1e.shape}")
+    norb = h1e.shape[0]
+    nelec = _validate_nelec(nelec, norb)
+    if not np.isfinite(h1e).all():
+        raise ValueError("h1e contains NaN or inf")
+    if not np.allclose(h1e, h1e.T, rtol=0, atol=1e-10):
+        dev = np.abs(h1e - h1e.T).max()
+        raise ValueError(f"h1e is not symmetric (max |h - h^T| = {dev:.3g})")
+    try:
+        eri8 = restore_eri(eri, norb, 8)
+    except ValueError as exc:
+        raise ValueError(f"eri does not match h1e (norb={norb}): {exc}") from None
+    if not np.isfinite(eri8).all():
+        raise ValueError("eri contains NaN or inf")
+    return h1e, eri8, nelec
+
+
+def _validate_nelec(nelec: Any, norb: int) -> tuple[int, int]:
+    if norb < 1:
+        raise ValueError("need at least one orbital")
+    if norb > MAX_ORBITALS:
+        raise ValueError(
+            f"{norb} spatial orbitals exceed the limit of {MAX_ORBITALS} "
+            f"({2 * MAX_ORBITALS} spin orbitals = 4 uint64 words); use a frozen core or an "
+            "active space"
+        )
+    if isinstance(nelec, (int, np.integer)):
+        n = int(nelec)
+        if n < 0:
+            raise ValueError(f"negative electron count {n}")
+        nelec = ((n + 1) // 2, n // 2)
+    try:
+        na, nb = (int(x) for x in nelec)
+    except (TypeError, ValueError):
+        raise ValueError(f"nelec must be an int or (n_alpha, n_beta), got {nelec!r}") from None
+    if na < 0 or nb < 0:
+        raise ValueError(f"negative electron count in nelec={(na, nb)}")
+    if na > norb or nb > norb:
+        raise ValueError(f"nelec={(na, nb)} does not fit in {norb} spatial orbitals")
+    return na, nb
+
+
+class Molecule:
+    """Integrals of a molecule in an orthonormal orbital basis, ready for a CI solver.
+
+    Built from atoms, the constructor runs a tightly converged RHF (closed shell) or ROHF (open
+    shell) through PySCF and transforms to canonical orbitals, optionally freezing the core and
+    restricting to an active space (CASCI-style effective integrals).
+
+    Args:
+        atom: geometry in PySCF's format (string or list of ``(symbol, (x, y, z))``).
+        basis: basis name or PySCF basis dict; names PySCF lacks come from basis_set_exchange.
+        charge: total charge.
+        spin: ``n_alpha - n_beta`` (2S).
+        unit: ``"Angstrom"`` or ``"Bohr"``.
+        frozen_core: False, True (PySCF's ``chemcore``), or the number of frozen orbitals.
+        cas: ``(n_electrons, n_orbitals)`` active space above the inactive core, or None.
+        symmetry: use point-group symmetry in the SCF (orbital irreps go to ``orbsym``).
+        name: label shown in ``repr``; default: the formula.
+        verbose: PySCF verbosity.
+        thorough_scf: try every SCF strategy and keep the lowest stable solution (slower;
+            used for the bundled datasets). Otherwise stop at the first stable solution.
+
+    Attributes:
+        norb, nelec, h1e, eri, e_core, e_hf, e_scf, name, orbsym, metadata, mol, scf, mo_coeff,
+        ncore, e_fci (after :meth:`fci`).
+
+    Example:
+        >>> mol = Molecule("Li 0 0 0; H 0 0 1.6")  # doctest: +SKIP
+        >>> round(mol.fci(), 6)  # doctest: +SKIP
+        -7.882362
+    """
+
+    def __init__(
+        self,
+        atom: Any,
+        basis: Any = "sto-3g",
+        charge: int = 0,
+        spin: int = 0,
+        unit: str = "Angstrom",
+        frozen_core: bool | int = False,
+        cas: tuple[int, int] | None = None,
+        symmetry: bool | str = False,
+        name: str | None = None,
+        verbose: int = 0,
+        thorough_scf: bool = False,
+    ) -> None:
+        from pyscf import gto
+
+        if isinstance(frozen_core, bool) or frozen_core is None:
+            pass
+        elif not isinstance(frozen_core, (int, np.integer)) or frozen_core < 0:
+            raise ValueError(
+                f"frozen_core must be a bool or a non-negative int, not {frozen_core!r}"
+            )
+        if cas is not None:
+            if len(cas) != 2 or any(int(x) != x or x < 0 for x in cas):
+                raise ValueError(f"cas must be (n_electrons, n_orbitals), got {cas!r}")
+        mol = gto.Mole()
+        mol.atom = atom
+        mol.unit = unit
+        mol.charge = charge
+        mol.spin = spin
+        mol.symmetry = symmetry
+        mol.verbose = verbose
+        if isinstance(basis, str) and not _pyscf_knows_basis(basis, atom, unit):
+            basis = _bse_basis(basis, atom, unit)
+        mol.basis = basis
+        try:
+            mol.build(parse_arg=False)
+        except RuntimeError as exc:
+            if "spin" in str(exc).lower() or "electron" in str(exc).lower():
+                raise ValueError(f"charge={charge}, spin={spin}: {exc}") from None
+            raise ValueError(f"cannot build the molecule: {exc}") from exc
+        except (KeyError, ValueError, OSError) as exc:
+            raise ValueError(f"cannot build the molecule: {exc}") from exc
+
+        nmo_guess = mol.nao_nr()
+        ncore, ncas, nelecas = _active_space(mol, frozen_core, cas, nmo_guess)
+        _validate_nelec(nelecas, ncas)  # electron count and orbital limit, before any SCF
+
+        mf = _converge_scf(mol, thorough=thorough_scf)
+        nmo = mf.mo_coeff.shape[1]
+        if ncore + ncas > nmo:  # linear dependencies removed orbitals
+            raise ValueError(f"active space {ncore}+{ncas} exceeds the {nmo} molecular orbitals")
+
+        from pyscf import mcscf
+
+        mc = mcscf.CASCI(mf, ncas, nelecas, ncore=ncore)
+        h1eff, e_core = mc.get_h1eff()
+        h2eff = mc.get_h2eff()
+        orbsym = None
+        if mol.symmetry:
+            irreps = getattr(mf.mo_coeff, "orbsym", None)
+            if irreps is not None:
+                orbsym = _molpro_orbsym(mol, np.asarray(irreps)[ncore : ncore + ncas])
+
+        self._set_integrals(h1eff, h2eff, nelecas, float(e_core), None, name or _formula(mol))
+        self.orbsym = orbsym
+        self.mol, self.scf, self.mo_coeff = mol, mf, mf.mo_coeff
+        self.ncore = ncore
+        self.e_scf = float(mf.e_tot)
+        self.basis, self.charge, self.spin, self.unit = basis, charge, spin, unit
+        self.frozen_core, self.cas = frozen_core, cas
+
+    # ------------------------------------------------------------------ other constructors
+    def _set_integrals(
+        self,
+        h1e: Any,
+        eri: Any,
+        nelec: Any,
+        e_core: float,
+        e_hf: float | None,
+        name: str | None,
+    ) -> None:
+        h1e, eri8, nelec = _validate_integrals(h1e, eri, nelec)
+        if not np.isfinite(e_core):
+            raise ValueError("e_core is NaN or inf")
+        self.norb: int = h1e.shape[0]
+        self.nelec: tuple[int, int] = nelec
+        self.h1e: np.ndarray = h1e
+        self.eri: np.ndarray = eri8
+        self.e_core: float = float(e_core)
+        self.e_hf: float = aufbau_energy(h1e, eri8, nelec, e_core) if e_hf is None else float(e_hf)
+        self.name: str = name or f"norb={self.norb}"
+        self.orbsym: tuple[int, ...] | None = None
+        self.metadata: dict = {}
+        self.e_fci: float | None = None
+        self.mol = self.scf = self.mo_coeff = None
+        self.ncore = 0
+        self.e_scf: float | None = None
+        self._eri_full: np.ndarray | None = None
+
+    @classmethod
+    def from_integrals(
+        cls,
+        h1e: Any,
+        eri: Any,
+        nelec: int | tuple[int, int],
+        e_core: float = 0.0,
+        e_hf: float | None = None,
+        name: str | None = None,
+        orbsym: Any = None,
+    ) -> Molecule:
+        """Build from integrals in an orthonormal basis.
+
+        Args:
+            h1e: ``(norb, norb)`` symmetric one-electron integrals.
+            eri: two-electron integrals (chemists'), full, 4-fold or 8-fold packed.
+            nelec: electron count (an odd count puts the extra electron in alpha) or
+                ``(n_alpha, n_beta)``.
+            e_core: constant energy.
+            e_hf: reference energy; default: the aufbau determinant's energy.
+            name: label.
+            orbsym: orbital irreps, or None.
+
+        Returns:
+            A Molecule without PySCF objects (``mol``, ``scf`` are None).
+
+        Raises:
+            ValueError: shapes, symmetry, electron count or orbital limit are wrong.
+
+        Example:
+            >>> import numpy as np
+            >>> m = Molecule.from_integrals(np.diag([-1.0, 0.0]), np.zeros(6), 2)
+            >>> m.nelec, m.e_hf
+            ((1, 1), -2.0)
+        """
+        self = cls.__new__(cls)
+        self._set_integrals(h1e, eri, nelec, e_core, e_hf, name)
+        if orbsym is not None:
+            if len(orbsym) != self.norb:
+                raise ValueError(f"orbsym has {len(orbsym)} entries, norb={self.norb}")
+            self.orbsym = tuple(int(s) for s in orbsym)
+        return self
+
+    @classmethod
+    def from_fcidump(cls, path: str | os.PathLike, name: str | None = None) -> Molecule:
+        """Build from an FCIDUMP file (plain or gzipped); no PySCF needed.
+
+        Args:
+            path: the file.
+            name: label; default: the file name.
+
+        Returns:
+            A Molecule with ``e_hf`` computed from the integrals.
+
+        Raises:
+            FCIDumpError: malformed file.
+
+        Example:
+            >>> m = Molecule.from_fcidump("datasets/lih_sto3g.fcidump.gz")  # doctest: +SKIP
+        """
+        d = read_fcidump(path)
+        return cls.from_integrals(
+            d.h1e, d.eri, d.nelec_ab, d.e_core, name=name or Path(path).name, orbsym=d.orbsym
+        )
+
+    @classmethod
+    def load(cls, name: str) -> Molecule:
+        """Load a bundled dataset; its JSON metadata is in ``mol.metadata``.
+
+        Args:
+            name: dataset name, e.g. ``"N2"``, ``"n2/cc-pvdz"``, ``"Cr2"``.
+
+        Returns:
+            The Molecule; ``metadata["reference"]["energy"]`` is the reference energy.
+
+        Raises:
+            UnknownDatasetError: no such dataset.
+
+        Example:
+            >>> m = Molecule.load("LiH")  # doctest: +SKIP
+            >>> m.norb, m.nelec
+            (6, (2, 2))
+        """
+        from cuscikit.chem.datasets import dataset_fcidump_path, dataset_metadata
+
+        meta = dataset_metadata(name)
+        self = cls.from_fcidump(dataset_fcidump_path(name), name=meta.get("name", name))
+        self.metadata = meta
+        return self
+
+    # ------------------------------------------------------------------ properties and methods
+    @property
+    def n_determinants(self) -> int:
+        """Size of the FCI space, ``C(norb, n_alpha) * C(norb, n_beta)``."""
+        return comb(self.norb, self.nelec[0]) * comb(self.norb, self.nelec[1])
+
+    @property
+    def n_electrons(self) -> int:
+        """Total number of (active) electrons."""
+        return self.nelec[0] + self.nelec[1]
+
+    def eri_full(self) -> np.ndarray:
+        """The two-electron integrals as a full ``(norb,)*4`` array (computed once, cached).
+
+        Returns:
+            ``g[p, q, r, s] = (pq|rs)``.
+        """
+        if self._eri_full is None:
+            self._eri_full = restore_eri(self.eri, self.norb, 1)
+        return self._eri_full
+
+    def to_fcidump(self, path: str | os.PathLike, tol: float = 1e-15) -> None:
+        """Write the integrals as an FCIDUMP (gzip if ``path`` ends in ``.gz``).
+
+        Args:
+            path: output file.
+            tol: integrals with ``|value| <= tol`` are omitted.
+        """
+        write_fcidump(
+            path, self.h1e, self.eri, self.nelec, e_core=self.e_core, orbsym=self.orbsym, tol=tol
+        )
+
+    def fci(self, nroots: int = 3, conv_tol: float = 1e-12, max_cycle: int = 200) -> float:
+        """Exact (FCI) ground-state energy through PySCF's ``fci.direct_spin1``.
+
+        Several roots are always solved (at least 3) and the lowest taken: a single-root
+        Davidson from the HF guess can land on an excited state (C2, see ALGORITHMS.md).
+
+        Args:
+            nroots: number of roots to solve (raised to 3 if lower).
+            conv_tol: Davidson energy convergence.
+            max_cycle: Davidson iterations.
+
+        Returns:
+            The lowest eigenvalue, also stored as ``self.e_fci`` (all roots in
+            ``self.e_fci_roots``).
+
+        Example:
+            >>> Molecule.load("LiH").fci()  # doctest: +SKIP
+            -7.784460280...
+        """
+        from pyscf import fci
+
+        solver = fci.direct_spin1.FCI()
+        solver.conv_tol = conv_tol
+        solver.max_cycle = max_cycle
+        solver.verbose = 0
+        nroots = max(3, int(nroots))
+        nroots = min(nroots, self.n_determinants)
+        e, _ = solver.kernel(
+            self.h1e, self.eri, self.norb, self.nelec, ecore=self.e_core, nroots=nroots
+        )
+        roots = np.sort(np.atleast_1d(np.asarray(e, dtype=np.float64)))
+        self.e_fci_roots = roots
+        self.e_fci = float(roots[0])
+        return self.e_fci
+
+    def __repr__(self) -> str:
+        e = f", e_fci={self.e_fci:.8f}" if self.e_fci is not None else ""
+        return (
+            f"Molecule({self.name!r}, norb={self.norb}, nelec={self.nelec}, "
+            f"e_hf={self.e_hf:.8f}{e}, n_det={self.n_determinants:,})"
+        )
+
+
+# ---------------------------------------------------------------------- PySCF helpers
+def _formula(mol: Any) -> str:
+    from collections import Counter
+
+    counts = Counter(mol.atom_pure_symbol(i) for i in range(mol.natm))
+    return "".join(f"{s}{n if n > 1 else ''}" for s, n in counts.items())
+
+
+def _elements(atom: Any, unit: str) -> list[str]:
+    from pyscf import gto
+
+    return sorted({gto.mole._std_symbol(a[0]) for a in gto.format_atom(atom, unit=unit)})
+
+
+def _pyscf_knows_basis(name: str, atom: Any, unit: str) -> bool:
+    from pyscf import gto
+
+    try:
+        return all(gto.basis.load(name, s) for s in _elements(atom, unit))
+    except Exception:  # noqa: BLE001 - PySCF raises several types for an unknown basis
+        return False
+
+
+def _bse_basis(name: str, atom: Any, unit: str) -> dict:
+    """Fetch a basis PySCF does not know from the local basis_set_exchange package."""
+    try:
+        import basis_set_exchange as bse
+    except ImportError:
+        raise ValueError(
+            f"basis {name!r} is unknown to PySCF and basis_set_exchange is not installed"
+        ) from None
+    from pyscf import gto
+
+    out = {}
+    for s in _elements(atom, unit):
+        try:
+            text = bse.get_basis(name, elements=[s], fmt="nwchem", header=False)
+        except (KeyError, RuntimeError) as exc:
+            raise ValueError(
+                f"basis {name!r} is unknown to PySCF and to basis_set_exchange for {s}: {exc}"
+            ) from None
+        out[s] = gto.basis.parse(text, s)
+    return out
+
+
+def _active_space(
+    mol: Any, frozen_core: bool | int, cas: tuple[int, int] | None, nmo: int
+) -> tuple[int, int, tuple[int, int]]:
+    """(ncore, ncas, (na, nb)) for the requested frozen core and active space."""
+    if frozen_core is True:
+        from pyscf.data.elements import chemcore
+
+        nfrozen = int(chemcore(mol))
+    else:
+        nfrozen = int(frozen_core or 0)
+    nel = mol.nelectron
+    if 2 * nfrozen > nel:
+        raise ValueError(f"frozen_core={nfrozen} orbitals hold more than the {nel} electrons")
+    if cas is None:
+        ncore = nfrozen
+        ncas = nmo - ncore
+        nelcas = nel - 2 * ncore
+    else:
+        nelcas, ncas = int(cas[0]), int(cas[1])
+        if nelcas > nel or (nel - nelcas) % 2:
+            raise ValueError(
+                f"cas={cas}: {nelcas} active electrons cannot be taken from {nel} electrons "
+                "with a doubly occupied core"
+            )
+        ncore = (nel - nelcas) // 2
+        if ncore < nfrozen:
+            raise ValueError(
+                f"cas={cas} leaves {ncore} core orbitals, fewer than frozen_core={nfrozen}"
+            )
+        if ncore + ncas > nmo:
+            raise ValueError(f"cas={cas} needs {ncore + ncas} orbitals, the basis has {nmo}")
+    if (nelcas - mol.spin) % 2 or abs(mol.spin) > nelcas:
+        raise ValueError(f"spin={mol.spin} is inconsistent with {nelcas} active electrons")
+    na, nb = (nelcas + mol.spin) // 2, (nelcas - mol.spin) // 2
+    return ncore, ncas, (na, nb)
+
+
+def _molpro_orbsym(mol: Any, irreps: np.ndarray) -> tuple[int, ...]:
+    group = mol.groupname
+    if group not in _MOLPRO_ORBSYM:
+        group = {"Dooh": "D2h", "Coov": "C2v"}.get(group, group)
+        irreps = irreps % 10
+    if group not in _MOLPRO_ORBSYM:
+        return tuple(int(x) + 1 for x in irreps)
+    table = _MOLPRO_ORBSYM[group]
+    return tuple(table[int(x)] for x in irreps)
+
+
+def _converge_scf(mol: Any, thorough: bool = False, conv_tol: float = 1e-12) -> Any:
+    """RHF/ROHF converged tightly; several strategies, stability-checked, lowest kept.
+
+    Strategies, in order: DIIS from the MINAO guess; DIIS from ATOM, HUCKEL and 1E guesses;
+    a level shift of 0.5 Ha followed by DIIS; second-order (Newton) SCF. Each converged
+    solution is followed along internal instabilities until stable and polished with Newton.
+    Without ``thorough`` the first stable solution is returned.
+    """
+    from pyscf import scf
+
+    cls = scf.RHF if mol.spin == 0 else scf.ROHF
+
+    def new(**kw: Any) -> Any:
+        mf = cls(mol)
+        mf.conv_tol = conv_tol
+        mf.conv_tol_grad = max(np.sqrt(conv_tol), 1e-7)
+        mf.max_cycle = 200
+        mf.verbose = mol.verbose
+        for k, v in kw.items():
+            setattr(mf, k, v)
+        return mf
+
+    def stabilise(mf: Any) -> tuple[Any, bool]:
+        for _ in range(5):
+            res = mf.stability(internal=True, external=False, return_status=True)
+            mo, stable = res[0], bool(res[2])  # (mo_i, mo_e, stable_i, stable_e)
+            if stable:
+                return mf, True
+            dm = mf.make_rdm1(mo, mf.mo_occ)
+            mf2 = new().newton()
+            mf2.kernel(dm)
+            if not mf2.converged or mf2.e_tot > mf.e_tot + 1e-10:
+                return mf, False
+            mf = mf2
+        return mf, False
+
+    def attempts() -> Any:
+        for guess in ("minao", "atom", "huckel", "1e"):
+            yield "diis/" + guess, new(init_guess=guess), None
+        yield "level_shift", new(level_shift=0.5), "polish"
+        yield "newton", new().newton(), None
+
+    best = None
+    errors = []
+    for label, mf, post in attempts():
+        try:
+            mf.kernel()
+            if post == "polish":
+                dm = mf.make_rdm1()
+                mf = new()
+                mf.kernel(dm)
+            if not mf.converged:
+                mfn = new().newton()
+                mfn.kernel(mf.make_rdm1())
+                mf = mfn
+        except Exception as exc:  # noqa: BLE001 - one failing strategy must not stop the rest
+            errors.append(f"{label}: {exc}")
+            continue
+        if not mf.converged:
+            errors.append(f"{label}: not converged")
+            continue
+        mf, stable = stabilise(mf)
+        mf.scf_strategy = label
+        mf.scf_stable = stable
+        if best is None or mf.e_tot < best.e_tot - 1e-9:
+            best = mf
+        if stable and not thorough:
+            break
+    if best is None:
+        raise RuntimeError("SCF did not converge with any strategy: " + "; ".join(errors))
+    # Newton-based steps leave a wrapped object: polish with plain SCF from the best density,
+    # which also diagonalises the Fock matrix (canonical orbitals, orbsym labels).
+    mf = new()
+    mf.kernel(best.make_rdm1(best.mo_coeff, best.mo_occ))
+    if not (mf.converged and abs(mf.e_tot - best.e_tot) < 1e-8):
+        raise RuntimeError(
+            f"SCF polish moved away from the best solution ({best.e_tot} -> {mf.e_tot})"
+        )
+    mf.scf_strategy, mf.scf_stable = best.scf_strategy, best.scf_stable
+    return mf

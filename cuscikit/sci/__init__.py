@@ -1,0 +1,1 @@
+"""Configurations, the Hamiltonian, coupled sets, de-duplication and SCI spaces."""

@@ -1,0 +1,245 @@
+"""FCIDUMP reader/writer and ERI packing, against PySCF."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuscikit.chem import FCIDumpError, read_fcidump, restore_eri, write_fcidump
+
+pyscf = pytest.importorskip("pyscf")
+from pyscf import ao2mo, gto, mcscf, scf  # noqa: E402
+from pyscf.tools import fcidump as pyscf_fcidump  # noqa: E402
+
+
+def random_integrals(norb: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((norb,) * 4)
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    h = rng.standard_normal((norb, norb))
+    return h + h.T, g
+
+
+@pytest.mark.parametrize("norb", [1, 2, 5, 9])
+@pytest.mark.parametrize("target", [1, 4, 8])
+def test_restore_eri_matches_pyscf(norb: int, target: int) -> None:
+    _, g = random_integrals(norb, seed=norb)
+    for src in (g, ao2mo.restore(4, g, norb), ao2mo.restore(8, g, norb)):
+        ours = restore_eri(src, norb, target)
+        ref = ao2mo.restore(target, src, norb)
+        assert ours.shape == ref.shape
+        np.testing.assert_array_equal(ours, ref)
+
+
+def test_restore_eri_rejects_bad_shape() -> None:
+    with pytest.raises(ValueError, match="layouts"):
+        restore_eri(np.zeros(7), 3, 8)
+    with pytest.raises(ValueError, match="symmetry"):
+        restore_eri(np.zeros(21), 3, 2)
+
+
+@pytest.mark.parametrize("suffix", ["FCIDUMP", "FCIDUMP.gz"])
+@pytest.mark.parametrize("layout", [1, 4, 8])
+def test_round_trip_exact(tmp_path: Path, suffix: str, layout: int) -> None:
+    norb = 6
+    h, g = random_integrals(norb, seed=3)
+    h *= np.pi  # values without short decimal forms
+    path = tmp_path / suffix
+    write_fcidump(
+        path, h, ao2mo.restore(layout, g, norb), (4, 2), e_core=-1 / 3, orbsym=[1, 2, 3, 4, 1, 1]
+    )
+    d = read_fcidump(path)
+    assert (d.norb, d.nelec, d.ms2, d.isym) == (norb, 6, 2, 1)
+    assert d.nelec_ab == (4, 2)
+    assert d.orbsym == (1, 2, 3, 4, 1, 1)
+    assert d.e_core == -1 / 3
+    np.testing.assert_array_equal(d.h1e, h)
+    np.testing.assert_array_equal(d.eri, ao2mo.restore(8, g, norb))
+    assert (path.read_bytes()[:2] == b"\x1f\x8b") == suffix.endswith(".gz")
+
+
+def test_gzip_detected_by_magic_not_suffix(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    write_fcidump(tmp_path / "a.gz", h, g, 2)
+    plain_named = tmp_path / "FCIDUMP"
+    plain_named.write_bytes((tmp_path / "a.gz").read_bytes())
+    np.testing.assert_array_equal(read_fcidump(plain_named).h1e, h)
+
+
+def test_write_is_deterministic(tmp_path: Path) -> None:
+    h, g = random_integrals(4)
+    write_fcidump(tmp_path / "a.gz", h, g, 4)
+    write_fcidump(tmp_path / "b.gz", h, g, 4)
+    assert (tmp_path / "a.gz").read_bytes() == (tmp_path / "b.gz").read_bytes()
+
+
+def test_write_tol_drops_small_integrals(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    g8 = ao2mo.restore(8, g, 3)
+    g8[0] = 1e-14
+    write_fcidump(tmp_path / "F", h, g8, 2, tol=1e-13)
+    assert read_fcidump(tmp_path / "F").eri[0] == 0.0
+
+
+def test_read_pyscf_molecule_and_open_shell(tmp_path: Path) -> None:
+    mol = gto.M(atom="C 0 0 0; H 0 0.9 0.6; H 0 -0.9 0.6", basis="sto-3g", spin=2, verbose=0)
+    mf = scf.ROHF(mol).run(conv_tol=1e-12)
+    mc = mcscf.CASCI(mf, mol.nao, mol.nelec)
+    h1, ecore = mc.get_h1eff()
+    h2 = mc.get_h2eff()
+    path = tmp_path / "FCIDUMP"
+    pyscf_fcidump.from_integrals(str(path), h1, h2, mol.nao, mol.nelectron, nuc=ecore, ms=2)
+    d = read_fcidump(path)
+    assert d.nelec_ab == mol.nelec == (5, 3)
+    assert abs(d.e_core - ecore) < 1e-15
+    np.testing.assert_allclose(d.h1e, h1, atol=1e-15)
+    np.testing.assert_allclose(d.eri, ao2mo.restore(8, h2, mol.nao), atol=1e-15)
+    ref = pyscf_fcidump.read(str(path), verbose=False)
+    np.testing.assert_array_equal(d.eri, ref["H2"])
+
+
+def test_read_pyscf_hubbard_pbc(tmp_path: Path) -> None:
+    n, u = 8, 4.0
+    h = np.zeros((n, n))
+    for i in range(n):
+        h[i, (i + 1) % n] = h[(i + 1) % n, i] = -1.0
+    g = np.zeros((n,) * 4)
+    for i in range(n):
+        g[i, i, i, i] = u
+    path = tmp_path / "FCIDUMP"
+    pyscf_fcidump.from_integrals(str(path), h, g, n, n, nuc=0.0)
+    d = read_fcidump(path)
+    np.testing.assert_array_equal(d.h1e, h)
+    np.testing.assert_array_equal(d.eri_full(), g)
+    assert d.orbsym == (1,) * n and d.nelec_ab == (4, 4)
+
+
+DIALECT_BODY = " 0.5 1 1 1 1\n 0.25 2 2 1 1\n 0.3 2 2 2 2\n -1.0 1 1 0 0\n -0.5 2 2 0 0\n 0.1 2 1 0 0\n 0.7 0 0 0 0\n"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        " &FCI NORB=2,NELEC=2,MS2=0,\n  ORBSYM=1,1,\n  ISYM=1,\n &END\n",  # PySCF
+        " &FCI NORB=  2,NELEC=2,MS2=0,\n  ORBSYM=1,1,\n  ISYM=1\n /\n",  # Molpro
+        "&FCI\nNORB=2,\nNELEC=2,\nMS2=0,\nUHF=.FALSE.,\nORBSYM=1,1\nISYM=1,\n&END\n",  # Psi4
+        "&fci norb=2, nelec=2, ms2=0, orbsym=2*1, isym=1 &end\n",  # lower case, repeat
+        "$FCI NORB=2 NELEC=2\n $END\n",  # minimal, $-style
+    ],
+)
+def test_header_dialects(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "FCIDUMP"
+    path.write_text(header + DIALECT_BODY.replace("0.25", "0.25D0").replace("0.3 ", "3.0d-1 "))
+    d = read_fcidump(path)
+    assert (d.norb, d.nelec, d.ms2) == (2, 2, 0)
+    full = d.eri_full()
+    assert full[0, 0, 1, 1] == full[1, 1, 0, 0] == 0.25 and full[1, 1, 1, 1] == 0.3
+    assert d.h1e[0, 1] == d.h1e[1, 0] == 0.1 and d.e_core == 0.7
+
+
+def test_any_permutation_fills_8fold(tmp_path: Path) -> None:
+    norb = 4
+    _, g = random_integrals(norb, seed=7)
+    rng = np.random.default_rng(1)
+    lines = [" &FCI NORB=4,NELEC=4,MS2=0, &END"]
+    pairs = [(i, j) for i in range(norb) for j in range(i + 1)]
+    for a, (i, j) in enumerate(pairs):
+        for k, ll in pairs[: a + 1]:
+            p, q, r, s = [(i, j, k, ll), (j, i, k, ll), (k, ll, i, j), (ll, k, j, i)][
+                rng.integers(4)
+            ]
+            lines.append(f" {float(g[p, q, r, s])!r} {p + 1} {q + 1} {r + 1} {s + 1}")
+    (tmp_path / "F").write_text("\n".join(lines) + "\n")
+    np.testing.assert_array_equal(read_fcidump(tmp_path / "F").eri_full(), g)
+
+
+GOOD = " &FCI NORB=2,NELEC=2,MS2=0,\n  ORBSYM=1,1,\n  ISYM=1,\n &END\n" + DIALECT_BODY
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "empty"),
+        ("   \n\n", "empty"),
+        (DIALECT_BODY, "missing &FCI"),
+        (" &FCI NORB=2,NELEC=2,MS2=0,\n" + DIALECT_BODY.replace("/", ""), "not terminated"),
+        (" &FCI junk NORB=2,NELEC=2 &END\n" + DIALECT_BODY, "garbled"),
+        (" &FCI NELEC=2,MS2=0 &END\n" + DIALECT_BODY, "NORB missing"),
+        (" &FCI NORB=2,MS2=0 &END\n" + DIALECT_BODY, "NELEC missing"),
+        (" &FCI NORB=2,NELEC=2,MS2=1 &END\n" + DIALECT_BODY, "parity"),
+        (" &FCI NORB=4,NELEC=2,MS2=4 &END\n" + DIALECT_BODY, r"\|MS2\|=4 exceeds NELEC"),
+        (" &FCI NORB=2,NELEC=6,MS2=0 &END\n" + DIALECT_BODY, "exceeds 2\\*NORB"),
+        (" &FCI NORB=-2,NELEC=2 &END\n" + DIALECT_BODY, "NORB=-2 must be a positive"),
+        (" &FCI NORB=2,NELEC=-2 &END\n" + DIALECT_BODY, "negative"),
+        (" &FCI NORB=2,NELEC=2,ORBSYM=1,1,1 &END\n" + DIALECT_BODY, "ORBSYM has 3 entries"),
+        (" &FCI NORB=2,NELEC=2,ORBSYM=1,-1 &END\n" + DIALECT_BODY, "negative irrep"),
+        (" &FCI NORB=two,NELEC=2 &END\n" + DIALECT_BODY, "non-integer value 'two' for NORB"),
+        (" &FCI NORB=2,NORB=2,NELEC=2 &END\n" + DIALECT_BODY, "given twice"),
+        (" &FCI NORB=2,NELEC=2,UHF=.TRUE. &END\n" + DIALECT_BODY, "UHF"),
+        (GOOD + " 0.1 3 1 0 0\n", r":12: integral index \(3, 1, 0, 0\) out of range 0..NORB=2"),
+        (GOOD + " 0.1 -1 1 0 0\n", "out of range"),
+        (GOOD + " 0.1 1 0 1 0\n", ":12: invalid index pattern"),
+        (GOOD + " abc 1 1 0 0\n", ":12: non-numeric value 'abc'"),
+        (GOOD + " 0.1 1 x 0 0\n", "non-numeric orbital index 'x'"),
+        (GOOD + " 0.1 1 1.5 0 0\n", "not an integer"),
+        (GOOD + " NaN 1 1 0 0\n", ":12: NaN/inf value"),
+        (GOOD + " -inf 1 1 0 0\n", "NaN/inf value"),
+        (GOOD + " 1e999 1 1 0 0\n", "overflows to inf"),
+        (GOOD + " 0.1 1 1 0\n", ":12: expected 'value i j k l' \\(5 fields\\), got 4"),
+        (
+            GOOD + " 0.9 1 1 0 0\n",
+            ":12: h_ij conflicts with the symmetry-equivalent entry on line 8",
+        ),
+        (GOOD + " 0.9 1 1 2 2\n", r"\(ij\|kl\) conflicts"),
+        (" &FCI NORB=2,NELEC=2 &END\n", "no integrals"),
+        (" &FCI NORB=2,NELEC=2 &END 0.5 1 1 1 1\n", "after the namelist terminator"),
+        (" &FCI NORB=2000,NELEC=2 &END\n" + DIALECT_BODY, "GiB"),
+    ],
+)
+def test_malformed_raises_fcidumperror(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "FCIDUMP"
+    path.write_text(text)
+    with pytest.raises(FCIDumpError, match=match) as info:
+        read_fcidump(path)
+    assert str(path) in str(info.value)
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    h, g = random_integrals(5)
+    write_fcidump(tmp_path / "F.gz", h, g, 4)
+    data = (tmp_path / "F.gz").read_bytes()
+    (tmp_path / "T.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(FCIDumpError, match="truncated gzip"):
+        read_fcidump(tmp_path / "T.gz")
+
+
+def test_gz_suffix_but_not_gzip(tmp_path: Path) -> None:
+    (tmp_path / "F.gz").write_text(GOOD)
+    with pytest.raises(FCIDumpError, match="not gzip"):
+        read_fcidump(tmp_path / "F.gz")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FCIDumpError, match="cannot read"):
+        read_fcidump(tmp_path / "nope")
+
+
+def test_gzipped_text_of_malformed_file_names_problem(tmp_path: Path) -> None:
+    (tmp_path / "F.gz").write_bytes(gzip.compress(b" &FCI NORB=2 &END\n"))
+    with pytest.raises(FCIDumpError, match="NELEC missing"):
+        read_fcidump(tmp_path / "F.gz")
+
+
+def test_write_validates(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    with pytest.raises(ValueError, match="symmetric"):
+        write_fcidump(tmp_path / "F", h + np.triu(np.ones((3, 3)), 1), g, 2)
+    with pytest.raises(ValueError, match="inconsistent"):
+        write_fcidump(tmp_path / "F", h, g, 3, ms2=0)
+    with pytest.raises(ValueError, match="layouts"):
+        write_fcidump(tmp_path / "F", h, np.zeros(5), 2)

@@ -1,0 +1,61 @@
+"""Shared fixtures: small reference systems built with PySCF (skipped cleanly without it)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords or "multi_gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@functools.cache
+def pyscf_integrals(atom: str, basis: str = "sto-3g", spin: int = 0, charge: int = 0):
+    """(h1e, eri 4-fold, e_core, norb, (na, nb)) from an RHF/ROHF run."""
+    pyscf = pytest.importorskip("pyscf")
+    from pyscf import ao2mo, gto, scf
+
+    mol = gto.M(atom=atom, basis=basis, spin=spin, charge=charge, verbose=0)
+    mf = (scf.RHF(mol) if spin == 0 else scf.ROHF(mol)).run(conv_tol=1e-12)
+    c = mf.mo_coeff
+    h1 = c.T @ mf.get_hcore() @ c
+    eri = ao2mo.full(mol, c)
+    del pyscf
+    return h1, eri, mol.energy_nuc(), c.shape[1], mol.nelec
+
+
+SYSTEMS = {
+    "LiH": "Li 3 0 0; H 2 0 0",
+    "H2O": "O 0 0 0; H 0.2774 0.8929 0.2544; H 0.6068 -0.2383 -0.7169",
+    "N2": "N 0.556 0 0; N -0.556 0 0",
+    "C2": "C 0 0 0; C 1.26 0 0",
+}
+
+
+def random_integrals(norb: int, seed: int = 0, scale: float = 0.1):
+    """Random real integrals with the 8-fold symmetry of real orbitals (a non-molecular H)."""
+    rng = np.random.default_rng(seed)
+    h1 = rng.normal(size=(norb, norb))
+    h1 = 0.5 * (h1 + h1.T)
+    g = rng.normal(size=(norb,) * 4) * scale
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    return h1, g, 0.7
