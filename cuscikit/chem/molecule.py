@@ -92,6 +92,7 @@ def _validate_integrals(h1e: Any, eri: Any, nelec: Any) -> tuple[np.ndarray, np.
     if not np.allclose(h1e, h1e.T, rtol=0, atol=1e-10):
         dev = np.abs(h1e - h1e.T).max()
         raise ValueError(f"h1e is not symmetric (max |h - h^T| = {dev:.3g})")
+    h1e = 0.5 * (h1e + h1e.T)  # exact symmetry (integral transforms leave rounding noise)
     try:
         eri8 = restore_eri(eri, norb, 8)
     except ValueError as exc:
@@ -403,6 +404,7 @@ class Molecule:
         solver = fci.direct_spin1.FCI()
         solver.conv_tol = conv_tol
         solver.max_cycle = max_cycle
+        solver.max_space = 24  # a larger subspace converges degenerate roots faster
         solver.verbose = 0
         nroots = max(3, int(nroots))
         nroots = min(nroots, self.n_determinants)

@@ -38,7 +38,8 @@ def davidson(
         residual_tol: convergence on the residual norm of every wanted root.
         max_iter: iteration limit; the result says whether it converged.
         max_space: subspace size before a restart (default max(8*nroots, 40)).
-        guess: optional (n, k) starting vectors; default unit vectors on the lowest diagonals.
+        guess: optional (n, k) starting vectors; default unit vectors on the lowest diagonals
+            plus a little seeded noise, so that every symmetry block is reached.
 
     Example:
         >>> import numpy as np
@@ -56,6 +57,11 @@ def davidson(
         order = np.argsort(diag, kind="stable")[:k0]
         V = np.zeros((n, k0))
         V[order, np.arange(k0)] = 1.0
+        # A little seeded noise in every guess: with symmetry-adapted orbitals H is block
+        # diagonal, and unit vectors alone would never reach a ground state whose symmetry
+        # block holds none of the lowest diagonals (C2/STO-3G is such a case).
+        V += 1e-3 * np.random.default_rng(12345).standard_normal((n, k0))
+        V, _ = np.linalg.qr(V)
     else:
         V, _ = np.linalg.qr(np.asarray(guess, dtype=float).reshape(n, -1))
     AV = matvec(V)

@@ -152,10 +152,24 @@ class Hamiltonian:
         n = len(space)
         return sp.csr_matrix((data, indices, indptr), shape=(n, n))
 
-    def restricted(self, space, eps: float | None = None) -> SymmetricMatrix:
-        """H restricted to `space`, stored as its upper triangle (half the memory of `csr`)."""
+    def restricted(self, space, eps: float | None = None, *, complete_sector: bool = False):
+        """H restricted to `space`, stored as its upper triangle (half the memory of `csr`).
+
+        Args:
+            space: unique configurations (rows in any order).
+            eps: screening threshold (default: the table threshold).
+            complete_sector: the space is every determinant of the (n_alpha, n_beta) sector:
+                configurations are then located by combinatorial ranking instead of hashing.
+        """
         space = self._check(space)
-        indptr, indices, data = core().hamiltonian_csr(self._core, space, self._eps(eps), True)
+        sector = None
+        if complete_sector:
+            if self.nelec is None:
+                raise ValueError("complete_sector needs the Hamiltonian's nelec")
+            sector = tuple(self.nelec)
+        indptr, indices, data = core().hamiltonian_csr(
+            self._core, space, self._eps(eps), True, sector
+        )
         return SymmetricMatrix(indptr, indices, data)
 
 

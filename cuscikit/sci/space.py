@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import comb
+
 import numpy as np
 
 from cuscikit.sci.configs import (
@@ -104,6 +106,12 @@ class SCISpace:
         self._index = None
         return len(self) - before
 
+    @property
+    def is_complete_sector(self) -> bool:
+        """True when the space holds every determinant of its (n_alpha, n_beta) sector."""
+        na, nb = self.nelec
+        return len(self) == comb(self.norb, na) * comb(self.norb, nb)
+
     def occupations(self):
         """(alpha, beta) lists of occupied orbitals of every configuration."""
         return to_occupations(self.configs, self.norb)
@@ -139,7 +147,7 @@ class SCISpace:
             raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
         if method not in ("auto", "dense", "davidson"):
             raise ValueError(f"unknown method {method!r}: use 'auto', 'dense' or 'davidson'")
-        H = self.hamiltonian.restricted(self.configs)
+        H = self.hamiltonian.restricted(self.configs, complete_sector=self.is_complete_sector)
         if method == "dense" or (method == "auto" and n <= DENSE_LIMIT):
             w, v = np.linalg.eigh(H.toarray())
             e, vecs = w[:nroots], v[:, :nroots]

@@ -45,23 +45,58 @@ void for_each_coupled(const Hamiltonian& Hm, const HamiltonianView& H, const std
       }
     }
   }
+  // Doubles. Per occupied pair, either walk its table (sorted by |<ab||ij>|, stops at eps) or,
+  // when the source has fewer empty target pairs than the table has entries (nearly-full
+  // spaces), loop over the empty pairs directly. Both give the same set and the same values.
+  int vir[2][64 * kMaxWords], nv[2] = {0, 0};
+  for (int k = 0; k < nso; ++k)
+    if (!test_bit(x, k)) vir[k & 1][nv[k & 1]++] = k;
+  const std::int64_t n_same[2] = {static_cast<std::int64_t>(nv[0]) * (nv[0] - 1) / 2,
+                                  static_cast<std::int64_t>(nv[1]) * (nv[1] - 1) / 2};
+  const std::int64_t n_mixed = static_cast<std::int64_t>(nv[0]) * nv[1];
   const DoubleTable& T = Hm.doubles();
+  auto emit_double = [&](int i, int j, int a, int b, double g) {
+    std::memcpy(y, x, sizeof(std::uint64_t) * nw);
+    flip_bit(y, i);
+    flip_bit(y, j);
+    flip_bit(y, a);
+    flip_bit(y, b);
+    emit(y, double_sign(x, i, j, a, b) * g);
+  };
   for (int u = 1; u < n; ++u) {
     const int j = occ[u];
     for (int v = 0; v < u; ++v) {
       const int i = occ[v];
       const std::int64_t pid = Hamiltonian::pair_id(i, j);
-      for (std::int64_t k = T.offsets[pid]; k < T.offsets[pid + 1]; ++k) {
+      const std::int64_t t0 = T.offsets[pid], t1 = T.offsets[pid + 1];
+      const bool same = ((i ^ j) & 1) == 0;
+      const std::int64_t n_direct = same ? n_same[i & 1] : n_mixed;
+      if (n_direct < t1 - t0) {
+        if (same) {
+          const int* vs = vir[i & 1];
+          const int m = nv[i & 1];
+          for (int q = 1; q < m; ++q)
+            for (int p = 0; p < q; ++p) {
+              const double g = H.antisym(vs[p], vs[q], i, j);
+              if (std::fabs(g) > eps) emit_double(i, j, vs[p], vs[q], g);
+            }
+        } else {
+          for (int p = 0; p < nv[0]; ++p)
+            for (int q = 0; q < nv[1]; ++q) {
+              const int a = vir[0][p] < vir[1][q] ? vir[0][p] : vir[1][q];
+              const int b = vir[0][p] < vir[1][q] ? vir[1][q] : vir[0][p];
+              const double g = H.antisym(a, b, i, j);
+              if (std::fabs(g) > eps) emit_double(i, j, a, b, g);
+            }
+        }
+        continue;
+      }
+      for (std::int64_t k = t0; k < t1; ++k) {
         const double g = T.values[k];
         if (std::fabs(g) <= eps) break;
         const int a = T.targets[k] & 0xFFFF, b = T.targets[k] >> 16;
         if (test_bit(x, a) || test_bit(x, b)) continue;
-        std::memcpy(y, x, sizeof(std::uint64_t) * nw);
-        flip_bit(y, i);
-        flip_bit(y, j);
-        flip_bit(y, a);
-        flip_bit(y, b);
-        emit(y, double_sign(x, i, j, a, b) * g);
+        emit_double(i, j, a, b, g);
       }
     }
   }
@@ -147,13 +182,13 @@ CoupledSet coupled_configurations(const Hamiltonian& Hm, const std::uint64_t* co
   return out;
 }
 
-CsrMatrix hamiltonian_csr(const Hamiltonian& Hm, const std::uint64_t* space, std::int64_t n,
-                          double eps, bool upper) {
-  check_eps(Hm, eps);
+namespace {
+
+template <class Lookup>
+CsrMatrix hamiltonian_csr_impl(const Hamiltonian& Hm, const std::uint64_t* space, std::int64_t n,
+                               double eps, bool upper, const Lookup& index) {
   const HamiltonianView H = Hm.view();
   const int nw = Hm.nwords();
-  KeyIndex index(space, n, nw);
-  if (index.has_duplicates()) throw std::invalid_argument("the space holds duplicate configurations");
   // Two passes (count, then fill in place) so that peak memory is the matrix itself.
   CsrMatrix m;
   m.indptr.assign(n + 1, 0);
@@ -192,6 +227,68 @@ CsrMatrix hamiltonian_csr(const Hamiltonian& Hm, const std::uint64_t* space, std
     }
   }
   return m;
+}
+
+}  // namespace
+
+CsrMatrix hamiltonian_csr(const Hamiltonian& Hm, const std::uint64_t* space, std::int64_t n,
+                          double eps, bool upper, const SectorIndex* sector) {
+  check_eps(Hm, eps);
+  if (sector) return hamiltonian_csr_impl(Hm, space, n, eps, upper, *sector);
+  KeyIndex index(space, n, Hm.nwords());
+  if (index.has_duplicates()) throw std::invalid_argument("the space holds duplicate configurations");
+  return hamiltonian_csr_impl(Hm, space, n, eps, upper, index);
+}
+
+SectorIndex::SectorIndex(int norb, int nalpha, int nbeta)
+    : norb_(norb), nalpha_(nalpha), nbeta_(nbeta) {
+  if (nalpha < 0 || nbeta < 0 || nalpha > norb || nbeta > norb)
+    throw std::invalid_argument("electrons do not fit in the orbitals");
+  binom_.assign(static_cast<std::size_t>(norb + 1) * (norb + 1), 0);
+  for (int m = 0; m <= norb; ++m) {
+    binom_[m * (norb + 1)] = 1;
+    for (int k = 1; k <= m; ++k)
+      binom_[m * (norb + 1) + k] = binom_[(m - 1) * (norb + 1) + k - 1] +
+                                   (k <= m - 1 ? binom_[(m - 1) * (norb + 1) + k] : 0);
+  }
+  n_alpha_strings_ = C(norb, nalpha);
+  n_beta_strings_ = C(norb, nbeta);
+}
+
+std::int64_t SectorIndex::rank(const std::uint64_t* x, int nwords) const {
+  std::int64_t ra = 0, rb = 0;
+  int ka = 0, kb = 0;
+  for (int w = 0; w < nwords; ++w) {
+    std::uint64_t v = x[w];
+    while (v) {
+      const int bit = (w << 6) + ctz64(v);
+      v &= v - 1;
+      if (bit & 1)
+        rb += C(bit >> 1, ++kb);
+      else
+        ra += C(bit >> 1, ++ka);
+    }
+  }
+  return ra * n_beta_strings_ + rb;
+}
+
+void SectorIndex::attach(const std::uint64_t* configs, std::int64_t n, int nwords) {
+  if (n != size()) throw std::invalid_argument("the configurations are not the whole sector");
+  nwords_ = nwords;
+  row_of_rank_.assign(n, -1);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::uint64_t* x = configs + r * nwords;
+    int na = 0, nb = 0;
+    for (int w = 0; w < nwords; ++w) {
+      na += popcount64(x[w] & 0x5555555555555555ULL);
+      nb += popcount64(x[w] & 0xAAAAAAAAAAAAAAAAULL);
+    }
+    if (na != nalpha_ || nb != nbeta_)
+      throw std::invalid_argument("a configuration lies outside the sector");
+    std::int64_t& slot = row_of_rank_[rank(x, nwords)];
+    if (slot >= 0) throw std::invalid_argument("the sector holds duplicate configurations");
+    slot = r;
+  }
 }
 
 void symmetric_csr_matvec(const std::int64_t* indptr, const std::int32_t* indices,

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/tuple.h>
 
 #include <memory>
@@ -142,21 +143,28 @@ NB_MODULE(_core, m) {
 
   m.def(
       "hamiltonian_csr",
-      [](const csk::Hamiltonian& H, ConfigArray space, double eps, bool upper) {
+      [](const csk::Hamiltonian& H, ConfigArray space, double eps, bool upper,
+         std::optional<std::tuple<int, int>> sector) {
         check_words(H, space, "space");
         if (space.shape(0) >= (1ULL << 31))
           throw std::invalid_argument("spaces beyond 2^31 configurations are not supported");
         csk::CsrMatrix a;
         {
           nb::gil_scoped_release nogil;
-          a = csk::hamiltonian_csr(H, space.data(), space.shape(0), eps, upper);
+          if (sector) {
+            csk::SectorIndex idx(H.norb(), std::get<0>(*sector), std::get<1>(*sector));
+            idx.attach(space.data(), space.shape(0), H.nwords());
+            a = csk::hamiltonian_csr(H, space.data(), space.shape(0), eps, upper, &idx);
+          } else {
+            a = csk::hamiltonian_csr(H, space.data(), space.shape(0), eps, upper);
+          }
         }
         const size_t n1 = a.indptr.size(), nnz = a.data.size();
         return nb::make_tuple(to_numpy(std::move(a.indptr), {n1}),
                               to_numpy(std::move(a.indices), {nnz}),
                               to_numpy(std::move(a.data), {nnz}));
       },
-      "hamiltonian"_a, "space"_a, "eps"_a, "upper"_a = false);
+      "hamiltonian"_a, "space"_a, "eps"_a, "upper"_a = false, "sector"_a = nb::none());
 
   m.def("symmetric_csr_matvec",
         [](nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> indptr,

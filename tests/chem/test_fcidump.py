@@ -119,7 +119,10 @@ def test_read_pyscf_hubbard_pbc(tmp_path: Path) -> None:
     assert d.orbsym == (1,) * n and d.nelec_ab == (4, 4)
 
 
-DIALECT_BODY = " 0.5 1 1 1 1\n 0.25 2 2 1 1\n 0.3 2 2 2 2\n -1.0 1 1 0 0\n -0.5 2 2 0 0\n 0.1 2 1 0 0\n 0.7 0 0 0 0\n"
+DIALECT_BODY = (
+    " 0.5 1 1 1 1\n 0.25 2 2 1 1\n 0.3 2 2 2 2\n"
+    " -1.0 1 1 0 0\n -0.5 2 2 0 0\n 0.1 2 1 0 0\n 0.7 0 0 0 0\n"
+)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,8 @@ def pyscf_hamiltonian_in_our_basis(h1, eri, ecore, norb, nelec):
     occ_a = [a for a in alpha for _ in beta]
     occ_b = [b for _ in alpha for b in beta]
     x = C.from_occupations(occ_a, occ_b, norb)
-    sign = np.array([(-1) ** sum(p > q for p in a for q in b) for a, b in zip(occ_a, occ_b, strict=False)])
+    pairs = zip(occ_a, occ_b, strict=True)
+    sign = np.array([(-1) ** sum(p > q for p in a for q in b) for a, b in pairs])
     return x, hmat * np.outer(sign, sign)
 
 

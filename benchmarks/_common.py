@@ -1,0 +1,68 @@
+"""Helpers shared by the benchmark scripts: machine description, timing, table printing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import numpy as np
+
+
+def machine() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = ", " + torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"{cpu} x{os.cpu_count()} cores{gpu}"
+
+
+def best_time(fn, repeat: int = 3) -> tuple[float, object]:
+    """Best wall time of `repeat` calls and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def random_excitations(hf: np.ndarray, norb: int, n: int, max_rank: int, seed: int) -> np.ndarray:
+    """n distinct-ish sources: HF with up to `max_rank` random same-spin electron moves each."""
+    from cuscikit.sci.configs import from_bits, to_bits
+
+    rng = np.random.default_rng(seed)
+    base = to_bits(hf, norb)[0]
+    out = np.repeat(base[None], n, axis=0)
+    for row in out:
+        for _ in range(rng.integers(0, max_rank + 1)):
+            spin = rng.integers(2)
+            occ = np.flatnonzero(row[spin::2])
+            vir = np.flatnonzero(row[spin::2] == 0)
+            if len(occ) == 0 or len(vir) == 0:
+                continue
+            row[2 * rng.choice(occ) + spin] = 0
+            row[2 * rng.choice(vir) + spin] = 1
+    return from_bits(out)
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[k]) for r in cells)) for k, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    for r in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))

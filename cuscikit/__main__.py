@@ -1,0 +1,5 @@
+import sys
+
+from cuscikit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,218 @@
+"""The `cuscikit` command line.
+
+Every command prints a human-readable report; with `--json` the last line of stdout is one JSON
+object, for scripts and batch jobs. Bad input exits with status 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """An error in what the user asked for: reported in one line, exit status 2."""
+
+
+def _load_molecule(spec: str):
+    """A Molecule from an FCIDUMP path or a bundled dataset name."""
+    from cuscikit.chem import Molecule
+    from cuscikit.chem.datasets import UnknownDatasetError
+
+    path = Path(spec)
+    if path.exists():
+        return Molecule.from_fcidump(path)
+    try:
+        return Molecule.load(spec)
+    except UnknownDatasetError as exc:
+        raise UsageError(f"{spec!r} is neither a file nor a bundled dataset: {exc}") from None
+
+
+def _emit(args, report: dict, lines: list[str]) -> None:
+    for line in lines:
+        print(line)
+    if getattr(args, "json", False):
+        print(json.dumps(report))
+
+
+# --- commands -------------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    import platform
+
+    import numpy
+    import scipy
+
+    import cuscikit
+    from cuscikit.backends.cpu import core
+
+    info: dict = {
+        "cuscikit": cuscikit.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+    }
+    for mod in ("torch", "cupy", "pyscf", "mpi4py"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - optional, any import failure means "absent"
+            info[mod] = None
+    build = dict(core().build_info())
+    info["extension"] = build
+    gpus = []
+    if info["torch"]:
+        import torch
+
+        if torch.cuda.is_available():
+            for d in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(d)
+                gpus.append(f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor})")
+    info["gpus"] = gpus
+    lines = [f"cuscikit {info['cuscikit']}  (python {info['python']}, {info['platform']})"]
+    for mod in ("numpy", "scipy", "torch", "cupy", "pyscf", "mpi4py"):
+        lines.append(f"  {mod:8s} {info[mod] or 'not installed'}")
+    lines.append(f"  extension: {build['flags']}")
+    lines.append(
+        f"  OpenMP: {build['openmp']}, threads: {build['max_threads']}, "
+        f"max words: {build['max_words']} ({64 * build['max_words']} spin orbitals)"
+    )
+    lines.append("  GPUs: " + (", ".join(gpus) if gpus else "none"))
+    _emit(args, info, lines)
+    return 0
+
+
+def cmd_fcidump(args) -> int:
+    from cuscikit.chem import Molecule
+
+    if args.cas is not None and (args.cas[0] < 0 or args.cas[1] <= 0):
+        raise UsageError(
+            f"--cas needs a non-negative electron and positive orbital count, got {args.cas}"
+        )
+    t0 = time.perf_counter()
+    try:
+        mol = Molecule(
+            args.atom,
+            basis=args.basis,
+            charge=args.charge,
+            spin=args.spin,
+            frozen_core=args.frozen_core,
+            cas=tuple(args.cas) if args.cas else None,
+            symmetry=args.symmetry,
+        )
+    except ImportError as exc:
+        raise UsageError(f"building integrals from atoms needs PySCF: {exc}") from None
+    mol.to_fcidump(args.output)
+    report = {
+        "output": str(args.output),
+        "norb": mol.norb,
+        "nelec": list(mol.nelec),
+        "e_hf": mol.e_hf,
+        "e_core": mol.e_core,
+        "wall_s": time.perf_counter() - t0,
+    }
+    _emit(args, report, [f"wrote {args.output}: {mol!r}, E_HF = {mol.e_hf:.10f}"])
+    return 0
+
+
+def cmd_fci(args) -> int:
+    from cuscikit.sci.space import SCISpace
+
+    if args.nroots < 1:
+        raise UsageError(f"--nroots must be at least 1, got {args.nroots}")
+    mol = _load_molecule(args.system)
+    n_det = mol.n_determinants
+    if n_det > args.max_det:
+        raise UsageError(
+            f"{mol.name}: the FCI space has {n_det:.3e} determinants, above --max-det "
+            f"{args.max_det:.0e}; use a selected-CI method instead"
+        )
+    if args.nroots > n_det:
+        raise UsageError(f"--nroots {args.nroots} exceeds the {n_det} determinants")
+    t0 = time.perf_counter()
+    space = SCISpace.full(mol)
+    e = space.exact_energy(nroots=args.nroots)
+    energies = [float(e)] if args.nroots == 1 else [float(v) for v in e]
+    wall = time.perf_counter() - t0
+    report = {
+        "system": mol.name,
+        "e_tot": energies[0],
+        "energies": energies,
+        "n_det": len(space),
+        "norb": mol.norb,
+        "nelec": list(mol.nelec),
+        "e_hf": mol.e_hf,
+        "wall_s": wall,
+        "solver": "cuscikit SCISpace.full().exact_energy",
+    }
+    ref = (getattr(mol, "metadata", None) or {}).get("reference") or {}
+    lines = [f"{mol.name}: {len(space)} determinants, norb={mol.norb}, nelec={mol.nelec}"]
+    lines += [f"  root {k}: E = {v:.12f} Ha" for k, v in enumerate(energies)]
+    if ref.get("energy") is not None:
+        report["e_reference"] = ref["energy"]
+        lines.append(
+            f"  reference {ref['energy']:.10f} ({ref.get('method', '?')}): "
+            f"error {energies[0] - ref['energy']:+.2e} Ha"
+        )
+    lines.append(f"  wall time {wall:.2f} s")
+    _emit(args, report, lines)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Until the NNQS runner exists: the exact solver on bundled N2/STO-3G."""
+    ns = argparse.Namespace(system=args.system, nroots=1, max_det=10**7, json=args.json)
+    return cmd_fci(ns)
+
+
+# --- parser ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cuscikit", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="versions, build flags, threads and GPUs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("fcidump", help="write integrals of a molecule built with PySCF")
+    s.add_argument("--atom", required=True, help='geometry, e.g. "N 0 0 0; N 0 0 1.1"')
+    s.add_argument("--basis", default="sto-3g")
+    s.add_argument("--charge", type=int, default=0)
+    s.add_argument("--spin", type=int, default=0, help="2S = n_alpha - n_beta")
+    s.add_argument("--frozen-core", action="store_true")
+    s.add_argument("--symmetry", action="store_true")
+    s.add_argument("--cas", type=int, nargs=2, metavar=("NE", "NO"))
+    s.add_argument("-o", "--output", required=True, type=Path)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_fcidump)
+
+    s = sub.add_parser("fci", help="exact (FCI) energy with cuscikit's own solver")
+    s.add_argument("system", help="FCIDUMP path or bundled dataset name (e.g. N2, LiH)")
+    s.add_argument("--nroots", type=int, default=1)
+    s.add_argument("--max-det", type=float, default=5e6, help="refuse larger FCI spaces")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_fci)
+
+    s = sub.add_parser("demo", help="the main job on a bundled molecule")
+    s.add_argument("--system", default="N2")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"cuscikit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:  # bad files, inconsistent input: one clear line
+        print(f"cuscikit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

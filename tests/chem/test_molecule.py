@@ -1,0 +1,179 @@
+"""Molecule: from atoms (PySCF), from integrals, validation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuscikit.chem import Molecule, read_fcidump
+from cuscikit.chem.molecule import _bse_basis, _pyscf_knows_basis, aufbau_energy
+
+pyscf = pytest.importorskip("pyscf")
+from pyscf import fci, gto, mcscf, scf  # noqa: E402
+
+LIH = "Li 3 0 0; H 2 0 0"
+H2O = "O 0 0 0; H 0.2774 0.8929 0.2544; H 0.6068 -0.2383 -0.7169"
+
+
+@pytest.fixture(scope="module")
+def lih() -> Molecule:
+    return Molecule(LIH, name="LiH")
+
+
+def _casci(atom: str, ncas: int, nelecas, spin: int = 0) -> float:
+    mol = gto.M(atom=atom, basis="sto-3g", spin=spin, verbose=0)
+    mf = (scf.RHF if spin == 0 else scf.ROHF)(mol).run(conv_tol=1e-12)
+    mc = mcscf.CASCI(mf, ncas, nelecas)
+    mc.fcisolver.conv_tol = 1e-13
+    return float(mc.kernel()[0])
+
+
+def test_lih_matches_pyscf_rhf(lih: Molecule) -> None:
+    mf = scf.RHF(gto.M(atom=LIH, basis="sto-3g", verbose=0)).run(conv_tol=1e-12)
+    assert abs(lih.e_hf - mf.e_tot) < 1e-9
+    assert abs(lih.e_scf - mf.e_tot) < 1e-9
+    assert lih.norb == 6 and lih.nelec == (2, 2) and lih.n_determinants == 225
+    assert lih.eri.shape == (231,) and lih.h1e.shape == (6, 6)
+    assert lih.eri_full() is lih.eri_full()
+    assert "LiH" in repr(lih) and "norb=6" in repr(lih)
+    assert abs(lih.fci() - (-7.78446028)) < 1e-8
+    assert "e_fci" in repr(lih)
+
+
+def test_to_fcidump_round_trip(lih: Molecule, tmp_path: Path) -> None:
+    lih.to_fcidump(tmp_path / "lih.fcidump.gz", tol=0.0)
+    m2 = Molecule.from_fcidump(tmp_path / "lih.fcidump.gz")
+    np.testing.assert_array_equal(m2.h1e, lih.h1e)
+    np.testing.assert_array_equal(m2.eri, lih.eri)
+    assert m2.nelec == lih.nelec and m2.e_core == lih.e_core
+    assert abs(m2.e_hf - lih.e_hf) < 1e-10
+    assert read_fcidump(tmp_path / "lih.fcidump.gz").ms2 == 0
+
+
+def test_frozen_core_matches_casci() -> None:
+    m = Molecule(H2O, frozen_core=True)
+    assert m.ncore == 1 and m.norb == 6 and m.nelec == (4, 4)
+    assert abs(m.fci() - _casci(H2O, 6, 8)) < 1e-9
+
+
+def test_cas_matches_casci() -> None:
+    atom = "N 0.556 0 0; N -0.556 0 0"
+    m = Molecule(atom, cas=(6, 6), frozen_core=2)
+    assert m.ncore == 4 and m.norb == 6 and m.nelec == (3, 3)
+    assert abs(m.fci() - _casci(atom, 6, 6)) < 1e-9
+
+
+def test_open_shell_rohf_triplet() -> None:
+    atom = "C 0 0 0; H 0 0.9 0.6; H 0 -0.9 0.6"
+    m = Molecule(atom, spin=2, name="CH2")
+    mf = scf.ROHF(gto.M(atom=atom, basis="sto-3g", spin=2, verbose=0)).run(conv_tol=1e-12)
+    assert m.nelec == (5, 3)
+    assert abs(m.e_hf - mf.e_tot) < 1e-9
+    e_ref = fci.direct_spin1.FCI().kernel(m.h1e, m.eri, m.norb, m.nelec, ecore=m.e_core, nroots=3)
+    assert abs(m.fci() - min(e_ref[0])) < 1e-9
+    assert abs(m.fci() - _casci(atom, 7, (5, 3), spin=2)) < 1e-9
+
+
+def test_symmetry_orbsym() -> None:
+    m = Molecule("N 0 0 0.556; N 0 0 -0.556", symmetry=True)
+    assert m.orbsym is not None and len(m.orbsym) == m.norb
+    assert set(m.orbsym) <= set(range(1, 9))
+
+
+def test_from_integrals_and_aufbau() -> None:
+    h = np.diag([-1.0, -0.5, 0.2])
+    g = np.zeros((3, 3, 3, 3))
+    g[0, 0, 0, 0], g[1, 1, 1, 1] = 0.6, 0.5
+    g[0, 0, 1, 1] = g[1, 1, 0, 0] = 0.3
+    g[0, 1, 1, 0] = g[1, 0, 0, 1] = g[0, 1, 0, 1] = g[1, 0, 1, 0] = 0.1
+    m = Molecule.from_integrals(h, g, 3, e_core=0.25)
+    assert m.nelec == (2, 1)
+    # alpha 0,1 and beta 0: h = -1 -0.5 -1; J(0a,1a) - K = 0.2; J(0a,0b) = 0.6; J(1a,0b) = 0.3
+    assert abs(m.e_hf - (0.25 - 2.5 + 0.2 + 0.6 + 0.3)) < 1e-14
+    e = fci.direct_spin1.FCI().kernel(h, g, 3, (2, 1), ecore=0.25, nroots=3)[0]
+    assert abs(m.fci() - min(e)) < 1e-12
+    assert Molecule.from_integrals(h, g, (1, 1), e_hf=-9.0).e_hf == -9.0
+
+
+def test_aufbau_matches_pyscf_energy_on_random_integrals() -> None:
+    rng = np.random.default_rng(3)
+    n = 5
+    g = rng.standard_normal((n,) * 4)
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    h = rng.standard_normal((n, n))
+    h = h + h.T
+    na, nb = 3, 2
+    ci = np.zeros((10, 10))  # C(5,3), C(5,2): the first string is the aufbau one
+    ci[0, 0] = 1.0
+    ref = fci.direct_spin1.energy(h, g, ci, n, (na, nb))
+    from cuscikit.chem import restore_eri
+
+    assert abs(aufbau_energy(h, restore_eri(g, n, 8), (na, nb)) - ref) < 1e-11
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((np.eye(3), np.zeros(21), (4, 1)), "does not fit"),
+        ((np.eye(3), np.zeros(21), (-1, 1)), "negative"),
+        ((np.eye(3), np.zeros(21), -2), "negative"),
+        ((np.eye(3), np.zeros(21), "two"), "nelec must be"),
+        ((np.eye(129), np.zeros(1), 2), "limit of 128"),
+        ((np.eye(3), np.zeros(20), 2), "does not match h1e"),
+        ((np.eye(3), np.zeros((2, 2, 2, 2)), 2), "does not match h1e"),
+        ((np.eye(3) + np.triu(np.ones((3, 3)), 1), np.zeros(21), 2), "not symmetric"),
+        ((np.ones((3, 2)), np.zeros(21), 2), "square"),
+        ((np.full((3, 3), np.nan), np.zeros(21), 2), "NaN"),
+    ],
+)
+def test_from_integrals_rejects(args: tuple, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Molecule.from_integrals(*args)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=1), "spin"),
+        (dict(atom=LIH, cas=(6, 4)), "cas"),
+        (dict(atom=LIH, cas=(3, 4)), "cas"),
+        (dict(atom=LIH, cas=(2, 9)), "orbitals"),
+        (dict(atom=LIH, frozen_core=-1), "frozen_core"),
+        (dict(atom=LIH, frozen_core=3), "frozen_core"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", basis="no-such-basis"), "basis"),
+    ],
+)
+def test_molecule_rejects(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Molecule(**kwargs)
+
+
+def test_too_many_orbitals_rejected_before_scf() -> None:
+    atom = "; ".join(f"He 0 0 {3.0 * i}" for i in range(30))  # 30 x 5 = 150 orbitals
+    with pytest.raises(ValueError, match="limit of 128"):
+        Molecule(atom, basis="cc-pvdz")
+
+
+def test_basis_set_exchange_fallback() -> None:
+    assert not _pyscf_knows_basis("no-such-basis", "H 0 0 0", "Angstrom")
+    basis = _bse_basis("Ahlrichs VDZ", "Cr 0 0 0", "Angstrom")
+    mol = gto.M(atom="Cr 0 0 0", basis=basis, spin=6, verbose=0)
+    assert mol.nao == 21
+
+
+def test_import_without_pyscf() -> None:
+    code = (
+        "import sys; sys.modules['pyscf'] = None\n"
+        "import cuscikit.chem as c\n"
+        "m = c.Molecule.load('LiH'); print(m.norb, round(m.e_hf, 6))\n"
+        "assert 'pyscf' not in [k for k in sys.modules if sys.modules[k] is not None]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "6"
