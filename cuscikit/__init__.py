@@ -13,4 +13,14 @@ from cuscikit.chem import Molecule
 from cuscikit.sci.hamiltonian import Hamiltonian
 from cuscikit.sci.space import SCISpace
 
-__all__ = ["Hamiltonian", "Molecule", "SCISpace", "__version__"]
+
+def __getattr__(name: str):
+    # The NNQS classes need PyTorch: imported on first use, so `import cuscikit` works without it.
+    if name in ("Ansatz", "Runner"):
+        from cuscikit import nnqs
+
+        return getattr(nnqs, name)
+    raise AttributeError(f"module 'cuscikit' has no attribute {name!r}")
+
+
+__all__ = ["Ansatz", "Hamiltonian", "Molecule", "Runner", "SCISpace", "__version__"]

@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 
+DEMO_ITERS = 300
+
+
 class UsageError(Exception):
     """An error in what the user asked for: reported in one line, exit status 2."""
 
@@ -161,10 +164,128 @@ def cmd_fci(args) -> int:
     return 0
 
 
+def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
+    """Build the ansatz and runner from command-line settings and run NNQS-SCI."""
+    import torch
+
+    from cuscikit.nnqs import Ansatz, Runner
+
+    if args.iters < 0:
+        raise UsageError(f"--iters must be non-negative, got {args.iters}")
+    if args.topk < 1:
+        raise UsageError(f"--topk must be at least 1, got {args.topk}")
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda asked for, but no CUDA GPU is available")
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    ansatz = Ansatz.for_molecule(mol, seed=args.seed, dtype=dtype, device=args.device)
+    runner = Runner(
+        mol,
+        ansatz,
+        topk=args.topk,
+        estimator=args.estimator,
+        seed=args.seed,
+        max_space=args.max_space,
+        device=args.device,
+    )
+    if args.resume:
+        runner.load(args.resume)
+    t0 = time.perf_counter()
+    runner.run(
+        max(0, args.iters - runner.iteration),
+        progress=not args.json,
+        checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+    )
+    wall = time.perf_counter() - t0
+    h = runner.history
+    if h.empty:
+        raise UsageError("no iteration ran (is --iters above the resumed iteration?)")
+    last = h.iloc[-1]
+    report = {
+        "system": mol.name,
+        "e_tot": float(last["e_coupled"]),
+        "e_variational": float(last["e_variational"]),
+        "estimator": args.estimator,
+        "n_space": int(last["n_space"]),
+        "iterations": int(runner.iteration),
+        "wall_s": wall,
+        "device": str(runner.device),
+        "seed": args.seed,
+        "e_reference": runner.reference,
+    }
+    if runner.reference is not None:
+        report["error"] = report["e_tot"] - runner.reference
+        report["error_variational"] = report["e_variational"] - runner.reference
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        csv = out_dir / "nnqs_history.csv"
+        h.to_csv(csv, index=False)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from cuscikit.viz import plot_convergence
+
+        ax = plot_convergence(h, reference=runner.reference, title=f"NNQS-SCI on {mol.name}")
+        png = out_dir / "nnqs_convergence.png"
+        ax.figure.savefig(png, dpi=120, bbox_inches="tight")
+        report["history_csv"], report["plot_png"] = str(csv), str(png)
+    return report
+
+
+def _report_lines(report: dict) -> list[str]:
+    lines = [
+        f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
+        f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}",
+        f"  E (coupled)     = {report['e_tot']:.10f} Ha",
+        f"  E (variational) = {report['e_variational']:.10f} Ha",
+    ]
+    if report.get("e_reference") is not None:
+        lines.append(f"  E_FCI           = {report['e_reference']:.10f} Ha")
+        for key, label in (("error", "coupled"), ("error_variational", "variational")):
+            ok = "within" if abs(report[key]) < 1.6e-3 else "outside"
+            lines.append(
+                f"  error ({label:11s}) {report[key] * 1e3:+.4f} mHa ({ok} chemical accuracy)"
+            )
+    if "plot_png" in report:
+        lines.append(f"  wrote {report['history_csv']} and {report['plot_png']}")
+    return lines
+
+
+def cmd_nnqs(args) -> int:
+    mol = _load_molecule(args.system)
+    out_dir = Path(args.output_dir) if args.output_dir else None
+    report = _nnqs_run(mol, args, out_dir=out_dir)
+    _emit(args, report, _report_lines(report))
+    return 0
+
+
 def cmd_demo(args) -> int:
-    """Until the NNQS runner exists: the exact solver on bundled N2/STO-3G."""
-    ns = argparse.Namespace(system=args.system, nroots=1, max_det=10**7, json=args.json)
-    return cmd_fci(ns)
+    """NNQS-SCI on bundled N2/STO-3G with the default settings: error vs FCI, CSV and plot."""
+    mol = _load_molecule(args.system)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = _nnqs_run(mol, args, out_dir=Path(args.output_dir))
+    _emit(args, report, _report_lines(report))
+    return 0
+
+
+def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
+    from cuscikit.nnqs.defaults import DEFAULT_TOPK
+
+    s.add_argument("--iters", type=int, default=iters, help="total iterations")
+    s.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="configurations added per step")
+    s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled")
+    s.add_argument("--max-space", type=int, default=None, help="cap on |S|")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")
+    s.add_argument("--checkpoint-every", type=int, default=10)
+    s.add_argument("--resume", help="continue from this checkpoint")
+    s.add_argument("--json", action="store_true")
 
 
 # --- parser ---------------------------------------------------------------------------------------
@@ -195,9 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_fci)
 
-    s = sub.add_parser("demo", help="the main job on a bundled molecule")
+    s = sub.add_parser("nnqs", help="NNQS-SCI ground-state energy")
+    s.add_argument("system", help="FCIDUMP path or bundled dataset name")
+    s.add_argument("--device", default="cpu", help="cpu or cuda")
+    s.add_argument("--output-dir", help="write the history CSV and convergence plot here")
+    _add_nnqs_options(s, iters=200)
+    s.set_defaults(func=cmd_nnqs)
+
+    s = sub.add_parser("demo", help="NNQS-SCI on bundled N2/STO-3G: error vs FCI, CSV, plot")
     s.add_argument("--system", default="N2")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    s.add_argument("--output-dir", default="cuscikit-demo")
+    _add_nnqs_options(s, iters=DEMO_ITERS)
     s.set_defaults(func=cmd_demo)
     return p
 

@@ -27,6 +27,7 @@ def davidson(
     max_iter: int = 300,
     max_space: int | None = None,
     guess: np.ndarray | None = None,
+    callback: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
 ) -> DavidsonResult:
     """Lowest `nroots` eigenpairs of a symmetric operator with a diagonal preconditioner.
 
@@ -40,6 +41,7 @@ def davidson(
         max_space: subspace size before a restart (default max(8*nroots, 40)).
         guess: optional (n, k) starting vectors; default unit vectors on the lowest diagonals
             plus a little seeded noise, so that every symmetry block is reached.
+        callback: called as callback(iteration, energies, residual_norms) every iteration.
 
     Example:
         >>> import numpy as np
@@ -55,28 +57,37 @@ def davidson(
     if guess is None:
         k0 = min(n, max(2 * nroots, nroots + 2))
         order = np.argsort(diag, kind="stable")[:k0]
-        V = np.zeros((n, k0))
-        V[order, np.arange(k0)] = 1.0
+        G = np.zeros((n, k0))
+        G[order, np.arange(k0)] = 1.0
         # A little seeded noise in every guess: with symmetry-adapted orbitals H is block
         # diagonal, and unit vectors alone would never reach a ground state whose symmetry
         # block holds none of the lowest diagonals (C2/STO-3G is such a case).
-        V += 1e-3 * np.random.default_rng(12345).standard_normal((n, k0))
-        V, _ = np.linalg.qr(V)
+        G += 1e-2 / np.sqrt(n) * np.random.default_rng(12345).standard_normal((n, k0))
     else:
-        V, _ = np.linalg.qr(np.asarray(guess, dtype=float).reshape(n, -1))
-    AV = matvec(V)
+        G = np.asarray(guess, dtype=float).reshape(n, -1)
+    G, _ = np.linalg.qr(G)
+    # Subspace and its image live in preallocated blocks: no copies as the space grows.
+    V = np.empty((n, max_space + G.shape[1]))
+    AV = np.empty_like(V)
+    m = G.shape[1]
+    V[:, :m] = G
+    AV[:, :m] = matvec(G)
     e_old = np.full(nroots, np.inf)
     res_norms = np.full(nroots, np.inf)
+    theta_w = e_old
+    X = V[:, :nroots]
     for it in range(1, max_iter + 1):
-        Hs = V.T @ AV
+        Hs = V[:, :m].T @ AV[:, :m]
         Hs = 0.5 * (Hs + Hs.T)
         theta, s = np.linalg.eigh(Hs)
         theta_w, s_w = theta[:nroots], s[:, :nroots]
-        X = V @ s_w
-        R = AV @ s_w - X * theta_w
+        X = V[:, :m] @ s_w
+        R = AV[:, :m] @ s_w - X * theta_w
         res_norms = np.linalg.norm(R, axis=0)
+        if callback is not None:
+            callback(it, theta_w, res_norms)
         converged = np.all(np.abs(theta_w - e_old) < tol) and np.all(res_norms < residual_tol)
-        if converged or V.shape[1] >= n:
+        if converged or m >= n:
             return DavidsonResult(theta_w, X, True, it, res_norms)
         e_old = theta_w
         # Preconditioned corrections for the unconverged roots.
@@ -86,18 +97,21 @@ def davidson(
         denom = diag[:, None] - theta_w[todo][None, :]
         denom = np.where(np.abs(denom) < 1e-8, 1e-8, denom)
         T = R[:, todo] / denom
-        if V.shape[1] + T.shape[1] > max_space:  # restart from the current Ritz vectors
-            V, _ = np.linalg.qr(V @ s[:, : max(nroots, min(2 * nroots, V.shape[1]))])
-            AV = matvec(V)
-        for _ in range(2):  # twice is enough (Kahan)
-            T -= V @ (V.T @ T)
+        if m + T.shape[1] > max_space:
+            # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
+            # its image follows by linearity: no extra matvec.
+            keep = max(nroots, min(2 * nroots, m))
+            Q, AQ = V[:, :m] @ s[:, :keep], AV[:, :m] @ s[:, :keep]
+            m = keep
+            V[:, :m], AV[:, :m] = Q, AQ
+        for _ in range(2):  # orthogonalise twice (Kahan)
+            T -= V[:, :m] @ (V[:, :m].T @ T)
         Q, rr = np.linalg.qr(T)
-        keep = np.abs(np.diag(rr)) > 1e-10
-        Q = Q[:, keep]
+        Q = Q[:, np.abs(np.diag(rr)) > 1e-10]
         if Q.shape[1] == 0:
             return DavidsonResult(theta_w, X, bool(np.all(res_norms < 1e-4)), it, res_norms)
-        Q -= V @ (V.T @ Q)
-        Q, _ = np.linalg.qr(Q)
-        V = np.hstack([V, Q])
-        AV = np.hstack([AV, matvec(Q)])
+        k = Q.shape[1]
+        V[:, m : m + k] = Q
+        AV[:, m : m + k] = matvec(Q)
+        m += k
     return DavidsonResult(theta_w, X, False, max_iter, res_norms)

@@ -1,0 +1,4 @@
+"""Default NNQS-SCI settings, in one place (the Runner, the CLI and the benchmarks read them)."""
+
+DEFAULT_TOPK = 1024
+"""Configurations added to S per iteration."""

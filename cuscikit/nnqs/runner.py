@@ -1,0 +1,389 @@
+"""The NNQS-SCI loop (seed 000, ALGORITHMS.md section 1): generate, de-duplicate, infer, select,
+evaluate energies, optimise, grow the space.
+
+This is the device-agnostic reference pipeline: coupled generation and de-duplication run in the
+compiled CPU kernels, the ansatz runs on whatever device it lives on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from cuscikit.nnqs.defaults import DEFAULT_TOPK
+from cuscikit.nnqs.topk import RunningTopK
+from cuscikit.sci.dedup import dedup
+from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
+from cuscikit.sci.space import SCISpace
+
+ESTIMATORS = ("coupled", "variational")
+STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or the energy became NaN or infinite; the step was not applied."""
+
+
+@dataclass
+class StepResult:
+    """What one iteration computed (also stored as one row of `Runner.history`)."""
+
+    iteration: int
+    e_coupled: float
+    e_variational: float
+    loss: float
+    n_space: int
+    n_coupled: int
+    n_unique: int
+    n_new: int
+
+
+class Callback:
+    """Base class for Runner callbacks (NetKet-style). Return True from `on_step_end` to stop."""
+
+    def on_run_start(self, runner: Runner) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def on_step_end(self, runner: Runner, row: dict) -> bool | None:
+        return None
+
+    def on_run_end(self, runner: Runner) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class EarlyStopping(Callback):
+    """Stop when the chosen energy changed by less than `tol` over the last `patience` steps."""
+
+    def __init__(self, tol: float = 1e-5, patience: int = 20, column: str = "e_tot"):
+        self.tol, self.patience, self.column = tol, patience, column
+
+    def on_step_end(self, runner: Runner, row: dict) -> bool:
+        h = runner.history
+        if len(h) <= self.patience:
+            return False
+        window = h[self.column].to_numpy()[-self.patience - 1 :]
+        return bool(np.ptp(window) < self.tol)
+
+
+def _resolve_device(device) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available")
+    return torch.device(device)
+
+
+class Runner:
+    """NNQS-SCI: optimise a neural wavefunction over a growing selected-CI space.
+
+    Every iteration: coupled configurations C(x) of all x in S (|H_xx'| > eps), sort + unique
+    over S and C(S), batched inference of ln psi on the unique set, a hierarchical top-K of |psi|
+    over the new configurations, both energy estimators, the loss
+    L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E) with w = |psi|^2 / sum_S |psi|^2, an AdamW
+    step, and S <- S + top-K (optionally capped at `max_space`, dropping the smallest |psi|).
+
+    Args:
+        molecule: a `cuscikit.Molecule` (or anything with norb, nelec, h1e, eri_full(), e_core).
+        ansatz: a `cuscikit.Ansatz` (any module with `log_psi(configs) -> complex tensor`).
+        space: the starting space (default: the Hartree-Fock determinant).
+        topk: configurations added per iteration (K).
+        estimator: "coupled" (sum over all of C(x), the papers' form) or "variational" (only
+            x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
+            computed and kept in the history.
+        max_space: optional cap on |S|.
+        eps: screening threshold of the coupled sets.
+        lr, betas, weight_decay, adam_eps: AdamW settings (defaults of ALGORITHMS.md).
+        batch_size: configurations per inference batch.
+        seed: seeds the torch and numpy generators used by the run.
+        device: must match the ansatz ("cpu", "cuda"; default: the ansatz's device).
+        reference: exact energy for the error column (default: the molecule's bundled one).
+
+    Example:
+        >>> from cuscikit import Ansatz, Molecule, Runner
+        >>> mol = Molecule.load("LiH")
+        >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), topk=64, seed=0)
+        >>> history = runner.run(20, progress=False)  # doctest: +SKIP
+        >>> history[["e_coupled", "e_variational", "n_space"]].tail(1)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        molecule,
+        ansatz: torch.nn.Module,
+        space: SCISpace | None = None,
+        *,
+        topk: int = DEFAULT_TOPK,
+        estimator: str = "coupled",
+        max_space: int | None = None,
+        eps: float = DEFAULT_EPS,
+        lr: float = 3e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-9,
+        batch_size: int = 16384,
+        seed: int = 0,
+        device=None,
+        reference: float | None = None,
+    ):
+        if int(topk) != topk or topk < 1:
+            raise ValueError(f"topk must be a positive integer, got {topk!r}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {estimator!r}: use one of {ESTIMATORS}")
+        if max_space is not None and max_space < 1:
+            raise ValueError(f"max_space must be positive, got {max_space}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
+        if a_norb is not None and a_norb != molecule.norb:
+            raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
+        if a_nelec is not None and tuple(a_nelec) != tuple(molecule.nelec):
+            raise ValueError(
+                f"the ansatz is built for nelec={tuple(a_nelec)}, the molecule has "
+                f"{tuple(molecule.nelec)}"
+            )
+        param = next(ansatz.parameters())
+        self.device = _resolve_device(device if device is not None else param.device)
+        if self.device.type != param.device.type:
+            raise ValueError(
+                f"the ansatz lives on {param.device}, the runner was asked for {self.device}: "
+                "move the ansatz with .to(device) first"
+            )
+        self.molecule = molecule
+        self.ansatz = ansatz
+        self.hamiltonian = Hamiltonian.from_molecule(molecule, eps=eps)
+        self.space = space if space is not None else SCISpace.hf(molecule, eps=eps)
+        if self.space.norb != molecule.norb or tuple(self.space.nelec) != tuple(molecule.nelec):
+            raise ValueError("the space belongs to another molecule (norb or nelec differ)")
+        self.topk, self.estimator, self.max_space = int(topk), estimator, max_space
+        self.eps, self.batch_size, self.seed = eps, int(batch_size), seed
+        self.optimizer = torch.optim.AdamW(
+            ansatz.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
+        )
+        if reference is None:
+            ref = (getattr(molecule, "metadata", None) or {}).get("reference") or {}
+            reference = ref.get("energy")
+        self.reference = reference
+        self.iteration = 0
+        self._rows: list[dict] = []
+        self.rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+
+    # ------------------------------------------------------------------------------- results
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per iteration: energies, counts, seconds per stage, peak memory."""
+        return pd.DataFrame(self._rows)
+
+    @property
+    def e_tot(self) -> float:
+        """The energy of the chosen estimator at the last iteration."""
+        if not self._rows:
+            raise RuntimeError("no iteration has run yet")
+        return self._rows[-1]["e_tot"]
+
+    # ---------------------------------------------------------------------------------- steps
+    def _infer(self, configs: np.ndarray, in_space: np.ndarray, topk: RunningTopK) -> np.ndarray:
+        """ln psi on the unique configurations, batch by batch, updating the top-K of the new
+        ones (scored by ln|psi|) as each batch is done."""
+        out = np.empty(len(configs), dtype=np.complex128)
+        with torch.no_grad():
+            for lo in range(0, len(configs), self.batch_size):
+                hi = min(lo + self.batch_size, len(configs))
+                lp = self.ansatz.log_psi(configs[lo:hi]).detach().to("cpu")
+                lp = lp.to(torch.complex128).numpy()
+                out[lo:hi] = lp
+                topk.update(lp.real, offset=lo, mask=~in_space[lo:hi])
+        return out
+
+    def step(self) -> dict:
+        """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
+        t = {s: 0.0 for s in STAGES}
+        t_start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        S = self.space.configs
+        n = len(S)
+
+        # Stage 1: coupled generation, then sort + unique over S and C(S) with the inverse index.
+        t0 = time.perf_counter()
+        cs = self.hamiltonian.coupled(S, eps=self.eps)
+        hdiag = self.hamiltonian.diagonal(S)
+        t["generation"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        unique, inverse, _ = dedup(np.concatenate([S, cs.configs]))
+        inv_s, inv_c = inverse[:n], inverse[n:]
+        in_space = np.zeros(len(unique), dtype=bool)
+        in_space[inv_s] = True
+        t["dedup"] = time.perf_counter() - t0
+
+        # Stage 2: inference on the unique set with a running top-K over U \ S.
+        t0 = time.perf_counter()
+        topk = RunningTopK(self.topk)
+        logpsi = self._infer(unique, in_space, topk)
+        t["inference"] = time.perf_counter() - t0
+
+        # Stage 3: local energies of both estimators, weights over S.
+        t0 = time.perf_counter()
+        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught below
+        shift = logpsi[inv_s].real.max()
+        psi_u = np.exp(logpsi - shift)
+        psi_s = psi_u[inv_s]
+        prob = np.abs(psi_s) ** 2
+        w = prob / prob.sum()
+        contrib = cs.values * psi_u[inv_c]
+        num_c = _segment_sum(cs.source, contrib, n)
+        in_s = in_space[inv_c]
+        num_v = _segment_sum(cs.source[in_s], contrib[in_s], n)
+        eloc_c = hdiag + num_c / psi_s
+        eloc_v = hdiag + num_v / psi_s
+        e_c = float(np.real(np.sum(w * eloc_c)))
+        e_v = float(np.real(np.sum(w * eloc_v)))
+        eloc = eloc_c if self.estimator == "coupled" else eloc_v
+        e_est = e_c if self.estimator == "coupled" else e_v
+        np.seterr(**np_err)
+        t["energy"] = time.perf_counter() - t0
+
+        # Loss with detached E_loc and E, backward, AdamW.
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_val = 0.0
+        eloc_t = torch.as_tensor(eloc - e_est, dtype=torch.complex128)
+        w_t = torch.as_tensor(w)
+        for lo in range(0, n, self.batch_size):
+            hi = min(lo + self.batch_size, n)
+            lp = self.ansatz.log_psi(S[lo:hi]).to(torch.complex128)
+            dev = lp.device
+            part = 2.0 * (w_t[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
+            part.backward()
+            loss_val += float(part.detach())
+        if not (math.isfinite(loss_val) and math.isfinite(e_c) and math.isfinite(e_v)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"iteration {self.iteration + 1}: non-finite loss {loss_val} or energies "
+                f"({e_c}, {e_v}); the step was not applied"
+            )
+        self.optimizer.step()
+        t["optimizer"] = time.perf_counter() - t0
+
+        # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
+        t0 = time.perf_counter()
+        new_idx = topk.indices()
+        n_new = self.space.add(unique[new_idx]) if len(new_idx) else 0
+        if self.max_space is not None and len(self.space) > self.max_space:
+            keep_rows = np.concatenate([inv_s, new_idx])
+            order = np.lexsort((keep_rows, -logpsi[keep_rows].real))[: self.max_space]
+            self.space = SCISpace(self.molecule, unique[keep_rows[order]], eps=self.eps)
+        self.iteration += 1
+        t["other"] = time.perf_counter() - t0
+        total = time.perf_counter() - t_start
+
+        row = {
+            "iteration": self.iteration,
+            "e_tot": e_est,
+            "e_coupled": e_c,
+            "e_variational": e_v,
+            "error": (e_est - self.reference) if self.reference is not None else np.nan,
+            "error_variational": (e_v - self.reference) if self.reference is not None else np.nan,
+            "loss": loss_val,
+            "n_space": n,
+            "n_coupled": len(cs),
+            "n_unique": len(unique),
+            "n_new": n_new,
+            "n_space_next": len(self.space),
+        }
+        row.update({f"t_{s}": t[s] for s in STAGES})
+        row["t_total"] = total
+        row["peak_memory_bytes"] = _peak_memory(self.device)
+        self._rows.append(row)
+        return row
+
+    def run(
+        self,
+        n_iter: int,
+        callbacks: Iterable[Callback] = (),
+        *,
+        progress: bool = True,
+        checkpoint: str | None = None,
+        checkpoint_every: int = 10,
+    ) -> pd.DataFrame:
+        """Run `n_iter` iterations (fewer if a callback stops it); returns the history.
+
+        A non-finite loss stops the run with a message; the model keeps its last good weights
+        and the checkpoint file (if any) its last good state.
+        """
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            cb.on_run_start(self)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=n_iter, desc="NNQS-SCI", unit="it")
+        try:
+            for _ in range(n_iter):
+                try:
+                    row = self.step()
+                except NonFiniteLossError as exc:
+                    print(f"NNQS-SCI stopped: {exc}")
+                    break
+                if bar is not None:
+                    post = {"E": f"{row['e_tot']:.8f}", "|S|": row["n_space_next"]}
+                    if self.reference is not None:
+                        post["err"] = f"{row['error']:.2e}"
+                    bar.set_postfix(post)
+                    bar.update(1)
+                if checkpoint and self.iteration % checkpoint_every == 0:
+                    self.save(checkpoint)
+                if any(cb.on_step_end(self, row) for cb in callbacks):
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        if checkpoint and self._rows and self.iteration % checkpoint_every:
+            self.save(checkpoint)
+        for cb in callbacks:
+            cb.on_run_end(self)
+        return self.history
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def save(self, path: str) -> None:
+        """Write model, optimiser state, S, RNG states and history to an HDF5 file."""
+        from cuscikit.nnqs.checkpoint import save_checkpoint
+
+        save_checkpoint(self, path)
+
+    def load(self, path: str) -> Runner:
+        """Restore a checkpoint written by `save` into this runner (same molecule and ansatz
+        shape); later iterations continue exactly where the saved run stopped."""
+        from cuscikit.nnqs.checkpoint import load_checkpoint
+
+        load_checkpoint(self, path)
+        return self
+
+
+def _segment_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """sum of complex `values` grouped by `index` (length n)."""
+    re = np.bincount(index, weights=values.real, minlength=n)
+    im = np.bincount(index, weights=values.imag, minlength=n)
+    return re + 1j * im
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+Callbacks = Callable[..., None]

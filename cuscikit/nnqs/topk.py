@@ -1,0 +1,55 @@
+"""Hierarchical top-K: per-batch top-K merged into a running global set (seed 000, stage 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RunningTopK:
+    """Keeps the K largest scores seen so far and their global indices.
+
+    Ties are broken by the smaller index, so the result does not depend on the batch size.
+
+    Example:
+        >>> t = RunningTopK(2)
+        >>> t.update(np.array([0.5, 3.0, 1.0]), offset=0)
+        >>> t.update(np.array([2.0, 0.1]), offset=3)
+        >>> t.indices().tolist(), t.scores().tolist()
+        ([1, 3], [3.0, 2.0])
+    """
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"k must be non-negative, got {k}")
+        self.k = int(k)
+        self._scores = np.zeros(0)
+        self._idx = np.zeros(0, dtype=np.int64)
+
+    def update(self, scores: np.ndarray, offset: int = 0, mask: np.ndarray | None = None) -> None:
+        """Merge one batch: `scores[i]` belongs to global index `offset + i`; `mask` (optional)
+        marks the eligible entries."""
+        if self.k == 0:
+            return
+        idx = np.arange(offset, offset + len(scores), dtype=np.int64)
+        if mask is not None:
+            scores, idx = scores[mask], idx[mask]
+        batch_scores, batch_idx = self._select(scores, idx)
+        self._scores, self._idx = self._select(
+            np.concatenate([self._scores, batch_scores]), np.concatenate([self._idx, batch_idx])
+        )
+
+    def _select(self, scores: np.ndarray, idx: np.ndarray):
+        if len(scores) > self.k:
+            # argpartition on (-score, index) keys: exact top-k with index tie-breaking
+            order = np.lexsort((idx, -scores))[: self.k]
+            return scores[order], idx[order]
+        return scores, idx
+
+    def indices(self) -> np.ndarray:
+        """Global indices of the kept entries, best first."""
+        order = np.lexsort((self._idx, -self._scores))
+        return self._idx[order]
+
+    def scores(self) -> np.ndarray:
+        order = np.lexsort((self._idx, -self._scores))
+        return self._scores[order]

@@ -1,0 +1,104 @@
+"""Convergence plots of NNQS-SCI histories: error against FCI on a log scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+CHEMICAL_ACCURACY = 1.6e-3  # Hartree
+
+
+def plot_convergence(
+    history: pd.DataFrame, reference: float | None = None, ax=None, title: str | None = None
+):
+    """Plot |E - E_ref| of both estimators per iteration (log scale) with the chemical-accuracy
+    line, and |S| on a second axis. Without a reference, plots the energies instead.
+
+    Args:
+        history: `Runner.history` (columns iteration, e_coupled, e_variational, n_space).
+        reference: exact energy; default: E = e_tot - error from the history if present.
+        ax: matplotlib axes to draw on (default: a new figure).
+        title: axes title.
+
+    Returns:
+        The matplotlib axes.
+
+    Example:
+        >>> import pandas as pd
+        >>> h = pd.DataFrame({"iteration": [1, 2], "e_coupled": [-1.0, -1.1],
+        ...                   "e_variational": [-0.9, -1.05], "n_space": [1, 5]})
+        >>> ax = plot_convergence(h, reference=-1.101)
+    """
+
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(7, 4.2))
+    it = history["iteration"].to_numpy()
+    if reference is None and "error" in history and history["error"].notna().any():
+        reference = float((history["e_tot"] - history["error"]).iloc[0])
+    if reference is not None:
+        for col, label, style in (
+            ("e_coupled", "coupled estimator", "-"),
+            ("e_variational", "variational estimator", "--"),
+        ):
+            err = np.abs(history[col].to_numpy() - reference)
+            ax.semilogy(it, np.maximum(err, 1e-12), style, label=label)
+        ax.axhline(CHEMICAL_ACCURACY, color="red", ls=":", lw=1.2, label="chemical accuracy")
+        ax.set_ylabel("|E - E_FCI| (Ha)")
+    else:
+        ax.plot(it, history["e_coupled"], label="coupled estimator")
+        ax.plot(it, history["e_variational"], "--", label="variational estimator")
+        ax.set_ylabel("E (Ha)")
+    ax.set_xlabel("iteration")
+    if "n_space" in history:
+        ax2 = ax.twinx()
+        ax2.plot(it, history["n_space"], color="gray", alpha=0.5, lw=1)
+        ax2.set_ylabel("|S|", color="gray")
+    ax.legend(loc="upper right", fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+class LivePlot:
+    """A Runner callback that redraws the convergence plot in a notebook every `every` steps.
+
+    Example:
+        >>> runner.run(200, callbacks=[LivePlot(every=10)])  # doctest: +SKIP
+    """
+
+    def __init__(self, every: int = 5, reference: float | None = None, title: str | None = None):
+        self.every, self.reference, self.title = every, reference, title
+        self._handle = None
+        self._fig = None
+
+    def on_run_start(self, runner) -> None:
+        import matplotlib.pyplot as plt
+
+        self._fig, self._ax = plt.subplots(figsize=(7, 4.2))
+        plt.close(self._fig)  # drawn through the display handle only
+
+    def on_step_end(self, runner, row) -> bool:
+        if runner.iteration % self.every == 0:
+            self.redraw(runner)
+        return False
+
+    def on_run_end(self, runner) -> None:
+        self.redraw(runner)
+
+    def redraw(self, runner) -> None:
+        if self._fig is None:
+            self.on_run_start(runner)
+        self._fig.clf()
+        ax = self._fig.add_subplot(111)
+        ref = self.reference if self.reference is not None else runner.reference
+        plot_convergence(runner.history, reference=ref, ax=ax, title=self.title)
+        try:
+            from IPython.display import display
+        except ImportError:
+            return
+        if self._handle is None:
+            self._handle = display(self._fig, display_id=True)
+        else:
+            self._handle.update(self._fig)
