@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-
 DEMO_ITERS = 300
 
 

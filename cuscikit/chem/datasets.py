@@ -36,6 +36,9 @@ DATASETS: dict[str, str] = {
     "N2/cc-pVDZ": "n2_ccpvdz",
     "C2/cc-pVDZ": "c2_ccpvdz",
     "Cr2/SV": "cr2_sv",
+    "N2-stretched": "n2_stretched_sto3g",
+    "H8-chain": "h8_chain_sto3g",
+    "O2-triplet": "o2_triplet_sto3g",
 }
 
 

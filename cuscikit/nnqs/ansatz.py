@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cuscikit.sci.configs import from_bits, n_words, normalize_nelec
+from cuscikit.sci.configs import from_bits, n_words, normalize_nelec, to_bits
 
 __all__ = ["Ansatz", "allowed_tokens"]
 
@@ -194,6 +194,8 @@ class Ansatz(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device | None = None,
         seed: int | None = None,
+        reference: np.ndarray | None = None,
+        reference_bias: float = 0.0,
     ) -> None:
         super().__init__()
         norb = _check_positive_int("norb", norb)
@@ -227,6 +229,8 @@ class Ansatz(nn.Module):
         # same function on every device and dtype, and the global RNG is not consumed.
         with torch.random.fork_rng(devices=[]):
             self._build(generator)
+        if reference is not None and reference_bias:
+            self._bias_towards(reference, float(reference_bias))
         self.to(device=dev, dtype=dtype)
 
         # Index buffers of `tokens`: spin orbital s = 2k + spin sits in word s // 64, bit s % 64.
@@ -245,6 +249,8 @@ class Ansatz(nn.Module):
         self.blocks = nn.ModuleList(_Block(d, self.n_heads).double() for _ in range(self.n_layers))
         self.ln_f = nn.LayerNorm(d, dtype=f64)
         self.head = nn.Linear(d, 4, dtype=f64)
+        # Per-position logit offsets: zero, or tilted towards a reference determinant.
+        self.logit_bias = nn.Parameter(torch.zeros(norb, 4, dtype=f64))
         widths = (2 * norb, *self.phase_hidden)
         layers: list[nn.Module] = []
         for a, b in zip(widths[:-1], widths[1:], strict=True):
@@ -267,11 +273,30 @@ class Ansatz(nn.Module):
                     m.weight.uniform_(-bound, bound, generator=generator)
                     m.bias.uniform_(-bound, bound, generator=generator)
 
+    def _bias_towards(self, reference: np.ndarray, strength: float) -> None:
+        """Tilt the initial conditionals towards `reference` (e.g. the Hartree-Fock
+        determinant): its token gets `strength` extra logit at every position, so the starting
+        wavefunction is dominated by it instead of spread evenly over the sector."""
+        ref = np.asarray(reference, dtype=np.uint64).reshape(1, -1)
+        if ref.shape[1] != self._words:
+            raise ValueError(f"reference must be one configuration of {self._words} words")
+        bits = to_bits(ref, self._norb)[0].astype(np.int64)
+        tokens = torch.from_numpy(bits[0::2] + 2 * bits[1::2])
+        with torch.no_grad():
+            self.logit_bias[torch.arange(self._norb), tokens] = strength
+
     # ------------------------------------------------------------------ properties
     @classmethod
     def for_molecule(cls, mol: Any, **kw: Any) -> Ansatz:
         """Build an ansatz for ``mol`` (anything with ``norb`` and ``nelec``, e.g. a
-        `cuscikit.chem.Molecule`); keyword arguments go to the constructor."""
+        `cuscikit.chem.Molecule`); keyword arguments go to the constructor. By default the
+        initial wavefunction leans towards the Hartree-Fock determinant
+        (``reference_bias=DEFAULT_REFERENCE_BIAS``)."""
+        from cuscikit.nnqs.defaults import DEFAULT_REFERENCE_BIAS
+        from cuscikit.sci.configs import hf_configuration
+
+        kw.setdefault("reference", hf_configuration(mol.norb, mol.nelec))
+        kw.setdefault("reference_bias", DEFAULT_REFERENCE_BIAS)
         return cls(mol.norb, mol.nelec, **kw)
 
     @property
@@ -358,7 +383,7 @@ class Ansatz(nn.Module):
         h = self.token_embedding(inputs) + self.position_embedding(pos)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.ln_f(h))
+        return self.head(self.ln_f(h)) + self.logit_bias[:length]
 
     def _allowed(self, prefix_tokens: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """Allowed-token mask (n, L, 4) for the steps ``step`` (L,) after prefix counts of
@@ -456,7 +481,7 @@ class Ansatz(nn.Module):
         for i, block in enumerate(self.blocks):
             h, c = block.step(h, None if caches is None else caches[i])
             new.append(c)
-        return self.head(self.ln_f(h))[:, 0], new
+        return self.head(self.ln_f(h))[:, 0] + self.logit_bias[k], new
 
     @torch.no_grad()
     def sample(

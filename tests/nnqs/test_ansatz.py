@@ -329,3 +329,22 @@ def test_cuda_matches_cpu():
     configs, counts = gpu.sample(100_000, generator=0)
     check_configurations(configs, 8, (4, 3))
     assert counts.sum() == 100_000
+
+
+def test_reference_bias_concentrates_on_hartree_fock_and_stays_normalised():
+    from cuscikit.sci.configs import all_determinants, hf_configuration
+
+    norb, nelec = 6, (3, 2)
+    hf = hf_configuration(norb, nelec)
+    psi = Ansatz(norb, nelec, seed=0, dtype=torch.float64, reference=hf, reference_bias=6.0)
+    full = all_determinants(norb, nelec)
+    with torch.no_grad():
+        prob = torch.exp(2 * psi.log_psi(full).real).numpy()
+    assert abs(prob.sum() - 1.0) < 1e-10
+    k = int(np.flatnonzero(full[:, 0] == hf[0, 0])[0])
+    assert prob[k] > 0.9 and prob[k] == prob.max()
+    flat = Ansatz(norb, nelec, seed=0, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.exp(2 * flat.log_psi(hf).real).item() < 0.2
+    with pytest.raises(ValueError, match="reference"):
+        Ansatz(norb, nelec, reference=np.zeros((1, 2), np.uint64), reference_bias=1.0)
