@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_ITERS = 300
+DEMO_ITERS = 1500
+# Plain numbers, so that building the parser does not import PyTorch.
+from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS, DEFAULT_TOPK  # noqa: E402
 
 
 class UsageError(Exception):
@@ -273,14 +275,13 @@ def cmd_demo(args) -> int:
 
 
 def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
-    from cuscikit.nnqs.defaults import DEFAULT_TOPK
 
     s.add_argument("--iters", type=int, default=iters, help="total iterations")
     s.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="configurations added per step")
     s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled")
     s.add_argument("--max-space", type=int, default=None, help="cap on |S|")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")
     s.add_argument("--checkpoint-every", type=int, default=10)
     s.add_argument("--resume", help="continue from this checkpoint")
@@ -319,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("system", help="FCIDUMP path or bundled dataset name")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--output-dir", help="write the history CSV and convergence plot here")
-    _add_nnqs_options(s, iters=200)
+    _add_nnqs_options(s, iters=DEFAULT_ITERATIONS)
     s.set_defaults(func=cmd_nnqs)
 
     s = sub.add_parser("demo", help="NNQS-SCI on bundled N2/STO-3G: error vs FCI, CSV, plot")

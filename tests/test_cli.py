@@ -103,3 +103,50 @@ def test_module_entry_point():
         check=True,
     )
     assert json.loads(r.stdout.strip().splitlines()[-1])["n_det"] == 225
+
+
+def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path):
+    pytest.importorskip("torch")
+    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json"]
+    full = run_json(capsys, *base, "--iters", "4")
+    assert full["iterations"] == 4 and full["n_space"] >= 1
+    for key in ("e_tot", "e_variational", "n_space", "iterations", "wall_s"):
+        assert key in full
+    ck = tmp_path / "ck.h5"
+    run_json(capsys, *base, "--iters", "2", "--checkpoint", str(ck))
+    resumed = run_json(capsys, *base, "--iters", "4", "--resume", str(ck))
+    assert resumed["iterations"] == 4
+    assert resumed["e_tot"] == full["e_tot"] and resumed["e_variational"] == full["e_variational"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--topk", "0"], "--topk"),
+        (["--device", "tpu"], "unknown --device"),
+        (["--iters", "-1"], "--iters"),
+    ],
+)
+def test_nnqs_bad_input(capsys, extra, message):
+    pytest.importorskip("torch")
+    assert main(["nnqs", "LiH", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_nnqs_resume_from_another_molecule(capsys, tmp_path):
+    pytest.importorskip("torch")
+    ck = tmp_path / "ck.h5"
+    run_json(
+        capsys, "nnqs", "LiH", "--iters", "1", "--topk", "4", "--checkpoint", str(ck), "--json"
+    )
+    assert main(["nnqs", "H2O", "--iters", "2", "--topk", "4", "--resume", str(ck)]) == 2
+    assert "another molecule" in capsys.readouterr().err
+
+
+def test_demo_writes_history_and_plot(capsys, tmp_path):
+    pytest.importorskip("torch")
+    r = run_json(capsys, "demo", "--iters", "3", "--output-dir", str(tmp_path), "--json")
+    assert r["system"] == "N2" and r["iterations"] == 3
+    assert (tmp_path / "nnqs_history.csv").stat().st_size > 0
+    assert (tmp_path / "nnqs_convergence.png").stat().st_size > 0
+    assert "error" in r and "e_reference" in r

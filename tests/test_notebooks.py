@@ -19,8 +19,9 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
         f"{path.name}: strip outputs before committing"
     )
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute(env=dict(os.environ))
     text = "".join(
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])

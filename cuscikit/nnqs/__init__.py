@@ -1,6 +1,21 @@
-"""Neural-network quantum states: the autoregressive transformer wavefunction."""
+"""Neural-network quantum states: the autoregressive transformer wavefunction and the NNQS-SCI
+runner. PyTorch is imported when one of these names is first used, so the rest of cuscikit
+(e.g. `cuscikit.nnqs.defaults`) works without it."""
 
-from cuscikit.nnqs.ansatz import Ansatz
-from cuscikit.nnqs.runner import Callback, EarlyStopping, Runner
+_EXPORTS = {
+    "Ansatz": "cuscikit.nnqs.ansatz",
+    "Runner": "cuscikit.nnqs.runner",
+    "Callback": "cuscikit.nnqs.runner",
+    "EarlyStopping": "cuscikit.nnqs.runner",
+}
 
-__all__ = ["Ansatz", "Callback", "EarlyStopping", "Runner"]
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'cuscikit.nnqs' has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)

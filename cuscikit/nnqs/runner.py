@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cuscikit.nnqs.defaults import DEFAULT_TOPK
+from cuscikit.nnqs.defaults import DEFAULT_LR, DEFAULT_TOPK
 from cuscikit.nnqs.topk import RunningTopK
 from cuscikit.sci.dedup import dedup
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
@@ -126,7 +126,7 @@ class Runner:
         estimator: str = "coupled",
         max_space: int | None = None,
         eps: float = DEFAULT_EPS,
-        lr: float = 3e-4,
+        lr: float = DEFAULT_LR,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
         adam_eps: float = 1e-9,
@@ -192,9 +192,11 @@ class Runner:
         return self._rows[-1]["e_tot"]
 
     # ---------------------------------------------------------------------------------- steps
-    def _infer(self, configs: np.ndarray, in_space: np.ndarray, topk: RunningTopK) -> np.ndarray:
-        """ln psi on the unique configurations, batch by batch, updating the top-K of the new
-        ones (scored by ln|psi|) as each batch is done."""
+    def _infer(
+        self, configs: np.ndarray, rows: np.ndarray, topk: RunningTopK, eligible: np.ndarray
+    ) -> np.ndarray:
+        """ln psi of configurations (rows `rows` of the unique set), batch by batch, merging
+        each batch's top-K over the `eligible` ones (scored by ln|psi|) into the running one."""
         out = np.empty(len(configs), dtype=np.complex128)
         with torch.no_grad():
             for lo in range(0, len(configs), self.batch_size):
@@ -202,7 +204,7 @@ class Runner:
                 lp = self.ansatz.log_psi(configs[lo:hi]).detach().to("cpu")
                 lp = lp.to(torch.complex128).numpy()
                 out[lo:hi] = lp
-                topk.update(lp.real, offset=lo, mask=~in_space[lo:hi])
+                topk.update(lp.real, index=rows[lo:hi], mask=eligible[lo:hi])
         return out
 
     def step(self) -> dict:
@@ -226,10 +228,20 @@ class Runner:
         in_space[inv_s] = True
         t["dedup"] = time.perf_counter() - t0
 
-        # Stage 2: inference on the unique set with a running top-K over U \ S.
+        # Stage 2: inference on the unique set with a running top-K over U \ S. When S fits in
+        # one batch, its forward pass keeps the graph and its values are reused for U and for
+        # the loss; otherwise the loss recomputes S batch by batch (memory stays bounded).
         t0 = time.perf_counter()
         topk = RunningTopK(self.topk)
-        logpsi = self._infer(unique, in_space, topk)
+        logpsi = np.empty(len(unique), dtype=np.complex128)
+        lp_graph = None
+        if n <= self.batch_size:
+            lp_graph = self.ansatz.log_psi(S)
+            logpsi[inv_s] = lp_graph.detach().to("cpu").to(torch.complex128).numpy()
+            rows = np.flatnonzero(~in_space)
+        else:
+            rows = np.arange(len(unique))
+        logpsi[rows] = self._infer(unique[rows], rows, topk, ~in_space[rows])
         t["inference"] = time.perf_counter() - t0
 
         # Stage 3: local energies of both estimators, weights over S.
@@ -261,7 +273,8 @@ class Runner:
         w_t = torch.as_tensor(w)
         for lo in range(0, n, self.batch_size):
             hi = min(lo + self.batch_size, n)
-            lp = self.ansatz.log_psi(S[lo:hi]).to(torch.complex128)
+            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S[lo:hi])
+            lp = lp.to(torch.complex128)
             dev = lp.device
             part = 2.0 * (w_t[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
             part.backward()

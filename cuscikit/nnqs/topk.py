@@ -25,12 +25,21 @@ class RunningTopK:
         self._scores = np.zeros(0)
         self._idx = np.zeros(0, dtype=np.int64)
 
-    def update(self, scores: np.ndarray, offset: int = 0, mask: np.ndarray | None = None) -> None:
-        """Merge one batch: `scores[i]` belongs to global index `offset + i`; `mask` (optional)
-        marks the eligible entries."""
+    def update(
+        self,
+        scores: np.ndarray,
+        offset: int = 0,
+        mask: np.ndarray | None = None,
+        index: np.ndarray | None = None,
+    ) -> None:
+        """Merge one batch: `scores[i]` belongs to global index `offset + i` (or `index[i]`
+        when given); `mask` (optional) marks the eligible entries."""
         if self.k == 0:
             return
-        idx = np.arange(offset, offset + len(scores), dtype=np.int64)
+        if index is None:
+            idx = np.arange(offset, offset + len(scores), dtype=np.int64)
+        else:
+            idx = np.asarray(index, dtype=np.int64)
         if mask is not None:
             scores, idx = scores[mask], idx[mask]
         batch_scores, batch_idx = self._select(scores, idx)

@@ -170,3 +170,13 @@ def test_full_space_reaches_every_determinant():
         row = r.step()
     assert row["e_coupled"] == pytest.approx(row["e_variational"], abs=1e-12)
     assert len(r.space) <= len(all_determinants(6, (2, 2)))
+
+
+def test_streamed_and_single_batch_paths_agree():
+    # S in one batch reuses its forward pass; smaller batches recompute S for the loss
+    rows = []
+    for batch_size in (100_000, 7):
+        r = make_runner("H2O", seed=1, topk=20, batch_size=batch_size)
+        h = r.run(5, progress=False)
+        rows.append(h[["e_coupled", "e_variational", "n_space"]].to_numpy())
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-11, rtol=0)

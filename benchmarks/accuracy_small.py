@@ -1,0 +1,102 @@
+"""NNQS-SCI accuracy on the small benchmark set with the default settings.
+
+Runs the Runner with its defaults (no per-molecule tuning) for a fixed number of iterations on
+each system and prints: system, qubits, E_FCI, the final energies of both estimators and their
+errors, the first iteration from which both stay within chemical accuracy (1.6 mHa), wall time
+and machine. Histories go to --out (CSV per system).
+
+    python benchmarks/accuracy_small.py [--iters 2000] [--device cpu|cuda] [systems...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import machine, print_table
+
+from cuscikit import Molecule
+from cuscikit.nnqs import Ansatz, Runner
+from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS
+
+SMALL_SET = ["LiH", "H2O", "N2", "C2", "LiF", "LiCl", "Li2O"]
+HARD_SET = ["N2-stretched", "H8-chain", "O2-triplet"]
+CHEMICAL_ACCURACY = 1.6e-3
+
+
+def first_stable_hit(err_c: np.ndarray, err_v: np.ndarray) -> int | None:
+    """First iteration (1-based) from which both |errors| stay below chemical accuracy."""
+    ok = (np.abs(err_c) < CHEMICAL_ACCURACY) & (np.abs(err_v) < CHEMICAL_ACCURACY)
+    bad = np.flatnonzero(~ok)
+    if ok.all():
+        return 1
+    return None if bad[-1] == len(ok) - 1 else int(bad[-1]) + 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("systems", nargs="*", default=SMALL_SET + HARD_SET)
+    ap.add_argument("--iters", type=int, default=DEFAULT_ITERATIONS)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="out/accuracy")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.systems:
+        mol = Molecule.load(name)
+        ref = mol.metadata["reference"]["energy"]
+        ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device)
+        runner = Runner(mol, ansatz, seed=args.seed, device=args.device)
+        t0 = time.perf_counter()
+        h = runner.run(args.iters, progress=False)
+        wall = time.perf_counter() - t0
+        h.to_csv(out / f"{mol.metadata['slug']}.csv", index=False)
+        last = h.iloc[-1]
+        hit = first_stable_hit(h["error"].to_numpy(), h["error_variational"].to_numpy())
+        rows.append(
+            [
+                name,
+                2 * mol.norb,
+                f"{ref:.8f}",
+                f"{last['e_coupled']:.8f}",
+                f"{last['error'] * 1e3:+.3f}",
+                f"{last['e_variational']:.8f}",
+                f"{last['error_variational'] * 1e3:+.3f}",
+                hit if hit else "-",
+                len(h),
+                int(last["n_space"]),
+                f"{wall:.0f}",
+            ]
+        )
+        print(
+            f"{name}: coupled {last['error'] * 1e3:+.3f} mHa, variational "
+            f"{last['error_variational'] * 1e3:+.3f} mHa after {len(h)} iterations, "
+            f"{wall:.0f} s",
+            flush=True,
+        )
+    print_table(
+        f"NNQS-SCI accuracy, default settings, seed {args.seed}, on {machine()} ({args.device})",
+        [
+            "system",
+            "qubits",
+            "E_FCI",
+            "E coupled",
+            "err mHa",
+            "E variational",
+            "err mHa",
+            "within 1.6 mHa from it",
+            "iters",
+            "|S|",
+            "wall s",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
