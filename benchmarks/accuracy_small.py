@@ -19,12 +19,26 @@ import torch
 from _common import machine, print_table
 
 from cuscikit import Molecule
-from cuscikit.nnqs import Ansatz, Runner
+from cuscikit.nnqs import Ansatz, Callback, Runner
 from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS
 
 SMALL_SET = ["LiH", "H2O", "N2", "C2", "LiF", "LiCl", "Li2O"]
 HARD_SET = ["N2-stretched", "H8-chain", "O2-triplet"]
 CHEMICAL_ACCURACY = 1.6e-3
+
+
+class TimeLimit(Callback):
+    """Stop a run after `seconds` of wall time."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.t0 = time.perf_counter()
+
+    def on_run_start(self, runner) -> None:
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, runner, row) -> bool:
+        return time.perf_counter() - self.t0 > self.seconds
 
 
 def first_stable_hit(err_c: np.ndarray, err_v: np.ndarray) -> int | None:
@@ -43,6 +57,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/accuracy")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop a system's run after this long (the table says how far it got)",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +73,8 @@ def main() -> None:
         ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device)
         runner = Runner(mol, ansatz, seed=args.seed, device=args.device)
         t0 = time.perf_counter()
-        h = runner.run(args.iters, progress=False)
+        callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
+        h = runner.run(args.iters, callbacks=callbacks, progress=False)
         wall = time.perf_counter() - t0
         h.to_csv(out / f"{mol.metadata['slug']}.csv", index=False)
         last = h.iloc[-1]

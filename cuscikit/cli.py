@@ -14,7 +14,11 @@ from pathlib import Path
 
 DEMO_ITERS = 1500
 # Plain numbers, so that building the parser does not import PyTorch.
-from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS, DEFAULT_TOPK  # noqa: E402
+from cuscikit.nnqs.defaults import (  # noqa: E402
+    DEFAULT_ITERATIONS,
+    DEFAULT_MAX_SPACE,
+    DEFAULT_TOPK,
+)
 
 
 class UsageError(Exception):
@@ -279,7 +283,7 @@ def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
     s.add_argument("--iters", type=int, default=iters, help="total iterations")
     s.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="configurations added per step")
     s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled")
-    s.add_argument("--max-space", type=int, default=None, help="cap on |S|")
+    s.add_argument("--max-space", type=int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")

@@ -13,3 +13,6 @@ closing notes of the NNQS issue), so the default is 1e-3 and 3e-4 stays one argu
 
 DEFAULT_ITERATIONS = 2000
 """Iterations of `cuscikit nnqs` and of the accuracy benchmark."""
+
+DEFAULT_MAX_SPACE = 16384
+"""Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""

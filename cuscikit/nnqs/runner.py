@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cuscikit.nnqs.defaults import DEFAULT_LR, DEFAULT_TOPK
+from cuscikit.nnqs.defaults import DEFAULT_LR, DEFAULT_MAX_SPACE, DEFAULT_TOPK
 from cuscikit.nnqs.topk import RunningTopK
 from cuscikit.sci.dedup import dedup
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
@@ -100,7 +100,7 @@ class Runner:
         estimator: "coupled" (sum over all of C(x), the papers' form) or "variational" (only
             x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
             computed and kept in the history.
-        max_space: optional cap on |S|.
+        max_space: cap on |S| (default 16384; None for no cap).
         eps: screening threshold of the coupled sets.
         lr, betas, weight_decay, adam_eps: AdamW settings (defaults of ALGORITHMS.md).
         batch_size: configurations per inference batch.
@@ -124,7 +124,7 @@ class Runner:
         *,
         topk: int = DEFAULT_TOPK,
         estimator: str = "coupled",
-        max_space: int | None = None,
+        max_space: int | None = DEFAULT_MAX_SPACE,
         eps: float = DEFAULT_EPS,
         lr: float = DEFAULT_LR,
         betas: tuple[float, float] = (0.9, 0.99),
