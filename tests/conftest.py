@@ -59,3 +59,14 @@ def random_integrals(norb: int, seed: int = 0, scale: float = 0.1):
     g = g + g.transpose(0, 1, 3, 2)
     g = g + g.transpose(2, 3, 0, 1)
     return h1, g, 0.7
+
+
+def hubbard_integrals(n: int, u: float):
+    """1-D Hubbard ring (periodic): hopping -1 between neighbours, on-site U."""
+    h1 = np.zeros((n, n))
+    for i in range(n):
+        h1[i, (i + 1) % n] = h1[(i + 1) % n, i] = -1.0
+    eri = np.zeros((n,) * 4)
+    for i in range(n):
+        eri[i, i, i, i] = u
+    return h1, eri

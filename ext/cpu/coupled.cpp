@@ -20,6 +20,14 @@ int max_threads() {
 #endif
 }
 
+int thread_id() {
+#ifdef CSK_HAVE_OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
 namespace {
 
 // Calls emit(y, value) for every single and double excitation y of x with |<y|H|x>| > eps.
@@ -298,11 +306,7 @@ void symmetric_csr_matvec(const std::int64_t* indptr, const std::int32_t* indice
   std::vector<double> priv(static_cast<std::size_t>(nt) * n * k, 0.0);
 #pragma omp parallel num_threads(nt)
   {
-#ifdef CSK_HAVE_OPENMP
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
+    const int t = thread_id();
     double* yt = priv.data() + static_cast<std::size_t>(t) * n * k;
 #pragma omp for schedule(dynamic, 256)
     for (std::int64_t r = 0; r < n; ++r) {

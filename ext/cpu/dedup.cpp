@@ -7,9 +7,6 @@
 
 #include "kernels.hpp"
 
-#ifdef CSK_HAVE_OPENMP
-#include <omp.h>
-#endif
 
 namespace csk {
 
@@ -34,11 +31,7 @@ bool radix_pass(const Item<W>* in, Item<W>* out, std::int64_t n, int w, int shif
   auto digit = [&](const Item<W>& it) { return (it.k[w] >> shift) & (kBuckets - 1); };
 #pragma omp parallel num_threads(nt)
   {
-#ifdef CSK_HAVE_OPENMP
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
+    const int t = thread_id();
     const std::int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
     std::int64_t* h = hist.data() + static_cast<std::size_t>(t) * kBuckets;
     for (std::int64_t r = lo; r < hi; ++r) ++h[digit(in[r])];
@@ -60,11 +53,7 @@ bool radix_pass(const Item<W>* in, Item<W>* out, std::int64_t n, int w, int shif
     }
 #pragma omp parallel num_threads(nt)
   {
-#ifdef CSK_HAVE_OPENMP
-    const int t = omp_get_thread_num();
-#else
-    const int t = 0;
-#endif
+    const int t = thread_id();
     const std::int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
     std::int64_t* h = hist.data() + static_cast<std::size_t>(t) * kBuckets;
     for (std::int64_t r = lo; r < hi; ++r) out[h[digit(in[r])]++] = in[r];

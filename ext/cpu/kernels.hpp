@@ -80,5 +80,6 @@ void lookup_keys(const KeyIndex& index, const std::uint64_t* queries, std::int64
                  std::int64_t* out);
 
 int max_threads();
+int thread_id();  // OpenMP thread number inside a parallel region, 0 without OpenMP
 
 }  // namespace csk

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cuscikit.chem import FCIDumpError, read_fcidump, restore_eri, write_fcidump
+from tests.conftest import hubbard_integrals
 
 pyscf = pytest.importorskip("pyscf")
 from pyscf import ao2mo, gto, mcscf, scf  # noqa: E402
@@ -104,13 +105,8 @@ def test_read_pyscf_molecule_and_open_shell(tmp_path: Path) -> None:
 
 
 def test_read_pyscf_hubbard_pbc(tmp_path: Path) -> None:
-    n, u = 8, 4.0
-    h = np.zeros((n, n))
-    for i in range(n):
-        h[i, (i + 1) % n] = h[(i + 1) % n, i] = -1.0
-    g = np.zeros((n,) * 4)
-    for i in range(n):
-        g[i, i, i, i] = u
+    n = 8
+    h, g = hubbard_integrals(n, 4.0)
     path = tmp_path / "FCIDUMP"
     pyscf_fcidump.from_integrals(str(path), h, g, n, n, nuc=0.0)
     d = read_fcidump(path)

@@ -7,7 +7,7 @@ from cuscikit import Molecule, SCISpace
 from cuscikit.sci.configs import all_determinants, hf_configuration
 from cuscikit.sci.davidson import davidson
 from cuscikit.sci.hamiltonian import Hamiltonian
-from tests.conftest import random_integrals
+from tests.conftest import hubbard_integrals, random_integrals
 
 
 def pyscf_fci(h1, eri, norb, nelec, ecore):
@@ -47,13 +47,8 @@ def test_hubbard_chain_from_pyscf_fcidump(tmp_path):
     pytest.importorskip("pyscf")
     from pyscf.tools import fcidump
 
-    n, u = 8, 4.0
-    h1 = np.zeros((n, n))
-    for i in range(n):
-        h1[i, (i + 1) % n] = h1[(i + 1) % n, i] = -1.0
-    eri = np.zeros((n,) * 4)
-    for i in range(n):
-        eri[i, i, i, i] = u
+    n = 8
+    h1, eri = hubbard_integrals(n, 4.0)
     path = tmp_path / "hubbard.fcidump"
     fcidump.from_integrals(str(path), h1, eri, n, (4, 3), nuc=0.0, ms=1)
     mol = Molecule.from_fcidump(path)
