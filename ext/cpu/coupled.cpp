@@ -154,38 +154,27 @@ void coupled_counts(const Hamiltonian& Hm, const std::uint64_t* configs, std::in
 
 CoupledSet coupled_configurations(const Hamiltonian& Hm, const std::uint64_t* configs,
                                   std::int64_t n, double eps) {
-  check_eps(Hm, eps);
+  // Count, prefix-sum, then write every coupled configuration straight into its final slot:
+  // deterministic order (by source, then generation order) and no intermediate copies.
+  std::vector<std::int64_t> offsets(n + 1, 0);
+  coupled_counts(Hm, configs, n, eps, offsets.data() + 1);
+  for (std::int64_t r = 0; r < n; ++r) offsets[r + 1] += offsets[r];
   const HamiltonianView H = Hm.view();
   const int nw = Hm.nwords();
-  const std::int64_t nchunks = (n + kChunk - 1) / kChunk;
-  std::vector<CoupledSet> parts(nchunks);
-  // Chunks are processed in any order but concatenated in source order: deterministic output.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t c = 0; c < nchunks; ++c) {
-    CoupledSet& p = parts[c];
-    for (std::int64_t r = c * kChunk; r < std::min(n, (c + 1) * kChunk); ++r) {
-      for_each_coupled(Hm, H, configs + r * nw, nw, eps, [&](const std::uint64_t* y, double v) {
-        p.source.push_back(r);
-        p.configs.insert(p.configs.end(), y, y + nw);
-        p.values.push_back(v);
-      });
-    }
-  }
-  std::vector<std::int64_t> off(nchunks + 1, 0);
-  for (std::int64_t c = 0; c < nchunks; ++c)
-    off[c + 1] = off[c] + static_cast<std::int64_t>(parts[c].values.size());
+  const std::int64_t m = offsets[n];
   CoupledSet out;
-  out.source.resize(off[nchunks]);
-  out.configs.resize(off[nchunks] * nw);
-  out.values.resize(off[nchunks]);
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::int64_t c = 0; c < nchunks; ++c) {
-    std::copy(parts[c].source.begin(), parts[c].source.end(), out.source.begin() + off[c]);
-    std::copy(parts[c].configs.begin(), parts[c].configs.end(), out.configs.begin() + off[c] * nw);
-    std::copy(parts[c].values.begin(), parts[c].values.end(), out.values.begin() + off[c]);
-    CoupledSet().source.swap(parts[c].source);  // free early: peak memory stays ~2x the output
-    CoupledSet().configs.swap(parts[c].configs);
-    CoupledSet().values.swap(parts[c].values);
+  out.source = Buffer<std::int64_t>(m);
+  out.configs = Buffer<std::uint64_t>(static_cast<std::size_t>(m) * nw);
+  out.values = Buffer<double>(m);
+#pragma omp parallel for schedule(dynamic, kChunk)
+  for (std::int64_t r = 0; r < n; ++r) {
+    std::int64_t k = offsets[r];
+    for_each_coupled(Hm, H, configs + r * nw, nw, eps, [&](const std::uint64_t* y, double v) {
+      out.source.data[k] = r;
+      std::memcpy(out.configs.data.get() + k * nw, y, sizeof(std::uint64_t) * nw);
+      out.values.data[k] = v;
+      ++k;
+    });
   }
   return out;
 }

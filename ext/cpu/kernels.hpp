@@ -1,16 +1,25 @@
 // CPU kernels over configuration arrays (row-major uint64[n, nwords]).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hamiltonian.hpp"
 
 namespace csk {
 
+// An uninitialised heap array: large outputs are written once, never zero-filled first.
+template <typename T>
+struct Buffer {
+  std::unique_ptr<T[]> data;
+  std::size_t size = 0;
+  explicit Buffer(std::size_t n = 0) : data(n ? new T[n] : nullptr), size(n) {}
+};
+
 struct CoupledSet {
-  std::vector<std::int64_t> source;  // index of the source configuration
-  std::vector<std::uint64_t> configs;  // [m, nwords]
-  std::vector<double> values;          // H_{x' x}
+  Buffer<std::int64_t> source;   // index of the source configuration
+  Buffer<std::uint64_t> configs;  // [m, nwords]
+  Buffer<double> values;          // H_{x' x}
 };
 
 struct CsrMatrix {

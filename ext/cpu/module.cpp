@@ -21,6 +21,13 @@ using ConfigArray = nb::ndarray<const std::uint64_t, nb::ndim<2>, nb::c_contig, 
 using F64Array = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
 
 template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(csk::Buffer<T>&& b, std::initializer_list<size_t> shape) {
+  T* raw = b.data.release();
+  nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return nb::ndarray<nb::numpy, T>(raw, shape, owner);
+}
+
+template <typename T>
 nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
   auto* owned = new std::vector<T>(std::move(v));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
@@ -136,7 +143,7 @@ NB_MODULE(_core, m) {
       nb::gil_scoped_release nogil;
       s = csk::coupled_configurations(H, c.data(), c.shape(0), eps);
     }
-    const size_t m = s.values.size(), w = H.nwords();
+    const size_t m = s.values.size, w = H.nwords();
     return nb::make_tuple(to_numpy(std::move(s.source), {m}), to_numpy(std::move(s.configs), {m, w}),
                           to_numpy(std::move(s.values), {m}));
   });
