@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call: build, run the test suite, and the NNQS accuracy runs that are too slow
 # for 2 CPU cores, several systems side by side on the one GPU. Results land in $OUT.
-#   usage (device tool): bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
+#   usage (device tool): [ITERS=N] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 limit=$1; shift
@@ -16,6 +16,7 @@ python3 -m cuscikit info
 cd benchmarks
 for s in "$@"; do
   OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" --device cuda --max-seconds "$limit" \
+    --iters "${ITERS:-2000}" \
     --out "$out/acc" > "$out/acc/$s.log" 2>&1 &
 done
 wait

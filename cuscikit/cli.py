@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_ITERS = 1500
+DEMO_ITERS = 2000
 # Plain numbers, so that building the parser does not import PyTorch.
 from cuscikit.nnqs.defaults import (  # noqa: E402
     DEFAULT_ITERATIONS,

@@ -26,7 +26,7 @@ def test_fci_matches_pyscf_on_bundled_systems(name):
     assert abs(e - mol.metadata["reference"]["energy"]) < 1e-9
 
 
-@pytest.mark.parametrize("name", ["N2", "C2", "LiF"])
+@pytest.mark.parametrize("name", ["N2", "C2", "LiF", "N2-stretched", "H8-chain", "O2-triplet"])
 def test_fci_matches_bundled_reference(name):
     # the bundled references are PySCF FCI energies (nroots=3), see datasets/README.md
     # C2: PySCF's single-root run from HF lands on an excited root (-74.6459); ours must not

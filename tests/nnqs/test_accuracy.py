@@ -1,0 +1,32 @@
+"""The method's claim: chemical accuracy (1.6 mHa) against FCI with the default settings.
+
+Fast cases run in CI; the rest are marked slow (`benchmarks/accuracy_small.py` runs the whole
+set and prints the table)."""
+
+import pytest
+
+from cuscikit import Molecule
+from cuscikit.nnqs import Ansatz, Runner
+
+CHEMICAL_ACCURACY = 1.6e-3
+
+
+def run_defaults(name: str, iters: int):
+    mol = Molecule.load(name)
+    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, device="cpu")
+    return runner.run(iters, progress=False).iloc[-1]
+
+
+def test_lih_reaches_chemical_accuracy():
+    last = run_defaults("LiH", 400)
+    assert abs(last["error"]) < CHEMICAL_ACCURACY
+    assert abs(last["error_variational"]) < CHEMICAL_ACCURACY
+    assert last["error_variational"] > -1e-9  # the variational estimator is an upper bound
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["H2O", "O2-triplet", "N2"])
+def test_small_systems_reach_chemical_accuracy(name):
+    last = run_defaults(name, 2000)
+    assert abs(last["error"]) < CHEMICAL_ACCURACY
+    assert abs(last["error_variational"]) < CHEMICAL_ACCURACY
