@@ -1,0 +1,31 @@
+"""The shared physics headers compile as device code too (ARCHITECTURE: one primitive, two
+backends). Needs nvcc; skipped without it."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+INCLUDE = Path(__file__).parents[1] / "ext" / "include"
+
+KERNEL = r"""
+#include "cuscikit/slater_condon.hpp"
+__global__ void element(csk::HamiltonianView H, const csk_u64* x, const csk_u64* y, double* out,
+                        int nwords) {
+  const int t = threadIdx.x;
+  out[t] = csk::matrix_element(H, y + t * nwords, x + t * nwords, nwords);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_slater_condon_header_compiles_for_sm90(tmp_path):
+    src = tmp_path / "check.cu"
+    src.write_text(KERNEL)
+    r = subprocess.run(
+        ["nvcc", "-std=c++17", "-arch=sm_90", f"-I{INCLUDE}", "-c", str(src), "-o",
+         str(tmp_path / "check.o")],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr
