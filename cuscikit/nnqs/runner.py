@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -28,20 +27,6 @@ STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or the energy became NaN or infinite; the step was not applied."""
-
-
-@dataclass
-class StepResult:
-    """What one iteration computed (also stored as one row of `Runner.history`)."""
-
-    iteration: int
-    e_coupled: float
-    e_variational: float
-    loss: float
-    n_space: int
-    n_coupled: int
-    n_unique: int
-    n_new: int
 
 
 class Callback:
@@ -398,5 +383,3 @@ def _peak_memory(device: torch.device) -> int:
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
-
-Callbacks = Callable[..., None]
