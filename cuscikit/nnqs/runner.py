@@ -326,7 +326,7 @@ class Runner:
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=n_iter, desc="NNQS-SCI", unit="it")
+            bar = tqdm(total=n_iter, desc="NNQS-SCI", unit="it", mininterval=1.0)
         try:
             for _ in range(n_iter):
                 try:
