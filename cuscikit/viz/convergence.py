@@ -55,7 +55,7 @@ def plot_convergence(
         ax2 = ax.twinx()
         ax2.plot(it, history["n_space"], color="gray", alpha=0.5, lw=1)
         ax2.set_ylabel("|S|", color="gray")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
     if title:
         ax.set_title(title)
     return ax
