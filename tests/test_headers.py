@@ -24,8 +24,17 @@ def test_slater_condon_header_compiles_for_sm90(tmp_path):
     src = tmp_path / "check.cu"
     src.write_text(KERNEL)
     r = subprocess.run(
-        ["nvcc", "-std=c++17", "-arch=sm_90", f"-I{INCLUDE}", "-c", str(src), "-o",
-         str(tmp_path / "check.o")],
-        capture_output=True, text=True,
+        [
+            "nvcc",
+            "-std=c++17",
+            "-arch=sm_90",
+            f"-I{INCLUDE}",
+            "-c",
+            str(src),
+            "-o",
+            str(tmp_path / "check.o"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr

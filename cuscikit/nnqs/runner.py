@@ -382,4 +382,3 @@ def _peak_memory(device: torch.device) -> int:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-
