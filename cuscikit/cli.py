@@ -171,7 +171,12 @@ def cmd_fci(args) -> int:
 
 def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     """Build the ansatz and runner from command-line settings and run NNQS-SCI."""
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise UsageError(
+            "NNQS-SCI needs PyTorch: pip install torch (see the README's quick start)"
+        ) from None
 
     from cuscikit.nnqs import Ansatz, Runner
 
