@@ -338,7 +338,7 @@ class Runner:
                     post = {"E": f"{row['e_tot']:.8f}", "|S|": row["n_space_next"]}
                     if self.reference is not None:
                         post["err"] = f"{row['error']:.2e}"
-                    bar.set_postfix(post)
+                    bar.set_postfix(post, refresh=False)  # redrawn by update()
                     bar.update(1)
                 if checkpoint and self.iteration % checkpoint_every == 0:
                     self.save(checkpoint)
