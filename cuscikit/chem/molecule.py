@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 
 from cuscikit.chem.fcidump import read_fcidump, restore_eri, write_fcidump
+from cuscikit.sci.configs import MAX_ORBITALS  # the bit-width limit of the kernels
 
 __all__ = ["Molecule", "MAX_ORBITALS", "aufbau_energy"]
 
-#: Bit-width limit of the configuration kernels: 4 uint64 words = 256 spin orbitals.
-MAX_ORBITALS = 128
 
 # PySCF irrep id -> Molpro irrep number (as pyscf.tools.fcidump.ORBSYM_MAP)
 _MOLPRO_ORBSYM = {

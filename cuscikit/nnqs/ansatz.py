@@ -141,7 +141,8 @@ def _check_positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def _resolve_device(device: Any) -> torch.device:
+def resolve_device(device: Any) -> torch.device:
+    """A usable torch device from a name or device (None: torch's default), else ValueError."""
     if device is None:
         return torch.empty(0).device  # torch's default device
     try:
@@ -218,7 +219,7 @@ class Ansatz(nn.Module):
         phase_hidden = tuple(_check_positive_int("phase_hidden entry", h) for h in phase_hidden)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.is_complex:
             raise ValueError(f"dtype must be a real floating torch dtype, got {dtype!r}")
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.phase_hidden = phase_hidden
 

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from cuscikit.nnqs.ansatz import resolve_device
 from cuscikit.nnqs.defaults import DEFAULT_LR, DEFAULT_MAX_SPACE, DEFAULT_TOPK
 from cuscikit.nnqs.topk import RunningTopK
 from cuscikit.sci.dedup import dedup
@@ -54,18 +55,6 @@ class EarlyStopping(Callback):
             return False
         window = h[self.column].to_numpy()[-self.patience - 1 :]
         return bool(np.ptp(window) < self.tol)
-
-
-def _resolve_device(device) -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but no CUDA GPU is available")
-    return torch.device(device)
 
 
 class Runner:
@@ -137,7 +126,7 @@ class Runner:
                 f"{tuple(molecule.nelec)}"
             )
         param = next(ansatz.parameters())
-        self.device = _resolve_device(device if device is not None else param.device)
+        self.device = resolve_device(device if device is not None else param.device)
         if self.device.type != param.device.type:
             raise ValueError(
                 f"the ansatz lives on {param.device}, the runner was asked for {self.device}: "
