@@ -26,5 +26,5 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
     text = "".join(
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
     )
-    if "iterations in the history" in text:  # the shrinking parameter really took effect
+    if path.name.startswith("01_"):  # the shrinking parameter really took effect
         assert "6 iterations in the history" in text
