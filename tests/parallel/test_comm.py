@@ -1,0 +1,123 @@
+"""The communicator layer in one process: SerialComm, discovery, TorchComm on a 1-rank group."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cuscikit.parallel import SerialComm, detect_backend, get_comm
+from cuscikit.parallel.comm import comm_timeout
+
+
+def test_serial_comm_returns_its_own_input():
+    c = SerialComm()
+    assert (c.rank, c.size) == (0, 1)
+    assert c.allreduce(5) == 5
+    a = np.array([[1, 2]], dtype=np.uint64)
+    for got in (c.bcast(a), c.gather(a)[0], c.allgather(a)[0]):
+        assert np.array_equal(got, a) and got is not a
+    recv, counts = c.alltoallv(a, [1])
+    assert np.array_equal(recv, a) and counts.tolist() == [1]
+    c.barrier()
+
+
+def test_alltoallv_rejects_bad_counts_and_rows():
+    c = SerialComm()
+    with pytest.raises(ValueError, match="summing to the 2 rows"):
+        c.alltoallv(np.zeros((2, 1), np.uint64), [1])
+    with pytest.raises(ValueError, match="non-negative"):
+        c.alltoallv(np.zeros((0, 1), np.uint64), [-1])
+    with pytest.raises(TypeError, match="8-byte words"):
+        c.alltoallv(np.zeros(3, np.float32), [3])
+    with pytest.raises(ValueError, match="op must be"):
+        c.allreduce(1, op="prod")
+    with pytest.raises(ValueError, match="root 1"):
+        c.bcast(np.zeros(1), root=1)
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, "serial"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "torch"),
+        ({"WORLD_SIZE": "2"}, "serial"),  # not torchrun without a rendezvous address
+        ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"}, "mpi"),
+        ({"PMI_SIZE": "4", "PMI_RANK": "0"}, "mpi"),  # MPICH / Hydra, Intel MPI
+    ],
+)
+def test_detect_backend(env, expected):
+    assert detect_backend(env) == expected
+
+
+def test_get_comm():
+    assert isinstance(get_comm("serial"), SerialComm)
+    with pytest.raises(ValueError, match="unknown communicator backend"):
+        get_comm("carrier-pigeon")
+
+
+def test_timeout_from_environment(monkeypatch):
+    monkeypatch.delenv("CUSCIKIT_COMM_TIMEOUT", raising=False)
+    assert comm_timeout() == 300
+    monkeypatch.setenv("CUSCIKIT_COMM_TIMEOUT", "7.5")
+    assert comm_timeout() == 7.5
+    assert comm_timeout(2) == 2
+    with pytest.raises(ValueError, match="positive"):
+        comm_timeout(0)
+
+
+def test_import_starts_nothing():
+    """Importing cuscikit.parallel loads neither torch nor mpi4py; get_comm() is serial."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OMPI_", "PMI_", "PMIX_")) and k not in ("WORLD_SIZE", "RANK")
+    }
+    code = (
+        "import sys, cuscikit.parallel as p; "
+        "print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules), "
+        "type(p.get_comm()).__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert out.split() == ["[]", "SerialComm"]
+
+
+def test_torch_comm_single_rank_group():
+    """TorchComm on a 1-rank gloo group: numpy in -> numpy out, torch tensors stay tensors."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from cuscikit.parallel import TorchComm
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    comm = TorchComm(
+        backend="gloo", timeout=30, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
+    try:
+        assert (comm.rank, comm.size, comm.backend) == (0, 1, "gloo")
+        assert detect_backend() == "torch"  # an existing group wins
+        keys = np.array([[2**64 - 1, 3], [0, 2**63]], dtype=np.uint64)
+        recv, counts = comm.alltoallv(keys, [2])
+        assert recv.dtype == np.uint64 and np.array_equal(recv, keys) and counts.tolist() == [2]
+        t = torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)
+        rt, _ = comm.alltoallv(t, [2])
+        assert isinstance(rt, torch.Tensor) and torch.equal(rt, t)
+        assert comm.allreduce(np.array([2**64 - 1], np.uint64)).tolist() == [2**64 - 1]
+        assert comm.allreduce(3.5) == 3.5
+        assert np.array_equal(comm.bcast(keys), keys)
+        assert np.array_equal(comm.allgather(keys)[0], keys)
+        assert np.array_equal(comm.gather(keys)[0], keys)
+        comm.barrier()
+    finally:
+        comm.close()
+    assert not dist.is_initialized()
