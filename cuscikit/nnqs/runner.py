@@ -1,8 +1,12 @@
 """The NNQS-SCI loop (seed 000, ALGORITHMS.md section 1): generate, de-duplicate, infer, select,
 evaluate energies, optimise, grow the space.
 
-This is the device-agnostic reference pipeline: coupled generation and de-duplication run in the
-compiled CPU kernels, the ansatz runs on whatever device it lives on.
+Two pipelines run the same iteration:
+
+- "baseline" (the seed's "Original"): coupled generation and de-duplication in the compiled CPU
+  kernels, inference wherever the ansatz lives. This is the only pipeline on a CPU device.
+- "gpu": everything on the GPU, memory-centric (`cuscikit.gpu.pipeline`): CUDA kernels for
+  generation, de-duplication and local energies, mini-batches sized from free GPU memory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from cuscikit.sci.space import SCISpace
 
 ESTIMATORS = ("coupled", "variational")
 STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
+PIPELINES = ("auto", "gpu", "baseline")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -81,6 +86,12 @@ class Runner:
         seed: seeds the torch and numpy generators used by the run.
         device: must match the ansatz ("cpu", "cuda"; default: the ansatz's device).
         reference: exact energy for the error column (default: the molecule's bundled one).
+        pipeline: "gpu" (all stages on the GPU), "baseline" (generation and de-dup on the
+            CPU) or "auto" (gpu on a CUDA device when the CUDA kernels are built).
+        max_gpu_memory: cap in bytes on what the process holds on the GPU (gpu pipeline); a
+            problem whose intermediates exceed it still runs, in smaller batches.
+        staging: where the gpu pipeline keeps coupled sets between stages 1 and 3: "auto"
+            (pinned host memory only when they do not fit), "device" or "host".
 
     Example:
         >>> from cuscikit import Ansatz, Molecule, Runner
@@ -108,6 +119,9 @@ class Runner:
         seed: int = 0,
         device=None,
         reference: float | None = None,
+        pipeline: str = "auto",
+        max_gpu_memory: int | None = None,
+        staging: str = "auto",
     ):
         if int(topk) != topk or topk < 1:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
@@ -117,6 +131,8 @@ class Runner:
             raise ValueError(f"max_space must be positive, got {max_space}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if pipeline not in PIPELINES:
+            raise ValueError(f"unknown pipeline {pipeline!r}: use one of {PIPELINES}")
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -147,10 +163,34 @@ class Runner:
             ref = (getattr(molecule, "metadata", None) or {}).get("reference") or {}
             reference = ref.get("energy")
         self.reference = reference
+        self.pipeline = self._choose_pipeline(pipeline)
+        self._gpu = None
+        if self.pipeline == "gpu":
+            from cuscikit.gpu.pipeline import GpuPipeline
+
+            self._gpu = GpuPipeline(molecule, ansatz, eps=eps, batch_size=batch_size,
+                                    max_gpu_memory=max_gpu_memory, staging=staging)
+        elif max_gpu_memory is not None:
+            raise ValueError("max_gpu_memory applies to the gpu pipeline only")
         self.iteration = 0
         self._rows: list[dict] = []
         self.rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
+
+    def _choose_pipeline(self, pipeline: str) -> str:
+        if self.device.type != "cuda":
+            if pipeline == "gpu":
+                raise ValueError("pipeline='gpu' needs the ansatz and runner on a CUDA device")
+            return "baseline"
+        if pipeline == "auto":
+            from cuscikit import gpu
+
+            return "gpu" if gpu.available() else "baseline"
+        if pipeline == "gpu":
+            from cuscikit import gpu
+
+            gpu.kernels()  # raises a clear error when the kernels are missing
+        return pipeline
 
     # ------------------------------------------------------------------------------- results
     @property
@@ -181,15 +221,10 @@ class Runner:
                 topk.update(lp.real, index=rows[lo:hi], mask=eligible[lo:hi])
         return out
 
-    def step(self) -> dict:
-        """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
-        t = {s: 0.0 for s in STAGES}
-        t_start = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+    def _stages_baseline(self, t: dict) -> dict:
+        """Stages 1-3 with the CPU kernels; returns what the loss and the growth need."""
         S = self.space.configs
         n = len(S)
-
         # Stage 1: coupled generation, then sort + unique over S and C(S) with the inverse index.
         t0 = time.perf_counter()
         cs = self.hamiltonian.coupled(S, eps=self.eps)
@@ -218,39 +253,81 @@ class Runner:
         logpsi[rows] = self._infer(unique[rows], rows, topk, ~in_space[rows])
         t["inference"] = time.perf_counter() - t0
 
-        # Stage 3: local energies of both estimators, weights over S.
+        # Stage 3: local energies of both estimators.
         t0 = time.perf_counter()
-        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught below
+        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught later
         shift = logpsi[inv_s].real.max()
         psi_u = np.exp(logpsi - shift)
         psi_s = psi_u[inv_s]
-        prob = np.abs(psi_s) ** 2
-        w = prob / prob.sum()
         contrib = cs.values * psi_u[inv_c]
         num_c = _segment_sum(cs.source, contrib, n)
         in_s = in_space[inv_c]
         num_v = _segment_sum(cs.source[in_s], contrib[in_s], n)
         eloc_c = hdiag + num_c / psi_s
         eloc_v = hdiag + num_v / psi_s
-        e_c = float(np.real(np.sum(w * eloc_c)))
-        e_v = float(np.real(np.sum(w * eloc_v)))
-        eloc = eloc_c if self.estimator == "coupled" else eloc_v
-        e_est = e_c if self.estimator == "coupled" else e_v
         np.seterr(**np_err)
         t["energy"] = time.perf_counter() - t0
+        new_idx = topk.indices()
+        keep = np.concatenate([inv_s, new_idx])
+        return {
+            "psi_s": torch.as_tensor(psi_s), "eloc_c": torch.as_tensor(eloc_c),
+            "eloc_v": torch.as_tensor(eloc_v), "lp_graph": lp_graph,
+            "new_configs": unique[new_idx], "keep_rows": keep,
+            "keep_configs": unique[keep], "keep_scores": logpsi[keep].real,
+            "n_coupled": len(cs), "n_unique": len(unique),
+        }
+
+    def _stages_gpu(self, t: dict) -> dict:
+        """Stages 1-3 on the GPU (`cuscikit.gpu.pipeline`)."""
+        from cuscikit.gpu.ops import to_numpy
+
+        r = self._gpu.run(self.space.configs, self.topk)
+        t.update(r.times)
+        psi_s = torch.exp(r.logpsi[r.pos_space] - r.shift)
+        keep = torch.cat([r.pos_space, r.topk_rows])
+        return {
+            "psi_s": psi_s, "eloc_c": r.hdiag + r.num_coupled / psi_s,
+            "eloc_v": r.hdiag + r.num_variational / psi_s, "lp_graph": r.lp_graph,
+            "new_configs": to_numpy(r.unique[r.topk_rows]),
+            "keep_rows": keep.to("cpu").numpy(), "keep_configs": to_numpy(r.unique[keep]),
+            "keep_scores": r.logpsi[keep].real.to("cpu").numpy(),
+            "n_coupled": r.n_coupled, "n_unique": len(r.unique),
+            "bytes_staged": r.bytes_staged, "n_batches": r.n_batches,
+            "peak_theoretical_bytes": r.peak_theoretical,
+        }
+
+    def step(self) -> dict:
+        """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
+        t = {s: 0.0 for s in STAGES}
+        t_start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        S = self.space.configs
+        n = len(S)
+        out = self._stages_gpu(t) if self.pipeline == "gpu" else self._stages_baseline(t)
+
+        # Weights over S and both energies (on the device the stages left them on).
+        t0 = time.perf_counter()
+        prob = out["psi_s"].abs() ** 2
+        w = prob / prob.sum()
+        e_c = float((w * out["eloc_c"]).real.sum())
+        e_v = float((w * out["eloc_v"]).real.sum())
+        eloc = out["eloc_c"] if self.estimator == "coupled" else out["eloc_v"]
+        e_est = e_c if self.estimator == "coupled" else e_v
+        t["energy"] += time.perf_counter() - t0
 
         # Loss with detached E_loc and E, backward, AdamW.
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss_val = 0.0
-        eloc_t = torch.as_tensor(eloc - e_est, dtype=torch.complex128)
-        w_t = torch.as_tensor(w)
+        eloc_t = (eloc - e_est).to(torch.complex128)
+        lp_graph = out["lp_graph"]
         for lo in range(0, n, self.batch_size):
             hi = min(lo + self.batch_size, n)
             lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S[lo:hi])
             lp = lp.to(torch.complex128)
             dev = lp.device
-            part = 2.0 * (w_t[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
+            part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
             part.backward()
             loss_val += float(part.detach())
         if not (math.isfinite(loss_val) and math.isfinite(e_c) and math.isfinite(e_v)):
@@ -264,15 +341,15 @@ class Runner:
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
         t0 = time.perf_counter()
-        new_idx = topk.indices()
-        n_new = self.space.add(unique[new_idx]) if len(new_idx) else 0
+        new = out["new_configs"]
+        n_new = self.space.add(new) if len(new) else 0
         if self.max_space is not None and len(self.space) > self.max_space:
-            keep_rows = np.concatenate([inv_s, new_idx])
-            order = np.lexsort((keep_rows, -logpsi[keep_rows].real))[: self.max_space]
-            self.space = SCISpace(self.molecule, unique[keep_rows[order]], eps=self.eps)
+            order = np.lexsort((out["keep_rows"], -out["keep_scores"]))[: self.max_space]
+            self.space = SCISpace(self.molecule, out["keep_configs"][order], eps=self.eps)
         self.iteration += 1
         t["other"] = time.perf_counter() - t0
         total = time.perf_counter() - t_start
+        t["other"] += max(0.0, total - sum(t.values()))  # transfers and bookkeeping
 
         row = {
             "iteration": self.iteration,
@@ -283,14 +360,17 @@ class Runner:
             "error_variational": (e_v - self.reference) if self.reference is not None else np.nan,
             "loss": loss_val,
             "n_space": n,
-            "n_coupled": len(cs),
-            "n_unique": len(unique),
+            "n_coupled": out["n_coupled"],
+            "n_unique": out["n_unique"],
             "n_new": n_new,
             "n_space_next": len(self.space),
         }
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
         row["peak_memory_bytes"] = _peak_memory(self.device)
+        row["peak_theoretical_bytes"] = out.get("peak_theoretical_bytes", np.nan)
+        row["bytes_staged"] = out.get("bytes_staged", 0)
+        row["n_batches"] = out.get("n_batches", 1)
         self._rows.append(row)
         return row
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class RunningTopK:
@@ -62,3 +63,64 @@ class RunningTopK:
     def scores(self) -> np.ndarray:
         order = np.lexsort((self._idx, -self._scores))
         return self._scores[order]
+
+
+class TorchTopK:
+    """`RunningTopK` on torch tensors (any device): same selection, same tie-breaking (larger
+    score first, then smaller index), so GPU and CPU runs pick the same configurations.
+
+    Example:
+        >>> import torch
+        >>> t = TorchTopK(2)
+        >>> t.update(torch.tensor([0.5, 3.0, 1.0]), torch.tensor([0, 1, 2]))
+        >>> t.update(torch.tensor([2.0, 0.1]), torch.tensor([3, 4]))
+        >>> t.indices().tolist()
+        [1, 3]
+    """
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"k must be non-negative, got {k}")
+        self.k = int(k)
+        self._scores = None
+        self._idx = None
+
+    def update(self, scores, index, mask=None) -> None:
+        """Merge one batch of scores with their global indices (`mask`: eligible entries)."""
+        if self.k == 0:
+            return
+        if mask is not None:
+            scores, index = scores[mask], index[mask]
+        scores, index = self._select(scores, index)
+        if self._scores is not None:
+            scores, index = self._select(
+                torch.cat([self._scores, scores]), torch.cat([self._idx, index])
+            )
+        self._scores, self._idx = scores, index
+
+    def _select(self, scores, idx):
+        if len(scores) <= self.k:
+            return scores, idx
+        kth = torch.topk(scores, self.k, sorted=True).values[-1]
+        above = scores > kth
+        tied = torch.nonzero(scores == kth).squeeze(1)
+        need = self.k - int(above.sum())
+        tied = tied[torch.argsort(idx[tied])[:need]]
+        keep = torch.cat([torch.nonzero(above).squeeze(1), tied])
+        return scores[keep], idx[keep]
+
+    def _order(self):
+        by_idx = torch.argsort(self._idx, stable=True)
+        by_score = torch.argsort(-self._scores[by_idx], stable=True)
+        return by_idx[by_score]
+
+    def indices(self):
+        """Global indices of the kept entries, best first (an int64 tensor)."""
+        if self._idx is None:
+            return torch.zeros(0, dtype=torch.int64)
+        return self._idx[self._order()]
+
+    def scores(self):
+        if self._scores is None:
+            return torch.zeros(0)
+        return self._scores[self._order()]

@@ -180,3 +180,32 @@ def test_streamed_and_single_batch_paths_agree():
         h = r.run(5, progress=False)
         rows.append(h[["e_coupled", "e_variational", "n_space"]].to_numpy())
     np.testing.assert_allclose(rows[0], rows[1], atol=1e-11, rtol=0)
+
+
+def test_torch_topk_matches_running_topk():
+    """The tensor top-K (used by the GPU pipeline) picks what the numpy one picks, ties too."""
+    import torch
+
+    from cuscikit.nnqs.topk import RunningTopK, TorchTopK
+
+    rng = np.random.default_rng(0)
+    for k in (0, 1, 7, 50):
+        a, b = RunningTopK(k), TorchTopK(k)
+        for lo in range(0, 400, 64):
+            scores = rng.integers(0, 20, size=64).astype(float)  # many ties
+            mask = rng.random(64) < 0.7
+            idx = np.arange(lo, lo + 64)
+            a.update(scores, index=idx, mask=mask)
+            b.update(torch.as_tensor(scores), torch.as_tensor(idx), mask=torch.as_tensor(mask))
+        assert b.indices().tolist() == a.indices().tolist()
+
+
+def test_gpu_pipeline_refused_on_cpu():
+    mol = Molecule.load("LiH")
+    ansatz = Ansatz.for_molecule(mol, seed=0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        Runner(mol, ansatz, pipeline="gpu")
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        Runner(mol, ansatz, pipeline="fast")
+    with pytest.raises(ValueError, match="gpu pipeline only"):
+        Runner(mol, ansatz, max_gpu_memory=10**9)

@@ -1,0 +1,98 @@
+"""Ansatz inference throughput (ln psi per second, no gradient) on the GPU, by variant.
+
+Variants: eager float32 (the default), eager with TF32 matmuls, bfloat16 autocast, and
+torch.compile'd float32; each with its largest |ln psi - ln psi(float64)| on the same batch,
+and a profiler table of the eager float32 pass (where the time goes).
+
+    python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import time
+
+import torch
+from _common import print_table
+from benchmarks_space import sample_space
+
+from cuscikit import Ansatz, Molecule
+from cuscikit.gpu import ops
+
+DEV = torch.device("cuda")
+
+
+def rate(fn, x, batch, repeat=3):
+    with torch.no_grad():
+        fn(x[:batch])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            for lo in range(0, len(x), batch):
+                fn(x[lo:lo + batch])
+        torch.cuda.synchronize()
+    return repeat * len(x) / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--n", type=int, default=524288)
+    ap.add_argument("--systems", nargs="+", default=["N2/cc-pVDZ", "N2"])
+    ap.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for name in args.systems:
+        mol = Molecule.load(name)
+        x = ops.to_device(sample_space(mol, args.n), DEV)
+        a32 = Ansatz.for_molecule(mol, seed=0, device=DEV)
+        a64 = copy.deepcopy(a32).to(torch.float64)
+        with torch.no_grad():
+            ref = a64.log_psi(x[: args.batch])
+
+        def err(fn, x=x, ref=ref):
+            with torch.no_grad():
+                return float((fn(x[: args.batch]).to(torch.complex128) - ref).abs().max())
+
+        variants = [("eager fp32", a32.log_psi, contextlib.nullcontext)]
+        variants.append(("eager fp64", a64.log_psi, contextlib.nullcontext))
+
+        @contextlib.contextmanager
+        def tf32():
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                yield
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+
+        variants.append(("tf32 matmul", a32.log_psi, tf32))
+        variants.append(("bf16 autocast", a32.log_psi,
+                         lambda: torch.autocast("cuda", dtype=torch.bfloat16)))
+        if args.compile:
+            comp = torch.compile(a32.log_psi, dynamic=False)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                comp(x[: args.batch])
+            torch.cuda.synchronize()
+            print(f"# compile {name}: {time.perf_counter() - t0:.1f} s")
+            variants.append(("compiled fp32", comp, contextlib.nullcontext))
+        for label, fn, ctx in variants:
+            with ctx():
+                r = rate(fn, x, args.batch)
+                e = err(fn)
+            rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
+            print(rows[-1])
+        with torch.no_grad(), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
+            a32.log_psi(x[: args.batch])
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
+    print_table("Ansatz inference, configurations per second (no gradient)",
+                ["system", "qubits", "d_model", "variant", "configs/s", "max |d ln psi|"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+// Host-side interface of the CUDA kernels. Plain C++ (no CUDA headers) so that the nanobind
+// module compiles with the host compiler; every pointer is a device pointer owned by the caller
+// (PyTorch's caching allocator), every call is asynchronous on `stream` unless it says otherwise.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace csk::gpu {
+
+using u64 = std::uint64_t;
+using i64 = std::int64_t;
+
+// The Hamiltonian as the kernels see it: spatial integrals and the double-excitation table of
+// the CPU backend (pairs i<j, targets a | b << 16 sorted by decreasing |<ab||ij>|), plus `cut`:
+// per pair, how many leading table entries lie above the screening threshold in use.
+struct Tables {
+  int norb = 0;
+  int nwords = 0;
+  const double* h1 = nullptr;
+  const double* eri = nullptr;
+  double e_core = 0.0;
+  const i64* offsets = nullptr;
+  const std::int32_t* targets = nullptr;
+  const double* values = nullptr;
+  const std::int32_t* cut = nullptr;
+};
+
+// |C(x)| for each of n sources (n_elec electrons each), written to counts.
+void coupled_counts(const Tables& T, const u64* configs, i64 n, int n_elec, double eps,
+                    i64* counts, void* stream);
+// Writes C(x) for each source into [offsets[s], offsets[s] + counts[s]) of out_configs (rows of
+// nwords) and out_values. Within a source: singles (occupied i, then spatial target), then
+// doubles (occupied pairs in CPU order, table order): the CPU table walk's order.
+void coupled_write(const Tables& T, const u64* configs, i64 n, int n_elec, double eps,
+                   const i64* offsets, u64* out_configs, double* out_values, void* stream);
+// <x|H|x>, E_core included.
+void diagonal(const Tables& T, const u64* configs, i64 n, double* out, void* stream);
+
+// Workspace bytes for sort_unique on n keys of `words` words.
+std::size_t sort_unique_workspace(i64 n, int words, bool with_inverse);
+// Sorts n keys (rows of `words` uint64, word words-1 most significant; only bits below end_bit
+// of the concatenated key take part), writes the sorted unique keys to `unique` (room for n
+// rows) and, if `inverse` is not null, unique[inverse[k]] == keys[k]. Synchronises the stream
+// to return the number of unique keys. `keys` is left untouched.
+i64 sort_unique(const u64* keys, i64 n, int words, int end_bit, u64* unique, i64* inverse,
+                void* workspace, std::size_t workspace_bytes, void* stream);
+// For each query, its row in `sorted` (unique, ascending) or -1.
+void search_keys(const u64* sorted, i64 n_sorted, const u64* queries, i64 n_queries, int words,
+                 i64* out, void* stream);
+// Local-energy numerators per source s: sum over k in [offsets[s], offsets[s+1]) of
+// values[k] * psi[index[k]] (complex psi as interleaved re, im), all of them (num_coupled) and
+// those with in_space[index[k]] != 0 (num_variational). Deterministic (fixed reduction order).
+void local_energy_sums(const i64* offsets, i64 n, const double* values, const i64* index,
+                       const double* psi, const std::uint8_t* in_space, double* num_coupled,
+                       double* num_variational, void* stream);
+
+// Device properties for batch sizing and `cuscikit info`.
+struct DeviceInfo {
+  int device = 0;
+  int sm_count = 0;
+  int major = 0, minor = 0;
+  std::size_t free_bytes = 0, total_bytes = 0;
+};
+DeviceInfo device_info();
+const char* build_arch();
+
+}  // namespace csk::gpu
