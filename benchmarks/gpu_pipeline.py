@@ -214,7 +214,7 @@ def bench_memory(args):
         # the default network would spend minutes on inference over U.
         ansatz = Ansatz.for_molecule(mol, seed=0, device=DEV, d_model=8, n_layers=1,
                                      phase_hidden=(16,))
-        caps = [None] + ([0.25] if name == "N2/cc-pVDZ" else [])
+        caps = [None] + ([args.cap_fraction] if name == "N2/cc-pVDZ" else [])
         theo = None
         for frac in caps:
             torch.cuda.empty_cache()
@@ -252,6 +252,8 @@ def main():
     ap.add_argument("--topk", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=65536)
     ap.add_argument("--space-size", type=int, default=50_000)
+    ap.add_argument("--cap-fraction", type=float, default=0.5,
+                    help="memory section: cap as a fraction of the theoretical peak")
     ap.add_argument("--max-seconds", type=float, default=300.0,
                     help="time budget of the two iterations of the iteration section")
     ap.add_argument("--out", default=None)

@@ -348,3 +348,20 @@ def test_reference_bias_concentrates_on_hartree_fock_and_stays_normalised():
         assert torch.exp(2 * flat.log_psi(hf).real).item() < 0.2
     with pytest.raises(ValueError, match="reference"):
         Ansatz(norb, nelec, reference=np.zeros((1, 2), np.uint64), reference_bias=1.0)
+
+
+def test_short_sequence_attention_matches_fused_kernel():
+    """The written-out attention used for short sequences equals PyTorch's fused one."""
+    import torch.nn.functional as F
+
+    from cuscikit.nnqs.ansatz import _CausalSelfAttention
+
+    torch.manual_seed(0)
+    att = _CausalSelfAttention(24, 4).double()
+    x = torch.randn(5, 17, 24, dtype=torch.float64)
+    n, length, d = x.shape
+    q, k, v = att.qkv(x).split(d, dim=-1)
+    q, k, v = (t.reshape(n, length, 4, d // 4).transpose(1, 2) for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = att.proj(ref.transpose(1, 2).reshape(n, length, d))
+    torch.testing.assert_close(att(x), ref, rtol=1e-12, atol=1e-12)
