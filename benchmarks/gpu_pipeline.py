@@ -231,6 +231,7 @@ def bench_memory(args):
                          f"{theo / 2**30:.2f}", f"{peak / 2**30:.2f}",
                          f"{peak / theo:.2f}", r.n_batches, f"{r.bytes_staged / 2**30:.2f}",
                          f"{t:.2f}"])
+            print("  ".join(map(str, rows[-1])) + f"  retries={pipe.retries}", flush=True)
             torch.cuda.set_per_process_memory_fraction(1.0)
             del pipe, r
     table(f"Peak GPU memory at |S| = {args.space_size:,}: theoretical (all intermediates "

@@ -19,6 +19,7 @@ An out-of-memory error halves the batch size and repeats the stage instead of en
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +86,7 @@ class GpuPipeline:
         self.item_cap = 0  # coupled configurations per stage-1 batch (set per iteration)
         self.item_limit: int | None = None  # set by out-of-memory retries, kept for later
         self.largest_batch = 0
+        self.retries = 0  # out-of-memory retries so far
 
     # ------------------------------------------------------------------------ memory plan
     def _bytes_per_item(self) -> int:
@@ -132,7 +134,14 @@ class GpuPipeline:
                     raise
                 self.item_limit = max(1, self.largest_batch // 2)
                 self.batch_size = max(1, self.batch_size // 2)
+                self.retries += 1
                 torch.cuda.empty_cache()
+                warnings.warn(
+                    f"GPU out of memory: retrying the iteration with at most {self.item_limit:,} "
+                    f"coupled configurations per batch and inference batches of "
+                    f"{self.batch_size:,}",
+                    ResourceWarning, stacklevel=2,
+                )
         raise AssertionError("unreachable")
 
     def _sync_time(self, t0: float) -> float:
