@@ -38,3 +38,23 @@ def test_slater_condon_header_compiles_for_sm90(tmp_path):
         text=True,
     )
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_cuda_kernel_sources_compile_for_sm90(tmp_path):
+    """ext/cuda compiles on machines without a GPU too, so a broken kernel shows up in CI
+    (the package build only compiles it where a driver is present)."""
+    cuda = INCLUDE.parent / "cuda"
+    procs = [
+        subprocess.Popen(
+            ["nvcc", "-std=c++17", "-arch=sm_90", "--expt-relaxed-constexpr", f"-I{INCLUDE}",
+             f"-I{cuda}", '-DCSK_CUDA_ARCHS="90"', "-c", str(src), "-o",
+             str(tmp_path / (src.stem + ".o"))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for src in sorted(cuda.glob("*.cu"))
+    ]
+    assert len(procs) >= 3
+    for p in procs:
+        _, err = p.communicate()
+        assert p.returncode == 0, err
