@@ -4,6 +4,7 @@
 #   usage (device tool): bash benchmarks/device_gpu.sh "PYTEST_ARGS" SECTION... [-- ARGS]
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=16
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # capped runs: less fragmentation
 out=${OUT:-out}
 mkdir -p "$out"
 tests=$1; shift

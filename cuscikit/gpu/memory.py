@@ -35,10 +35,16 @@ class MemoryBudget:
             allocator is limited to it as well, so the cap holds even where an estimate is off:
             an allocation beyond it raises OutOfMemoryError, which the pipeline answers by
             shrinking its batches and retrying.
-        headroom: fraction of the budget kept free for the allocator's fragmentation.
+        headroom: fraction of the budget kept free for the allocator's fragmentation
+            (default 0.1, or 0.25 under a cap, where the allocator cannot grow past it).
+
+    Under a tight cap, fragmentation of the caching allocator's segments is what runs out
+    first; starting the process with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    avoids most of it.
     """
 
-    def __init__(self, device, max_gpu_memory: int | None = None, headroom: float = 0.1):
+    def __init__(self, device, max_gpu_memory: int | None = None,
+                 headroom: float | None = None):
         self.device = torch.device(device)
         free, total = torch.cuda.mem_get_info(self.device)
         self.total = total
@@ -52,6 +58,8 @@ class MemoryBudget:
                 )
             torch.cuda.set_per_process_memory_fraction(max_gpu_memory / total, self.device)
         self.cap = max_gpu_memory
+        if headroom is None:
+            headroom = 0.1 if max_gpu_memory is None else 0.25
         self.headroom = float(headroom)
 
     def limit(self) -> int:
