@@ -65,10 +65,15 @@ class GpuPipeline:
             card's free memory).
         staging: "auto" (pinned host memory only when the coupled set does not fit), "device"
             (never stage) or "host" (always stage: for tests and measurements).
+        compile_inference: evaluate ln psi over U with a `torch.compile`d forward pass (about
+            2x the eager throughput of the default network on an H200, after a few seconds of
+            compilation; results equal to float32 rounding). The pass that keeps the graph for
+            the loss stays eager.
     """
 
     def __init__(self, molecule, ansatz, *, eps: float, batch_size: int,
-                 max_gpu_memory: int | None = None, staging: str = "auto"):
+                 max_gpu_memory: int | None = None, staging: str = "auto",
+                 compile_inference: bool = False):
         if staging not in ("auto", "device", "host"):
             raise ValueError(f"staging must be 'auto', 'device' or 'host', got {staging!r}")
         self.device = next(ansatz.parameters()).device
@@ -83,6 +88,7 @@ class GpuPipeline:
         self.words = self.dh.nwords
         self.end_bit = 2 * self.dh.norb  # configurations use only the n_so low bits
         self.copy_stream = torch.cuda.Stream(self.device)
+        self._infer = torch.compile(ansatz.log_psi) if compile_inference else ansatz.log_psi
         self.item_cap = 0  # coupled configurations per stage-1 batch (set per iteration)
         self.item_limit: int | None = None  # set by out-of-memory retries, kept for later
         self.largest_batch = 0
@@ -206,7 +212,7 @@ class GpuPipeline:
         with torch.no_grad():
             for lo in range(0, len(rows), self.batch_size):
                 r = rows[lo:lo + self.batch_size]
-                lp = self.ansatz.log_psi(U[r]).to(torch.complex128)
+                lp = self._infer(U[r]).to(torch.complex128)
                 logpsi[r] = lp
                 selector.update(lp.real, r, mask=~in_space[r])
         times["inference"] = self._sync_time(t0)

@@ -123,3 +123,16 @@ def test_gpu_pipeline_needs_cuda_ansatz():
     mol = Molecule.load("LiH")
     with pytest.raises(ValueError, match="CUDA device"):
         _runner(mol, "cpu", pipeline="gpu")
+
+
+def test_compiled_inference_matches_eager():
+    from cuscikit.gpu.pipeline import GpuPipeline
+
+    mol = Molecule.load("N2")
+    space = _big_space(mol, 500)
+    ansatz = Ansatz.for_molecule(mol, seed=0, device="cuda")
+    eager = GpuPipeline(mol, ansatz, eps=1e-12, batch_size=4096).run(space, 32)
+    comp = GpuPipeline(mol, ansatz, eps=1e-12, batch_size=4096, compile_inference=True)
+    r = comp.run(space, 32)
+    torch.testing.assert_close(r.logpsi, eager.logpsi, rtol=1e-5, atol=1e-5)
+    assert torch.equal(r.topk_rows, eager.topk_rows)
