@@ -135,4 +135,8 @@ def test_compiled_inference_matches_eager():
     comp = GpuPipeline(mol, ansatz, eps=1e-12, batch_size=4096, compile_inference=True)
     r = comp.run(space, 32)
     torch.testing.assert_close(r.logpsi, eager.logpsi, rtol=1e-5, atol=1e-5)
-    assert torch.equal(r.topk_rows, eager.topk_rows)
+    # The same selection up to near-ties: every row the compiled pass picked scores within
+    # rounding of the eager pass's weakest pick.
+    eager_scores = eager.logpsi.real
+    assert len(r.topk_rows) == len(eager.topk_rows)
+    assert eager_scores[r.topk_rows].min() >= eager_scores[eager.topk_rows].min() - 1e-5
