@@ -5,16 +5,14 @@ Each launch runs `_worker.py`, which checks the communicator primitives and runs
 baseline; this process then rebuilds each rank's input and compares the slices, the routing and
 the fetched values with the single-process numpy de-dup of the union.
 
-Where torchrun or MPI is missing the tests skip, except under CI (``CI`` set), where they fail:
-.ci/run installs MPICH and mpi4py so that they always run there.
+Where torchrun or MPI is missing the tests skip, except under CI (``CI`` set), where they fail
+(`_launch.py`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _cases import CASES, case_keys, key_values
+from _launch import env as _env
+from _launch import launch as _launch
+from _launch import missing as _missing
+from _launch import mpiexec as _mpiexec
+from _launch import torchrun
 
 from cuscikit.sci.dedup import dedup_numpy
 
@@ -32,32 +35,6 @@ pytestmark = pytest.mark.mpi
 
 WORKER = Path(__file__).with_name("_worker.py")
 METHODS = ("sampling", "sampling-norebalance", "centralised")
-
-
-def _missing(what: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"{what} is missing on CI; .ci/run should have installed it")
-    pytest.skip(f"{what} is missing")
-
-
-def _env(**extra) -> dict:
-    # one thread per rank, a bounded wait, and MPICH yielding the core while it polls
-    # (4 ranks share 2 cores here)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUSCIKIT_COMM_TIMEOUT": "60"}
-    env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "1")
-    env.update(extra)
-    return env
-
-
-def _launch(cmd: list[str], out: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
-    reports = sorted(out.glob("rank*.json"))
-    if proc.returncode != 0:
-        details = "\n".join(json.loads(p.read_text()).get("traceback", "") for p in reports) or (
-            proc.stdout[-3000:] + proc.stderr[-3000:]
-        )
-        pytest.fail(f"{cmd[:4]} exited with {proc.returncode}:\n{details}")
-    return proc
 
 
 def _verify(out: Path, P: int, backend: str) -> None:
@@ -99,32 +76,8 @@ def _verify(out: Path, P: int, backend: str) -> None:
 
 @pytest.mark.parametrize("P", [2, 4])
 def test_torchrun_gloo(P, tmp_path):
-    if importlib.util.find_spec("torch") is None:
-        _missing("PyTorch")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node", str(P), str(WORKER), str(tmp_path), "check"]
-    _launch(cmd, tmp_path)
+    _launch(torchrun(P) + [str(WORKER), str(tmp_path), "check"], tmp_path)
     _verify(tmp_path, P, "gloo")
-
-
-def _mpiexec() -> list[str]:
-    exe = shutil.which("mpiexec") or shutil.which("mpirun")
-    if exe is None:
-        _missing("an MPI launcher (mpiexec)")
-    if importlib.util.find_spec("mpi4py") is None:
-        _missing("mpi4py")
-    probe = subprocess.run(
-        [sys.executable, "-c", "from mpi4py import MPI"], capture_output=True, text=True
-    )
-    if probe.returncode != 0:  # e.g. a PyPI wheel that finds no libmpi.so.12
-        _missing(
-            f"a working mpi4py ({probe.stderr.strip().splitlines()[-1:]}); build it "
-            "against the installed MPI: pip install --no-binary mpi4py mpi4py"
-        )
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:  # root in containers, 2 cores
-        return [exe, "--allow-run-as-root", "--oversubscribe"]
-    return [exe]
 
 
 @pytest.mark.parametrize("P", [2, 4])

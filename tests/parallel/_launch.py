@@ -1,0 +1,79 @@
+"""Starting P ranks for the multi-process tests: torchrun (torch.distributed, gloo) and mpiexec.
+
+Where torchrun or MPI is missing the tests skip, except under CI (``CI`` set), where they fail:
+.ci/run installs MPICH and mpi4py so that they always run there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def missing(what: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing on CI; .ci/run should have installed it")
+    pytest.skip(f"{what} is missing")
+
+
+def env(**extra) -> dict:
+    # one thread per rank, a bounded wait, and MPICH yielding the core while it polls
+    # (4 ranks share 2 cores here)
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "CUSCIKIT_COMM_TIMEOUT": "60"}
+    e.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "1")
+    e.update(extra)
+    return e
+
+
+def launch(cmd: list[str], out: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run a launcher command; on failure, fail with the ranks' tracebacks (OUT/rank*.json)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    reports = sorted(out.glob("rank*.json"))
+    if proc.returncode != 0:
+        details = "\n".join(json.loads(p.read_text()).get("traceback", "") for p in reports) or (
+            proc.stdout[-3000:] + proc.stderr[-3000:]
+        )
+        pytest.fail(f"{cmd[:4]} exited with {proc.returncode}:\n{details}")
+    return proc
+
+
+def torchrun(P: int) -> list[str]:
+    """The torchrun command line for P local ranks (before the script and its arguments)."""
+    if importlib.util.find_spec("torch") is None:
+        missing("PyTorch")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(P),
+    ]
+
+
+def mpiexec() -> list[str]:
+    """The MPI launcher (with Open MPI's flags for root and oversubscription when needed)."""
+    exe = shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None:
+        missing("an MPI launcher (mpiexec)")
+    if importlib.util.find_spec("mpi4py") is None:
+        missing("mpi4py")
+    probe = subprocess.run(
+        [sys.executable, "-c", "from mpi4py import MPI"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:  # e.g. a PyPI wheel that finds no libmpi.so.12
+        missing(
+            f"a working mpi4py ({probe.stderr.strip().splitlines()[-1:]}); build it "
+            "against the installed MPI: pip install --no-binary mpi4py mpi4py"
+        )
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:  # root in containers, 2 cores
+        return [exe, "--allow-run-as-root", "--oversubscribe"]
+    return [exe]
