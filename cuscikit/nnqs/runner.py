@@ -7,6 +7,13 @@ Two pipelines run the same iteration:
   kernels, inference wherever the ansatz lives. This is the only pipeline on a CPU device.
 - "gpu": everything on the GPU, memory-centric (`cuscikit.gpu.pipeline`): CUDA kernels for
   generation, de-duplication and local energies, mini-batches sized from free GPU memory.
+
+With a communicator of P > 1 ranks (`comm=`, baseline pipeline) one iteration is spread over the
+ranks: each generates the coupled sets of its share of S's sources, the union is de-duplicated
+across ranks (`cuscikit.parallel.global_dedup`), each rank evaluates ln psi on its slice of U
+and merges its top-K into the global one, psi values are routed back to the coupled pairs for
+the local energies, the energy sums and the loss gradient are all-reduced, and every rank's
+model replica and copy of S take the identical step (`cuscikit.nnqs.distributed`).
 """
 
 from __future__ import annotations
@@ -92,6 +99,14 @@ class Runner:
             problem whose intermediates exceed it still runs, in smaller batches.
         staging: where the gpu pipeline keeps coupled sets between stages 1 and 3: "auto"
             (pinned host memory only when they do not fit), "device" or "host".
+        comm: a `cuscikit.parallel.Comm` (e.g. ``get_comm()`` under torchrun or mpirun). None or
+            a single rank: one process. P > 1 ranks: every rank builds the Runner with the same
+            molecule and settings (rank 0's model and S are broadcast at construction), runs the
+            baseline pipeline on its share of the work, and keeps a replica of the model and of
+            S; the energies equal the single-rank run's to rounding. The progress bar, messages
+            and checkpoint files come from rank 0; history rows gain per-rank loads (``n_ranks``,
+            ``sources_max``/``_min``, ``coupled_max``/``_min``, ``unique_max``/``_min``,
+            ``t_busy_max``/``_min``) and the de-dup metrics (``dedup_*``).
 
     Example:
         >>> from cuscikit import Ansatz, Molecule, Runner
@@ -99,6 +114,13 @@ class Runner:
         >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), topk=64, seed=0)
         >>> history = runner.run(20, progress=False)  # doctest: +SKIP
         >>> history[["e_coupled", "e_variational", "n_space"]].tail(1)  # doctest: +SKIP
+
+        On several ranks (``torchrun --nproc-per-node 4 script.py`` or ``mpiexec -n 4 python
+        -m mpi4py script.py``), the same script with ``comm=get_comm()``:
+
+        >>> from cuscikit.parallel import get_comm
+        >>> comm = get_comm()  # doctest: +SKIP
+        >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), comm=comm)  # doctest: +SKIP
     """
 
     def __init__(
@@ -122,6 +144,7 @@ class Runner:
         pipeline: str = "auto",
         max_gpu_memory: int | None = None,
         staging: str = "auto",
+        comm=None,
     ):
         if int(topk) != topk or topk < 1:
             raise ValueError(f"topk must be a positive integer, got {topk!r}")
@@ -133,6 +156,16 @@ class Runner:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if pipeline not in PIPELINES:
             raise ValueError(f"unknown pipeline {pipeline!r}: use one of {PIPELINES}")
+        self.comm = comm
+        self.rank = comm.rank if comm is not None else 0
+        self.distributed = comm is not None and comm.size > 1
+        if self.distributed:
+            if pipeline == "gpu":
+                raise ValueError(
+                    f"pipeline='gpu' runs on one rank; with {comm.size} ranks use "
+                    "pipeline='baseline' (or 'auto')"
+                )
+            pipeline = "baseline"
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -176,6 +209,10 @@ class Runner:
         self._rows: list[dict] = []
         self.rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
+        if self.distributed:
+            from cuscikit.nnqs.distributed import sync_replicas
+
+            sync_replicas(self, comm)
 
     def _choose_pipeline(self, pipeline: str) -> str:
         if self.device.type != "cuda":
@@ -277,6 +314,80 @@ class Runner:
             "n_coupled": len(cs), "n_unique": len(unique),
         }
 
+    def _stages_distributed(self, t: dict) -> dict:
+        """Stages 1-3 on P ranks (baseline kernels): this rank's share of the sources, the
+        global de-dup, inference on this rank's slice of U, routing, local energies, and the
+        top-K merged over ranks. Everything the growth needs is identical on every rank."""
+        from cuscikit.nnqs.distributed import gather_selection, source_share
+        from cuscikit.parallel.dedup import global_dedup
+        from cuscikit.sci.dedup import KeyIndex
+
+        comm = self.comm
+        S = self.space.configs
+        lo, hi = source_share(len(S), comm.size, comm.rank)
+        S_loc = S[lo:hi]
+        n_loc = hi - lo
+        # Stage 1: coupled generation for this rank's sources; de-dup across ranks (barrier 1).
+        t0 = time.perf_counter()
+        cs = self.hamiltonian.coupled(S_loc, eps=self.eps)
+        hdiag = self.hamiltonian.diagonal(S_loc)
+        t["generation"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        keys = np.concatenate([S_loc, cs.configs.reshape(-1, S.shape[1])])
+        gd = global_dedup(keys, comm)
+        unique, offset = gd.unique.reshape(-1, S.shape[1]), int(gd.offsets[comm.rank])
+        # S is replicated: each owner finds which rows of its slice are in S without talking
+        in_space = KeyIndex(S).find(unique) >= 0 if len(unique) else np.zeros(0, dtype=bool)
+        t["dedup"] = time.perf_counter() - t0
+
+        # Stage 2: ln psi on this rank's slice of U and its top-K over its part of U \ S.
+        # The loss re-evaluates this rank's sources with a graph.
+        t0 = time.perf_counter()
+        topk = RunningTopK(self.topk)
+        rows = offset + np.arange(len(unique), dtype=np.int64)
+        logpsi = self._infer(unique, rows, topk, ~in_space)
+        t["inference"] = time.perf_counter() - t0
+
+        # psi (and membership of S) routed from the owners to every (x, x') pair; the top-Ks
+        # merged over ranks by global row of U, with S's rows and scores (barrier 2).
+        t0 = time.perf_counter()
+        got = gd.fetch(np.stack([logpsi.real, logpsi.imag, in_space], axis=1), comm)
+        lp = got[:, 0] + 1j * got[:, 1]
+        lp_s, lp_c, in_s = lp[:n_loc], lp[n_loc:], got[n_loc:, 2] > 0.5
+        s_rows, s_scores, new_rows, new_configs, new_scores = gather_selection(
+            topk, unique, offset, self.topk, gd.global_index[:n_loc], lp_s.real, len(S), comm
+        )
+        t["inference"] += time.perf_counter() - t0
+
+        # Stage 3: local energies of both estimators for this rank's sources.
+        t0 = time.perf_counter()
+        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught later
+        shift = s_scores.max()  # the same on every rank
+        psi_s = np.exp(lp_s - shift)
+        contrib = cs.values * np.exp(lp_c - shift)
+        num_c = _segment_sum(cs.source, contrib, n_loc)
+        num_v = _segment_sum(cs.source[in_s], contrib[in_s], n_loc)
+        eloc_c = hdiag + num_c / psi_s
+        eloc_v = hdiag + num_v / psi_s
+        np.seterr(**np_err)
+        t["energy"] = time.perf_counter() - t0
+        busy = sum(t[s] for s in ("generation", "dedup", "inference", "energy"))
+        return {
+            "psi_s": torch.as_tensor(psi_s),
+            "eloc_c": torch.as_tensor(eloc_c),
+            "eloc_v": torch.as_tensor(eloc_v),
+            "lp_graph": None,
+            "loss_configs": S_loc,
+            "new_configs": new_configs,
+            "keep_rows": np.concatenate([s_rows, new_rows]),
+            "keep_configs": np.concatenate([S, new_configs]),
+            "keep_scores": np.concatenate([s_scores, new_scores]),
+            "n_coupled": len(cs),
+            "n_unique": gd.metrics.unique,
+            "dedup": gd.metrics,
+            "loads": (n_loc, len(cs), len(unique), busy),
+        }
+
     def _stages_gpu(self, t: dict) -> dict:
         """Stages 1-3 on the GPU (`cuscikit.gpu.pipeline`)."""
         from cuscikit.gpu.ops import to_numpy
@@ -296,6 +407,35 @@ class Runner:
             "peak_theoretical_bytes": r.peak_theoretical,
         }
 
+    def _load_columns(self, out: dict) -> dict:
+        """History columns of a distributed step: per-rank loads and the de-dup metrics; the
+        same on every rank."""
+        from cuscikit.parallel.dedup import balance
+
+        table = out["load_table"]  # one row per rank, summed into the energies' allreduce
+        sources, coupled, unique = (table[:, k].astype(np.int64) for k in range(3))
+        m = out["dedup"]
+        return {
+            "n_coupled": int(coupled.sum()),
+            "n_ranks": self.comm.size,
+            "sources_max": int(sources.max()),
+            "sources_min": int(sources.min()),
+            "coupled_max": int(coupled.max()),
+            "coupled_min": int(coupled.min()),
+            "unique_max": int(unique.max()),
+            "unique_min": int(unique.min()),
+            "t_busy_max": float(table[:, 3].max()),
+            "t_busy_min": float(table[:, 3].min()),
+            "dedup_items": m.items,
+            "dedup_received_max_min": balance(m.received)[0],
+            "dedup_received_cv": balance(m.received)[1],
+            "dedup_merged_max_min": balance(m.merged)[0],
+            "dedup_max_min": m.max_min,
+            "dedup_cv": m.cv,
+            "dedup_seconds": m.total_seconds,
+            "dedup_items_per_s": m.items_per_s,
+        }
+
     def step(self) -> dict:
         """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
         t = {s: 0.0 for s in STAGES}
@@ -304,14 +444,30 @@ class Runner:
             torch.cuda.reset_peak_memory_stats(self.device)
         S = self.space.configs
         n = len(S)
-        out = self._stages_gpu(t) if self.pipeline == "gpu" else self._stages_baseline(t)
+        if self.distributed:
+            out = self._stages_distributed(t)
+        elif self.pipeline == "gpu":
+            out = self._stages_gpu(t)
+        else:
+            out = self._stages_baseline(t)
 
         # Weights over S and both energies (on the device the stages left them on).
         t0 = time.perf_counter()
         prob = out["psi_s"].abs() ** 2
-        w = prob / prob.sum()
-        e_c = float((w * out["eloc_c"]).real.sum())
-        e_v = float((w * out["eloc_v"]).real.sum())
+        if self.distributed:  # this rank's part of S: sums over all of S (and loads) by allreduce
+            sums = [(prob * out[k]).real.sum() for k in ("eloc_c", "eloc_v")]
+            loads = np.zeros((self.comm.size, len(out["loads"])))
+            loads[self.comm.rank] = out["loads"]
+            sums = np.concatenate([[float(prob.sum()), *map(float, sums)], loads.ravel()])
+            sums = self.comm.allreduce(sums, op="sum")
+            z, num_c, num_v = sums[:3]
+            out["load_table"] = sums[3:].reshape(loads.shape)
+            w = prob / z
+            e_c, e_v = float(num_c / z), float(num_v / z)
+        else:
+            w = prob / prob.sum()
+            e_c = float((w * out["eloc_c"]).real.sum())
+            e_v = float((w * out["eloc_v"]).real.sum())
         eloc = out["eloc_c"] if self.estimator == "coupled" else out["eloc_v"]
         e_est = e_c if self.estimator == "coupled" else e_v
         t["energy"] += time.perf_counter() - t0
@@ -322,14 +478,20 @@ class Runner:
         loss_val = 0.0
         eloc_t = (eloc - e_est).to(torch.complex128)
         lp_graph = out["lp_graph"]
-        for lo in range(0, n, self.batch_size):
-            hi = min(lo + self.batch_size, n)
-            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S[lo:hi])
+        S_loss = out.get("loss_configs", S)  # this rank's sources when distributed
+        for lo in range(0, len(S_loss), self.batch_size):
+            hi = min(lo + self.batch_size, len(S_loss))
+            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S_loss[lo:hi])
             lp = lp.to(torch.complex128)
             dev = lp.device
             part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
             part.backward()
             loss_val += float(part.detach())
+        if self.distributed:  # one gradient for every replica; the loss travels along
+            from cuscikit.nnqs.distributed import allreduce_gradients
+
+            (loss_val,) = allreduce_gradients(self.ansatz.parameters(), self.comm, [loss_val])
+            loss_val = float(loss_val)
         if not (math.isfinite(loss_val) and math.isfinite(e_c) and math.isfinite(e_v)):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
@@ -371,6 +533,8 @@ class Runner:
         row["peak_theoretical_bytes"] = out.get("peak_theoretical_bytes", np.nan)
         row["bytes_staged"] = out.get("bytes_staged", 0)
         row["n_batches"] = out.get("n_batches", 1)
+        if self.distributed:
+            row.update(self._load_columns(out))
         self._rows.append(row)
         return row
 
@@ -386,13 +550,15 @@ class Runner:
         """Run `n_iter` iterations (fewer if a callback stops it); returns the history.
 
         A non-finite loss stops the run with a message; the model keeps its last good weights
-        and the checkpoint file (if any) its last good state.
+        and the checkpoint file (if any) its last good state. On several ranks every rank calls
+        `run`; rank 0 shows the progress bar and messages and writes the checkpoint, and a
+        callback that stops on any rank stops all of them.
         """
         callbacks = list(callbacks)
         for cb in callbacks:
             cb.on_run_start(self)
         bar = None
-        if progress:
+        if progress and self.rank == 0:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=n_iter, desc="NNQS-SCI", unit="it", mininterval=1.0)
@@ -400,8 +566,9 @@ class Runner:
             for _ in range(n_iter):
                 try:
                     row = self.step()
-                except NonFiniteLossError as exc:
-                    print(f"NNQS-SCI stopped: {exc}")
+                except NonFiniteLossError as exc:  # raised on every rank alike
+                    if self.rank == 0:
+                        print(f"NNQS-SCI stopped: {exc}")
                     break
                 if bar is not None:
                     post = {"E": f"{row['e_tot']:.8f}", "|S|": row["n_space_next"]}
@@ -411,7 +578,10 @@ class Runner:
                     bar.update(1)
                 if checkpoint and self.iteration % checkpoint_every == 0:
                     self.save(checkpoint)
-                if any(cb.on_step_end(self, row) for cb in callbacks):
+                stop = any(cb.on_step_end(self, row) for cb in callbacks)
+                if self.distributed and callbacks:  # all ranks stop together
+                    stop = bool(self.comm.allreduce(int(stop), op="max"))
+                if stop:
                     break
         finally:
             if bar is not None:
@@ -424,17 +594,49 @@ class Runner:
 
     # ---------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:
-        """Write model, optimiser state, S, RNG states and history to an HDF5 file."""
+        """Write model, optimiser state, S, RNG states and history to an HDF5 file.
+
+        On several ranks (collective) rank 0 writes the file and every rank returns once it is
+        written, or raises if rank 0 could not write it. The file does not depend on the rank
+        count: any number of ranks can resume from it."""
         from cuscikit.nnqs.checkpoint import save_checkpoint
 
-        save_checkpoint(self, path)
+        if not self.distributed:
+            save_checkpoint(self, path)
+            return
+        error = None
+        if self.rank == 0:
+            try:
+                save_checkpoint(self, path)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the others
+                error = exc
+        if self.comm.allreduce(int(error is not None), op="max"):
+            if error is not None:
+                raise error
+            raise OSError(f"rank 0 could not write the checkpoint {path}")
 
     def load(self, path: str) -> Runner:
         """Restore a checkpoint written by `save` into this runner (same molecule and ansatz
-        shape); later iterations continue exactly where the saved run stopped."""
-        from cuscikit.nnqs.checkpoint import load_checkpoint
+        shape); later iterations continue exactly where the saved run stopped. On several
+        ranks (collective) every rank reads the file; if any rank cannot, all raise."""
+        from cuscikit.nnqs.checkpoint import CheckpointError, load_checkpoint
 
-        load_checkpoint(self, path)
+        if not self.distributed:
+            load_checkpoint(self, path)
+            return self
+        error = None
+        try:
+            load_checkpoint(self, path)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the others
+            error = exc
+        failed = np.zeros(self.comm.size, dtype=np.int64)
+        failed[self.rank] = error is not None
+        failed = self.comm.allreduce(failed, op="sum")
+        if error is not None:
+            raise error
+        if failed.any():
+            bad = np.flatnonzero(failed).tolist()
+            raise CheckpointError(f"{path}: ranks {bad} could not read the checkpoint")
         return self
 
 

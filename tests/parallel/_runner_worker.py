@@ -1,0 +1,139 @@
+"""One rank of the multi-rank Runner tests (started by torchrun or mpiexec).
+
+    python _runner_worker.py OUT check [CASE,...]  # cases of CASES and/or "resumed" (default: all)
+    python _runner_worker.py OUT dead              # rank 1 is killed in iteration 2; rank 0 raises
+
+The communicator comes from `get_comm()`. Each rank writes OUT/rank<r>.json: per case the
+energy history, counts and loads, and digests of its model replica and of S (which must agree
+over ranks); the test process compares the energies with a single-rank run of `make_runner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cuscikit import Molecule
+from cuscikit.nnqs import Ansatz, Runner
+from cuscikit.nnqs.runner import Callback
+from cuscikit.parallel import CommError, get_comm
+
+CASES = {
+    # S = {HF} at first: with P ranks, P - 1 of them have no sources in iteration 1
+    "LiH": dict(system="LiH", iters=12, topk=16, max_space=None),
+    # the max_space cap drops configurations from iteration 4 on; several inference batches
+    "LiH-capped": dict(system="LiH", iters=10, topk=16, max_space=60, batch_size=32),
+    "H2O": dict(system="H2O", iters=10, topk=32, estimator="variational"),
+}
+RESUME = dict(system="LiH", iters=6, topk=8, max_space=40)
+RESUME_SPLIT = 3
+COLUMNS = ("e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_coupled", "n_unique")
+LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
+
+
+def make_runner(case: dict, comm=None) -> Runner:
+    """The Runner of a case (float64 ansatz, seed 0), on one rank when comm is None."""
+    kw = {k: v for k, v in case.items() if k not in ("system", "iters")}
+    mol = Molecule.load(case["system"])
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    return Runner(mol, ansatz, seed=0, comm=comm, **kw)
+
+
+def digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def summary(runner: Runner) -> dict:
+    h = runner.history
+    out = {c: h[c].tolist() for c in COLUMNS}
+    out.update({c: h[c].tolist() for c in LOADS if c in h})
+    params = [p.detach().cpu().numpy() for p in runner.ansatz.parameters()]
+    out["params"] = digest(*params)
+    out["space"] = digest(runner.space.configs)
+    return out
+
+
+def run_check(comm, out: Path, names: list[str]) -> dict:
+    report: dict = {"cases": {}, "seconds": {}}
+    for name, case in CASES.items():
+        if name not in names:
+            continue
+        t0 = time.perf_counter()
+        runner = make_runner(case, comm)
+        runner.run(case["iters"], progress=False)
+        report["seconds"][name] = time.perf_counter() - t0
+        report["cases"][name] = summary(runner)
+    if "resumed" not in names:
+        return report
+    # checkpoint written by rank 0 after RESUME_SPLIT iterations, resumed by every rank
+    t0 = time.perf_counter()
+    ck = out / "resume.h5"
+    first = make_runner(RESUME, comm)
+    first.run(RESUME_SPLIT, progress=False, checkpoint=str(ck), checkpoint_every=2)
+    second = make_runner(RESUME, comm).load(ck)
+    second.run(RESUME["iters"] - second.iteration, progress=False)
+    report["cases"]["resumed"] = summary(second)
+    report["seconds"]["resumed"] = time.perf_counter() - t0
+    return report
+
+
+class _DieAt(Callback):
+    def __init__(self, comm, iteration: int, out: Path):
+        self.comm, self.iteration, self.out = comm, iteration, out
+
+    def on_step_end(self, runner, row) -> bool:
+        if runner.iteration == self.iteration:
+            (self.out / f"started-r{self.comm.rank}").touch()
+            if self.comm.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+        return False
+
+
+def main() -> int:
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    comm = get_comm()
+    report = {"rank": comm.rank, "size": comm.size, "backend": comm.backend, "mode": mode}
+    try:
+        if mode == "check":
+            names = sys.argv[3].split(",") if len(sys.argv) > 3 else [*CASES, "resumed"]
+            report.update(run_check(comm, out, names))
+            report["status"] = "ok"
+        elif mode == "dead":
+            runner = make_runner(CASES["LiH"], comm)
+            t0 = time.perf_counter()
+            try:
+                runner.run(10, [_DieAt(comm, 2, out)], progress=False)
+                report["status"] = "no error"
+            except CommError as e:
+                report["status"] = "CommError"
+                report["message"] = str(e)
+                report["iteration"] = runner.iteration
+            report["seconds"] = time.perf_counter() - t0
+        else:
+            raise ValueError(mode)
+    except Exception:
+        report["status"] = "failed"
+        report["traceback"] = traceback.format_exc()
+    (out / f"rank{comm.rank}.json").write_text(json.dumps(report))
+    if mode == "dead":
+        os._exit(0)  # skip destroying a group whose peer is gone
+    comm.close()
+    return 0 if report["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
