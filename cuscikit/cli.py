@@ -2,12 +2,18 @@
 
 Every command prints a human-readable report; with `--json` the last line of stdout is one JSON
 object, for scripts and batch jobs. Bad input exits with status 2 and a one-line message.
+
+`nnqs` and `demo` run unchanged on several ranks: ``mpirun -n 4 cuscikit nnqs N2`` or
+``torchrun --nproc-per-node 4 -m cuscikit nnqs N2`` (the ranks are found from the launcher's
+environment). Rank 0 alone prints and writes files; a rank that dies makes the others stop with
+a one-line error (exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +45,14 @@ def _load_molecule(spec: str):
         raise UsageError(f"{spec!r} is neither a file nor a bundled dataset: {exc}") from None
 
 
+def _rank(args) -> int:
+    comm = getattr(args, "comm", None)
+    return comm.rank if comm is not None else 0
+
+
 def _emit(args, report: dict, lines: list[str]) -> None:
+    if _rank(args) != 0:  # on several ranks, rank 0 reports
+        return
     for line in lines:
         print(line)
     if getattr(args, "json", False):
@@ -169,8 +182,41 @@ def cmd_fci(args) -> int:
     return 0
 
 
+def _parse_bytes(text: str) -> int:
+    """A byte count: an integer, optionally in scientific notation or with a binary suffix
+    (``8000000000``, ``8e9``, ``16GiB``, ``512MiB``)."""
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    scale = 1
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            text, scale = text[: -len(unit)], factor
+            break
+    try:
+        value = float(text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a byte count: {text!r} (e.g. 8000000000, 8e9, 16GiB)"
+        ) from None
+    if not value > 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"a byte count must be a positive integer, got {text!r}")
+    return int(value)
+
+
+def _communicator(args):
+    """The ranks of this run (one process outside a launcher); kept on `args` for reporting."""
+    from cuscikit.parallel import get_comm
+
+    try:
+        comm = get_comm("auto")
+    except ImportError as exc:  # e.g. mpirun without mpi4py
+        raise UsageError(f"started by a launcher, but its engine is missing: {exc}") from None
+    args.comm = comm
+    return comm
+
+
 def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
-    """Build the ansatz and runner from command-line settings and run NNQS-SCI."""
+    """Build the ansatz and runner from command-line settings and run NNQS-SCI (on every
+    rank when started by mpirun or torchrun; rank 0 writes the files)."""
     try:
         import torch
     except ImportError:
@@ -188,6 +234,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but no CUDA GPU is available")
+    comm = _communicator(args)
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     ansatz = Ansatz.for_molecule(mol, seed=args.seed, dtype=dtype, device=args.device)
     runner = Runner(
@@ -198,6 +245,9 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         seed=args.seed,
         max_space=args.max_space,
         device=args.device,
+        pipeline=args.pipeline,
+        max_gpu_memory=args.max_gpu_memory,
+        comm=comm,
     )
     if args.resume:
         runner.load(args.resume)
@@ -222,13 +272,15 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "iterations": int(runner.iteration),
         "wall_s": wall,
         "device": str(runner.device),
+        "pipeline": runner.pipeline,
+        "ranks": comm.size,
         "seed": args.seed,
         "e_reference": runner.reference,
     }
     if runner.reference is not None:
         report["error"] = report["e_tot"] - runner.reference
         report["error_variational"] = report["e_variational"] - runner.reference
-    if out_dir is not None:
+    if out_dir is not None and comm.rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         csv = out_dir / "nnqs_history.csv"
         h.to_csv(csv, index=False)
@@ -247,7 +299,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 def _report_lines(report: dict) -> list[str]:
     lines = [
         f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
-        f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}",
+        f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}"
+        + (f" x {report['ranks']} ranks" if report.get("ranks", 1) > 1 else ""),
         f"  E (coupled)     = {report['e_tot']:.10f} Ha",
         f"  E (variational) = {report['e_variational']:.10f} Ha",
     ]
@@ -291,6 +344,20 @@ def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
     s.add_argument("--max-space", type=int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    s.add_argument(
+        "--pipeline",
+        choices=("auto", "gpu", "baseline"),
+        default="auto",
+        help="gpu: every stage on the GPU; baseline: generation and de-dup on the CPU; "
+        "auto: gpu on a CUDA device with the kernels built, on one rank",
+    )
+    s.add_argument(
+        "--max-gpu-memory",
+        type=_parse_bytes,
+        metavar="BYTES",
+        help="cap on GPU memory for the gpu pipeline (e.g. 8e9, 16GiB); larger problems run "
+        "in smaller batches",
+    )
     s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")
     s.add_argument("--checkpoint-every", type=int, default=10)
     s.add_argument("--resume", help="continue from this checkpoint")
@@ -341,16 +408,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error(args, exc: BaseException) -> None:
+    comm = getattr(args, "comm", None)
+    where = f" (rank {comm.rank} of {comm.size})" if comm is not None and comm.size > 1 else ""
+    print(f"cuscikit {args.command}{where}: error: {exc}", file=sys.stderr)
+
+
+def _finish(args, status: int) -> int:
+    """Release the communicator. On several ranks a failure ends this rank at once: under MPI
+    it aborts the job (MPI has no timeouts, a rank left waiting in a collective would hang);
+    under torch.distributed the process exits without tearing down a group whose peers may
+    be gone."""
+    comm = getattr(args, "comm", None)
+    if comm is not None and comm.size > 1 and status != 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if comm.backend == "mpi":
+            comm.comm.Abort(status)
+        os._exit(status)
+    if comm is not None:
+        comm.close()
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
+    from cuscikit.parallel.comm import CommError
+
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
     except UsageError as exc:
-        print(f"cuscikit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        _error(args, exc)
+        status = 2
     except (ValueError, OSError) as exc:  # bad files, inconsistent input: one clear line
-        print(f"cuscikit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        _error(args, exc)
+        status = 2
+    except CommError as exc:  # another rank died or stopped answering
+        _error(args, exc)
+        status = 1
+    except Exception:
+        comm = getattr(args, "comm", None)
+        if comm is None or comm.size == 1:
+            raise
+        import traceback
+
+        traceback.print_exc()  # then end every rank instead of leaving them waiting
+        status = 1
+    return _finish(args, status)
 
 
 if __name__ == "__main__":

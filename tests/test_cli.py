@@ -150,3 +150,37 @@ def test_demo_writes_history_and_plot(capsys, tmp_path):
     assert (tmp_path / "nnqs_history.csv").stat().st_size > 0
     assert (tmp_path / "nnqs_convergence.png").stat().st_size > 0
     assert "error" in r and "e_reference" in r
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--pipeline", "gpu"], "CUDA device"),
+        (["--max-gpu-memory", "16GiB"], "max_gpu_memory applies to the gpu pipeline only"),
+    ],
+)
+def test_nnqs_pipeline_options_on_cpu(capsys, extra, message):
+    pytest.importorskip("torch")
+    assert main(["nnqs", "LiH", "--iters", "1", "--topk", "4", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_nnqs_baseline_pipeline_reports_pipeline_and_ranks(capsys):
+    pytest.importorskip("torch")
+    r = run_json(
+        capsys, "nnqs", "LiH", "--iters", "2", "--topk", "4", "--pipeline", "baseline", "--json"
+    )
+    assert (r["pipeline"], r["ranks"], r["iterations"]) == ("baseline", 1, 2)
+
+
+def test_max_gpu_memory_takes_byte_counts(capsys):
+    from cuscikit.cli import build_parser
+
+    parse = build_parser().parse_args
+    for text, value in (("8000000000", 8 * 10**9), ("8e9", 8 * 10**9), ("16GiB", 16 * 2**30)):
+        assert parse(["nnqs", "LiH", "--max-gpu-memory", text]).max_gpu_memory == value
+    assert parse(["demo", "--max-gpu-memory", "512MiB"]).max_gpu_memory == 512 * 2**20
+    for bad in ("lots", "-1", "0.5"):
+        with pytest.raises(SystemExit):
+            parse(["nnqs", "LiH", "--max-gpu-memory", bad])
+        assert "byte count" in capsys.readouterr().err

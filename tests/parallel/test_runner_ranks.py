@@ -2,23 +2,26 @@
 
 In-process tests run P ranks as threads (`_threadcomm.py`: uneven shares, more ranks than
 sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun (gloo) and
-mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`. References are single-rank
-runs of the same cases in this process (float64 ansatz, seed 0).
+mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command line under
+mpiexec. References are single-rank runs of the same cases in this process (float64 ansatz,
+seed 0).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _launch import launch, mpiexec, torchrun
+from _launch import env, launch, mpiexec, torchrun
 from _runner_worker import CASES, RESUME, RESUME_SPLIT, make_runner, summary
 from _threadcomm import ThreadComm, _Shared, run_ranks
 
+from cuscikit.cli import main
 from cuscikit.nnqs.checkpoint import CheckpointError
 from cuscikit.nnqs.runner import Callback
 from cuscikit.parallel import CommError, SerialComm
@@ -211,3 +214,23 @@ def test_runner_torchrun_gloo(P, tmp_path):
 def test_runner_mpiexec(P, tmp_path):
     cmd = mpiexec() + ["-n", str(P), sys.executable, "-m", "mpi4py"]
     run_worker(cmd, tmp_path, P, "mpi", ALL if P == 2 else ON_FOUR["mpi"])
+
+
+@pytest.mark.mpi
+def test_cli_under_mpiexec_matches_one_process(tmp_path, capsys):
+    argv = ["nnqs", "LiH", "--iters", "10", "--topk", "16", "--max-space", "60"]
+    argv += ["--dtype", "float64", "--json", "--output-dir"]
+    assert main([*argv, str(tmp_path / "one")]) == 0
+    one = capsys.readouterr().out.splitlines()
+    cmd = mpiexec() + ["-n", "2", sys.executable, "-m", "cuscikit", *argv, str(tmp_path / "two")]
+    two = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+    assert two.returncode == 0, two.stderr
+    # rank 0 alone prints: the same report as one process, JSON last
+    assert len(two.stdout.splitlines()) == len(one), two.stdout
+    assert two.stdout.count("NNQS-SCI on LiH") == 1 and "x 2 ranks" in two.stdout
+    a, b = json.loads(one[-1]), json.loads(two.stdout.splitlines()[-1])
+    assert (a["ranks"], b["ranks"]) == (1, 2)
+    assert abs(a["e_tot"] - b["e_tot"]) <= TOL
+    assert abs(a["e_variational"] - b["e_variational"]) <= TOL
+    assert a["n_space"] == b["n_space"] and b["iterations"] == 10
+    assert (tmp_path / "two" / "nnqs_history.csv").exists()
