@@ -78,3 +78,4 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
     if path.name.startswith("02_"):
         assert "2 engines running" in text
         assert "agree with the single-process de-dup" in text
+        assert "largest difference from the single-process run" in text  # the Runner cells ran
