@@ -247,6 +247,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         device=args.device,
         pipeline=args.pipeline,
         max_gpu_memory=args.max_gpu_memory,
+        compile_inference=args.compile,
         comm=comm,
     )
     if args.resume:
@@ -357,6 +358,11 @@ def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         metavar="BYTES",
         help="cap on GPU memory for the gpu pipeline (e.g. 8e9, 16GiB); larger problems run "
         "in smaller batches",
+    )
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="gpu pipeline: torch.compile the inference over the unique set (about 2x faster)",
     )
     s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")
     s.add_argument("--checkpoint-every", type=int, default=10)

@@ -99,6 +99,9 @@ class Runner:
             problem whose intermediates exceed it still runs, in smaller batches.
         staging: where the gpu pipeline keeps coupled sets between stages 1 and 3: "auto"
             (pinned host memory only when they do not fit), "device" or "host".
+        compile_inference: the gpu pipeline evaluates ln psi over the unique set with a
+            `torch.compile`d pass (about 2x faster on an H200 after a few seconds of
+            compilation; equal to float32 rounding).
         comm: a `cuscikit.parallel.Comm` (e.g. ``get_comm()`` under torchrun or mpirun). None or
             a single rank: one process. P > 1 ranks: every rank builds the Runner with the same
             molecule and settings (rank 0's model and S are broadcast at construction), runs the
@@ -144,6 +147,7 @@ class Runner:
         pipeline: str = "auto",
         max_gpu_memory: int | None = None,
         staging: str = "auto",
+        compile_inference: bool = False,
         comm=None,
     ):
         if int(topk) != topk or topk < 1:
@@ -202,9 +206,12 @@ class Runner:
             from cuscikit.gpu.pipeline import GpuPipeline
 
             self._gpu = GpuPipeline(molecule, ansatz, eps=eps, batch_size=batch_size,
-                                    max_gpu_memory=max_gpu_memory, staging=staging)
+                                    max_gpu_memory=max_gpu_memory, staging=staging,
+                                    compile_inference=compile_inference)
         elif max_gpu_memory is not None:
             raise ValueError("max_gpu_memory applies to the gpu pipeline only")
+        elif compile_inference:
+            raise ValueError("compile_inference applies to the gpu pipeline only")
         self.iteration = 0
         self._rows: list[dict] = []
         self.rng = np.random.default_rng(seed)

@@ -209,3 +209,7 @@ def test_gpu_pipeline_refused_on_cpu():
         Runner(mol, ansatz, pipeline="fast")
     with pytest.raises(ValueError, match="gpu pipeline only"):
         Runner(mol, ansatz, max_gpu_memory=10**9)
+    with pytest.raises(ValueError, match="compile_inference applies"):
+        Runner(mol, ansatz, compile_inference=True)
+    with pytest.raises(ValueError, match="gpu pipeline only"):
+        Runner(mol, ansatz, compile_inference=True)
