@@ -63,6 +63,8 @@ def main() -> None:
         default=None,
         help="stop a system's run after this long (the table says how far it got)",
     )
+    ap.add_argument("--compile", action="store_true",
+                    help="gpu pipeline: torch.compile the inference over the unique set")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,8 @@ def main() -> None:
         mol = Molecule.load(name)
         ref = mol.metadata["reference"]["energy"]
         ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device)
-        runner = Runner(mol, ansatz, seed=args.seed, device=args.device)
+        runner = Runner(mol, ansatz, seed=args.seed, device=args.device,
+                        compile_inference=args.compile)
         t0 = time.perf_counter()
         callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
         h = runner.run(args.iters, callbacks=callbacks, progress=False)

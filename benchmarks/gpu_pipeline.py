@@ -184,7 +184,8 @@ def bench_iteration(args):
     for pipeline in ("gpu", "baseline"):
         torch.cuda.empty_cache()
         r = Runner(mol, copy.deepcopy(base), SCISpace(mol, S), max_space=None,
-                   topk=args.topk, pipeline=pipeline, batch_size=args.batch_size)
+                   topk=args.topk, pipeline=pipeline, batch_size=args.batch_size,
+                   compile_inference=args.compile and pipeline == "gpu")
         row = r.step()
         raw[pipeline] = row
         tot = row["t_total"]
@@ -257,6 +258,8 @@ def main():
                     help="memory section: cap as a fraction of the theoretical peak")
     ap.add_argument("--max-seconds", type=float, default=300.0,
                     help="time budget of the two iterations of the iteration section")
+    ap.add_argument("--compile", action="store_true",
+                    help="iteration section: torch.compile the gpu pipeline's inference")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     info = kernels().device_info()
