@@ -93,6 +93,7 @@ class GpuPipeline:
         self.item_limit: int | None = None  # set by out-of-memory retries, kept for later
         self.largest_batch = 0
         self.retries = 0  # out-of-memory retries so far
+        self._stage = ""  # the stage running, for the retry policy
 
     # ------------------------------------------------------------------------ memory plan
     def _bytes_per_item(self) -> int:
@@ -136,10 +137,15 @@ class GpuPipeline:
             try:
                 return self._run(space_configs, topk)
             except torch.cuda.OutOfMemoryError:
-                if attempt == _MAX_RETRIES - 1 or self.largest_batch <= 1:
+                stuck = self.batch_size <= 1 if self._stage == "inference" else \
+                    self.largest_batch <= 1
+                if attempt == _MAX_RETRIES - 1 or stuck:
                     raise
-                self.item_limit = max(1, self.largest_batch // 2)
-                self.batch_size = max(1, self.batch_size // 2)
+                # Shrink what was running: the inference batches, or the stage-1/3 batches.
+                if self._stage == "inference":
+                    self.batch_size = max(1, self.batch_size // 2)
+                else:
+                    self.item_limit = max(1, self.largest_batch // 2)
                 self.retries += 1
                 torch.cuda.empty_cache()
                 warnings.warn(
@@ -162,6 +168,7 @@ class GpuPipeline:
         n = len(S)
 
         # Stage 1: generation and local de-dup per batch; the cold data stays or is staged.
+        self._stage = "generation"
         t0 = time.perf_counter()
         counts_t = ops.coupled_counts(dh, S, eps)
         counts = counts_t.to("cpu").numpy()
@@ -198,6 +205,7 @@ class GpuPipeline:
         times["dedup"] += self._sync_time(t0)
 
         # Stage 2: ln psi over U with a running top-K over U \ S.
+        self._stage = "inference"
         t0 = time.perf_counter()
         u = len(U)
         logpsi = torch.empty(u, dtype=torch.complex128, device=dev)
@@ -218,6 +226,7 @@ class GpuPipeline:
         times["inference"] = self._sync_time(t0)
 
         # Stage 3: local energies from the cold data, reverse index rebuilt per batch.
+        self._stage = "energy"
         t0 = time.perf_counter()
         shift = float(logpsi[pos_s].real.max())
         psi = torch.exp(logpsi - shift)
