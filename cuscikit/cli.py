@@ -92,6 +92,12 @@ def cmd_info(args) -> int:
                 p = torch.cuda.get_device_properties(d)
                 gpus.append(f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor})")
     info["gpus"] = gpus
+    try:  # built only where nvcc and a driver were present at install time
+        from cuscikit import _cuda
+
+        info["cuda_kernels"] = f"built for sm_{_cuda.build_arch()}"
+    except ImportError:
+        info["cuda_kernels"] = None
     lines = [f"cuscikit {info['cuscikit']}  (python {info['python']}, {info['platform']})"]
     for mod in ("numpy", "scipy", "torch", "cupy", "pyscf", "mpi4py"):
         lines.append(f"  {mod:8s} {info[mod] or 'not installed'}")
@@ -101,6 +107,7 @@ def cmd_info(args) -> int:
         f"max words: {build['max_words']} ({64 * build['max_words']} spin orbitals)"
     )
     lines.append("  GPUs: " + (", ".join(gpus) if gpus else "none"))
+    lines.append("  CUDA kernels: " + (info["cuda_kernels"] or "not built (see README: On a GPU)"))
     _emit(args, info, lines)
     return 0
 
