@@ -11,8 +11,9 @@ Example:
     >>> from cuscikit.gpu import ops  # doctest: +SKIP
     >>> mol = cuscikit.Molecule.load("N2")  # doctest: +SKIP
     >>> dh = ops.DeviceHamiltonian.from_molecule(mol, "cuda")  # doctest: +SKIP
-    >>> hf = torch.as_tensor(cuscikit.SCISpace.hf(mol).configs.view("int64"), device="cuda")
+    >>> hf = ops.to_device(cuscikit.SCISpace.hf(mol).configs, "cuda")  # doctest: +SKIP
     >>> offsets, configs, values = ops.coupled(dh, hf)  # doctest: +SKIP
+    >>> int(offsets[-1])  # |C(HF)| for N2/STO-3G  # doctest: +SKIP
 """
 
 from __future__ import annotations
