@@ -417,7 +417,6 @@ class Runner:
     def _load_columns(self, out: dict) -> dict:
         """History columns of a distributed step: per-rank loads and the de-dup metrics; the
         same on every rank."""
-        from cuscikit.parallel.dedup import balance
 
         table = out["load_table"]  # one row per rank, summed into the energies' allreduce
         sources, coupled, unique = (table[:, k].astype(np.int64) for k in range(3))
@@ -433,15 +432,7 @@ class Runner:
             "unique_min": int(unique.min()),
             "t_busy_max": float(table[:, 3].max()),
             "t_busy_min": float(table[:, 3].min()),
-            "dedup_items": m.items,
-            "dedup_received_max_min": balance(m.received)[0],
-            "dedup_received_cv": balance(m.received)[1],
-            "dedup_merged_max_min": balance(m.merged)[0],
-            "dedup_max_min": m.max_min,
-            "dedup_cv": m.cv,
-            "dedup_seconds": m.total_seconds,
-            "dedup_items_per_s": m.items_per_s,
-        }
+        } | {f"dedup_{k}": v for k, v in m.as_dict().items() if k != "method"}
 
     def step(self) -> dict:
         """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
