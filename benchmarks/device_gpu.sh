@@ -17,6 +17,9 @@ if [ -n "$tests" ]; then
   timeout 400 python3 -m pytest -q -p no:cacheprovider $tests > "$out/pytest.log" 2>&1
   echo "pytest exit $?"; tail -25 "$out/pytest.log"
 fi
+args=()
+for a in "$@"; do [ "$a" != "--" ] && args+=("$a"); done
+set -- "${args[@]}"
 if [ $# -gt 0 ]; then
   cd benchmarks && python3 gpu_pipeline.py "$@" --out "$out" 2>&1 | tee "$out/bench.log" | tail -60
 fi

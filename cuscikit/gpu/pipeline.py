@@ -148,9 +148,10 @@ class GpuPipeline:
                     self.item_limit = max(1, self.largest_batch // 2)
                 self.retries += 1
                 torch.cuda.empty_cache()
+                limit = "no limit" if self.item_limit is None else f"{self.item_limit:,}"
                 warnings.warn(
-                    f"GPU out of memory: retrying the iteration with at most {self.item_limit:,} "
-                    f"coupled configurations per batch and inference batches of "
+                    f"GPU out of memory in {self._stage}: retrying the iteration with "
+                    f"{limit} on coupled configurations per batch and inference batches of "
                     f"{self.batch_size:,}",
                     ResourceWarning, stacklevel=2,
                 )
