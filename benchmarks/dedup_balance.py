@@ -37,6 +37,7 @@ from _common import machine, print_table, random_excitations
 
 from cuscikit import Molecule
 from cuscikit.parallel import centralised_dedup, get_comm, global_dedup, simulate_partition
+from cuscikit.parallel.comm import detect_backend
 from cuscikit.parallel.dedup import DEFAULT_SAMPLES_PER_RANK, balance
 from cuscikit.sci.configs import hf_configuration
 from cuscikit.sci.hamiltonian import Hamiltonian
@@ -68,7 +69,8 @@ def run_method(method: str, keys, comm, samples: int):
 
 def worker(out: Path, systems: dict, samples: int, repeats: int) -> None:
     """One rank of a real run: every system, every method, best of `repeats`."""
-    comm = get_comm()
+    # The keys live in host memory: torch ranks talk over gloo, even where GPUs are present.
+    comm = get_comm("gloo") if detect_backend() == "torch" else get_comm()
     rows = []
     for name, n_sources in systems.items():
         keys = coupled_chunk(name, n_sources, comm.rank, comm.size)
@@ -150,7 +152,7 @@ def main() -> None:
     for P in args.ranks:
         t0 = time.perf_counter()
         for r in launch(engine, P, systems, args.samples, args.repeats):
-            rows.append(r | {"mode": engine})
+            rows.append(r | {"mode": "gloo" if engine == "torch" else engine})
         print(f"P={P} ({engine}): {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     for P in args.sim:
         for name, n in systems.items():

@@ -217,7 +217,8 @@ class TorchComm(Comm):
     as int64 bit patterns (the engines have no uint64 reductions).
 
     Args:
-        backend: "gloo" or "nccl" (default: nccl when CUDA is available, else gloo).
+        backend: "gloo" or "nccl" (default: nccl when every process of this host can have a
+            GPU of its own, else gloo: NCCL refuses two ranks on one GPU).
         timeout: collective timeout in seconds (default `comm_timeout()`).
         init_method, rank, world_size: passed to ``init_process_group`` when no group exists
             (default: ``env://``, i.e. the torchrun variables).
@@ -244,7 +245,9 @@ class TorchComm(Comm):
             import datetime
 
             if backend is None:
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                fits = torch.cuda.is_available() and local_ranks <= torch.cuda.device_count()
+                backend = "nccl" if fits else "gloo"
             kw: dict[str, Any] = {"timeout": datetime.timedelta(seconds=self.timeout)}
             if init_method is not None:
                 kw["init_method"] = init_method
