@@ -2,7 +2,9 @@
 # One device-tool call: build, run the test suite, and the NNQS accuracy runs that are too slow
 # for 2 CPU cores, several systems side by side on the one GPU. Results land in $OUT.
 # Systems are spread round-robin over the GPUs; TESTS=0 skips the test suite, COMPILE=1 adds
-# --compile to the runs.
+# --compile to the runs. CKPT=DIR (relative to the repository, e.g. out/ckpt, carried to the
+# device with the run tool's `carry`) keeps a checkpoint per system there, resumes from it and
+# copies it back under $OUT/ckpt: runs longer than one call continue in the next.
 #   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -19,6 +21,7 @@ cd benchmarks
 ngpu=$(nvidia-smi -L | wc -l)
 extra=()
 [ "${COMPILE:-0}" = 1 ] && extra+=(--compile)
+[ -n "${CKPT:-}" ] && extra+=(--checkpoint-dir "$PWD/../$CKPT")
 k=0
 for s in "$@"; do
   CUDA_VISIBLE_DEVICES=$((k % ngpu)) OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" \
@@ -29,4 +32,5 @@ done
 wait
 [ -f "$out/pytest.log" ] && tail -3 "$out/pytest.log"
 for s in "$@"; do tail -6 "$out/acc/$s.log"; done
+[ -n "${CKPT:-}" ] && cp -r "../$CKPT" "$out/ckpt"
 tar czf "$out/acc.tgz" -C "$out" acc && rm -rf "$out/acc"
