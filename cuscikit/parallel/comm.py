@@ -205,6 +205,20 @@ def _torch():
     return torch, dist
 
 
+def default_torch_backend() -> str:
+    """"nccl" when every process on this host can have a GPU of its own (``LOCAL_WORLD_SIZE``
+    from torchrun, default 1), else "gloo": NCCL refuses two ranks on one GPU.
+
+    Example:
+        >>> default_torch_backend() in ("nccl", "gloo")
+        True
+    """
+    torch, _ = _torch()
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    fits = torch.cuda.is_available() and local_ranks <= torch.cuda.device_count()
+    return "nccl" if fits else "gloo"
+
+
 class TorchComm(Comm):
     """torch.distributed: gloo for CPU tensors, NCCL for CUDA tensors.
 
@@ -245,9 +259,7 @@ class TorchComm(Comm):
             import datetime
 
             if backend is None:
-                local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-                fits = torch.cuda.is_available() and local_ranks <= torch.cuda.device_count()
-                backend = "nccl" if fits else "gloo"
+                backend = default_torch_backend()
             kw: dict[str, Any] = {"timeout": datetime.timedelta(seconds=self.timeout)}
             if init_method is not None:
                 kw["init_method"] = init_method

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from cuscikit.parallel import SerialComm, detect_backend, get_comm
 from cuscikit.parallel.comm import comm_timeout
@@ -121,3 +122,24 @@ def test_torch_comm_single_rank_group():
     finally:
         comm.close()
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("cuda", "gpus", "local_ranks", "expected"),
+    [
+        (False, 0, "2", "gloo"),
+        (True, 2, "2", "nccl"),
+        (True, 2, "4", "gloo"),  # NCCL refuses two ranks on one GPU
+        (True, 1, None, "nccl"),  # without torchrun: one process
+    ],
+)
+def test_default_torch_backend(monkeypatch, cuda, gpus, local_ranks, expected):
+    from cuscikit.parallel.comm import default_torch_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if local_ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+    assert default_torch_backend() == expected
