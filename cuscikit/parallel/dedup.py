@@ -390,16 +390,25 @@ def _check_words(keys, comm: Comm) -> tuple[np.ndarray, int]:
 
 
 class _Clock:
-    def __init__(self):
-        self.start = self.last = time.perf_counter()
+    """Phase timer. `sync` (e.g. a CUDA synchronise) runs before each reading, so that
+    asynchronous device work is charged to the phase that queued it."""
+
+    def __init__(self, sync=None):
+        self.sync = sync
+        self.start = self.last = self._now()
+
+    def _now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()
 
     def lap(self) -> float:
-        now = time.perf_counter()
+        now = self._now()
         dt, self.last = now - self.last, now
         return dt
 
     def total(self) -> float:
-        return time.perf_counter() - self.start
+        return self._now() - self.start
 
 
 def _metrics(comm: Comm, w: int, stats: list[float], phases, **kw) -> DedupMetrics:

@@ -36,8 +36,8 @@ Example:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from cuscikit.parallel.dedup import (
     REGULAR_PHASES,
     DedupMetrics,
     GlobalDedup,
+    _Clock,
     _splitters_from,
 )
 
@@ -418,28 +419,6 @@ class GlobalDedupTensors:
         )
 
 
-class _Clock:
-    """Phase timer; synchronises the device so that GPU work is charged to its phase."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.start = self.last = self._now()
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def lap(self) -> float:
-        now = self._now()
-        dt, self.last = now - self.last, now
-        return dt
-
-    def total(self) -> float:
-        return self._now() - self.start
-
-
 def global_dedup_tensors(
     keys: torch.Tensor,
     comm: Comm | None = None,
@@ -468,7 +447,7 @@ def global_dedup_tensors(
     coll = _Coll(comm)
     P, rank = coll.size, coll.rank
     dev = keys.device
-    clock = _Clock(dev)
+    clock = _Clock(partial(torch.cuda.synchronize, dev) if dev.type == "cuda" else None)
     keys = _agree_words(keys, coll)
     w = keys.shape[1]
     clock.lap()
