@@ -49,7 +49,6 @@ from _common import machine, print_table  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.parallel.comm import TorchComm  # noqa: E402
-from cuscikit.parallel.dedup import balance  # noqa: E402
 from cuscikit.parallel.gpu_dedup import global_dedup_tensors  # noqa: E402
 from cuscikit.sci.configs import from_bits, hf_configuration, to_bits  # noqa: E402
 from cuscikit.sci.dedup import dedup  # noqa: E402
@@ -158,6 +157,7 @@ class Runner:
                             dtype=np.float64)
         table = np.stack(comm.allgather(per_rank))
         m = res.metrics
+        row = m.as_dict()
         sec = {s: float(table[:, 4 + k].max()) for k, s in enumerate(STAGES)}
         sec["total"] = float((table[:, 4:4 + len(STAGES)].sum(axis=1)).max())
         evaluated = table[:, 3].astype(np.int64)
@@ -172,16 +172,12 @@ class Runner:
             "owned_per_rank": m.counts.tolist(),
             "received_per_rank": m.received.tolist(),
             "merged_per_rank": m.merged.tolist(),
-            "max_min": m.max_min,
-            "cv": m.cv,
-            "received_max_min": balance(m.received)[0],
-            "received_cv": balance(m.received)[1],
-            "merged_max_min": balance(m.merged)[0],
-            "merged_cv": balance(m.merged)[1],
+            **{k: row[k] for k in ("max_min", "cv", "received_max_min", "received_cv",
+                                   "merged_max_min", "merged_cv")},
             "seconds": sec,
             "dedup_phases": m.seconds,
             "coupled_per_s": float(table[:, 0].sum() / sec["coupled"]) if sec["coupled"] else 0,
-            "dedup_items_per_s": m.items_per_s,
+            "dedup_items_per_s": row["items_per_s"],
             "inferred_per_rank": evaluated.tolist(),
             "inferred_total": int(evaluated.sum()),
             "infer_per_s": float(evaluated.sum() / sec["infer"]) if sec["infer"] > 0 else 0.0,
