@@ -63,3 +63,24 @@ def key_values(keys: np.ndarray) -> np.ndarray:
     re = (k[:, 0] % np.uint64(1_000_003)).astype(np.float64)
     im = (k[:, -1] % np.uint64(999_983)).astype(np.float64) + k.shape[1]
     return re + 1j * im
+
+
+def check_partition(parts: list, inputs: list[np.ndarray], ref: np.ndarray, what: str) -> list:
+    """Assert that the per-rank results `parts` (the workers' npz files) of one de-dup call are
+    the single-process de-dup `ref` of the union of `inputs`, partitioned in rank order: slices,
+    offsets, counts, every input key's (owner, index), and the fetched values. Returns the
+    slice sizes."""
+    words = ref.shape[1]
+    slices = [p["unique"].reshape(-1, words) for p in parts]
+    # the slices, in rank order, are the single-process de-dup of the union
+    assert np.array_equal(np.concatenate(slices), ref), what
+    offsets = parts[0]["offsets"]
+    assert np.array_equal(offsets, np.cumsum([0] + [len(s) for s in slices])), what
+    for r, p in enumerate(parts):
+        assert int(p["items"]) == sum(map(len, inputs)), what
+        assert int(p["unique_total"]) == len(ref), what
+        # every input key maps to its row on its owner; values route back
+        g = offsets[p["owner"]] + p["index"]
+        assert np.array_equal(ref[g], inputs[r]), what
+        assert np.array_equal(p["fetched"], key_values(inputs[r])), what
+    return [len(s) for s in slices]

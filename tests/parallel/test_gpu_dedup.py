@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _cases import CASES, case_keys, key_values
+from _cases import CASES, case_keys, check_partition, key_values
 
 from cuscikit.parallel import SerialComm, global_dedup
 from cuscikit.parallel.dedup import searchsorted_keys
@@ -101,17 +101,7 @@ def _verify(out: Path, P: int, variants: list[str]) -> None:
             for v in variants:
                 what = f"{case}, {words} words, {v}, P={P}"
                 parts = [np.load(out / f"{case}-{words}-{v}-r{r}.npz") for r in range(P)]
-                slices = [p["unique"].reshape(-1, words) for p in parts]
-                assert np.array_equal(np.concatenate(slices), ref), what
-                offsets = parts[0]["offsets"]
-                assert np.array_equal(offsets, np.cumsum([0] + [len(s) for s in slices])), what
-                for r, p in enumerate(parts):
-                    assert int(p["items"]) == sum(map(len, inputs)), what
-                    assert int(p["unique_total"]) == len(ref), what
-                    g = offsets[p["owner"]] + p["index"]
-                    assert np.array_equal(ref[g], inputs[r]), what
-                    assert np.array_equal(p["fetched"], key_values(inputs[r])), what
-                sizes = [len(s) for s in slices]
+                sizes = check_partition(parts, inputs, ref, what)
                 if "norebalance" not in v:
                     assert max(sizes) - min(sizes) <= 1, (what, sizes)
 
