@@ -23,18 +23,25 @@ def missing(what: str):
     pytest.skip(f"{what} is missing")
 
 
-def env(**extra) -> dict:
+def env(gpus: bool = False, **extra) -> dict:
+    """The ranks' environment. Without `gpus` the GPUs are hidden, so that the CPU-rank tests
+    test gloo and the CPU path on a GPU host too (torch would otherwise pick NCCL there)."""
     # one thread per rank, a bounded wait, and MPICH yielding the core while it polls
     # (4 ranks share 2 cores here)
     e = {**os.environ, "OMP_NUM_THREADS": "1", "CUSCIKIT_COMM_TIMEOUT": "60"}
     e.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "1")
+    if not gpus:
+        e["CUDA_VISIBLE_DEVICES"] = ""
     e.update(extra)
     return e
 
 
-def launch(cmd: list[str], out: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run a launcher command; on failure, fail with the ranks' tracebacks (OUT/rank*.json)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+def launch(
+    cmd: list[str], out: Path, timeout: float = 240, gpus: bool = False
+) -> subprocess.CompletedProcess:
+    """Run a launcher command (GPUs hidden unless `gpus`); on failure, fail with the ranks'
+    tracebacks (OUT/rank*.json)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(gpus))
     reports = sorted(out.glob("rank*.json"))
     if proc.returncode != 0:
         details = "\n".join(json.loads(p.read_text()).get("traceback", "") for p in reports) or (

@@ -133,5 +133,5 @@ def test_torchrun_nccl_two_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     assert os.environ["NCCL_NVLS_ENABLE"] == "0"  # _launch.env copies os.environ
-    launch(torchrun(2) + [str(WORKER), str(tmp_path), "cuda"], tmp_path)
+    launch(torchrun(2) + [str(WORKER), str(tmp_path), "cuda"], tmp_path, gpus=True)
     _verify(tmp_path, 2, ["kernel", "kernel-norebalance", "torch"])
