@@ -132,7 +132,9 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
                 f"{_settings(runner)[key]!r}"
             )
     try:
-        opt_state = torch.load(io.BytesIO(opt_bytes), weights_only=True)
+        # map_location: a checkpoint written on a GPU resumes on a CPU-only machine too (the
+        # optimiser moves its state to the parameters' device when it loads it)
+        opt_state = torch.load(io.BytesIO(opt_bytes), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure here means a damaged file
         raise CheckpointError(f"{path}: the optimiser state is corrupted ({exc})") from exc
 

@@ -140,3 +140,24 @@ def test_compiled_inference_matches_eager():
     eager_scores = eager.logpsi.real
     assert len(r.topk_rows) == len(eager.topk_rows)
     assert eager_scores[r.topk_rows].min() >= eager_scores[eager.topk_rows].min() - 1e-5
+
+
+def test_gpu_checkpoint_resumes_on_a_cpu_only_machine(tmp_path, monkeypatch):
+    """A checkpoint written by a GPU run loads where CUDA is unavailable (the optimiser state
+    was serialised from CUDA tensors) and the run continues as on the GPU."""
+    mol = Molecule.load("LiH")
+    gpu = _runner(mol, "cuda", pipeline="gpu")
+    gpu.run(5, progress=False)
+    path = tmp_path / "gpu.h5"
+    gpu.save(path)
+    cpu = _runner(mol, "cpu")
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        cpu.load(path)
+    assert cpu.iteration == 5
+    state = cpu.optimizer.state_dict()["state"]
+    assert all(v.device.type == "cpu" for s in state.values() for v in s.values())
+    more_gpu = gpu.run(3, progress=False)
+    more_cpu = cpu.run(3, progress=False)
+    np.testing.assert_allclose(more_cpu["e_coupled"], more_gpu["e_coupled"], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(more_cpu["n_space"], more_gpu["n_space"])
