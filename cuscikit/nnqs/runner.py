@@ -618,8 +618,10 @@ class Runner:
 
     def load(self, path: str) -> Runner:
         """Restore a checkpoint written by `save` into this runner (same molecule and ansatz
-        shape); later iterations continue exactly where the saved run stopped. On several
-        ranks (collective) every rank reads the file; if any rank cannot, all raise."""
+        shape); later iterations continue exactly where the saved run stopped. The runner's
+        device need not be the saved run's: a checkpoint from a GPU run resumes on a CPU-only
+        machine and vice versa. On several ranks (collective) every rank reads the file; if any
+        rank cannot, all raise."""
         from cuscikit.nnqs.checkpoint import CheckpointError, load_checkpoint
 
         if not self.distributed:
