@@ -161,3 +161,10 @@ def test_gpu_checkpoint_resumes_on_a_cpu_only_machine(tmp_path, monkeypatch):
     more_cpu = cpu.run(3, progress=False)
     np.testing.assert_allclose(more_cpu["e_coupled"], more_gpu["e_coupled"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(more_cpu["n_space"], more_gpu["n_space"])
+    back = tmp_path / "cpu.h5"  # and a CPU checkpoint resumes on the GPU
+    cpu.save(back)
+    again = _runner(mol, "cuda", pipeline="gpu").load(back)
+    assert again.iteration == 8
+    np.testing.assert_allclose(
+        again.run(2, progress=False)["e_coupled"].to_numpy()[-2:],
+        cpu.run(2, progress=False)["e_coupled"].to_numpy()[-2:], rtol=0, atol=1e-6)
