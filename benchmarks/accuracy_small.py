@@ -15,6 +15,7 @@ then the total, and "run s" sums the iteration times of all calls.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -71,14 +72,18 @@ def main() -> None:
                     help="torch.compile the inference over the unique set")
     ap.add_argument("--checkpoint-dir", default=None,
                     help="keep a checkpoint per system there and resume from it")
+    ap.add_argument("--ansatz", default="{}", metavar="JSON",
+                    help="Ansatz keyword arguments that replace defaults, for checking a "
+                         "candidate default on the whole set (the table's title shows them)")
     args = ap.parse_args()
+    ansatz_kw = json.loads(args.ansatz)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.systems:
         mol = Molecule.load(name)
         ref = mol.metadata["reference"]["energy"]
-        ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device)
+        ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device, **ansatz_kw)
         runner = Runner(mol, ansatz, seed=args.seed, device=args.device,
                         compile_inference=args.compile)
         ckpt = None
@@ -118,7 +123,8 @@ def main() -> None:
             flush=True,
         )
     print_table(
-        f"NNQS-SCI accuracy, default settings, seed {args.seed}, on {machine()} ({args.device})",
+        f"NNQS-SCI accuracy, default settings{' but ' + args.ansatz if ansatz_kw else ''}, "
+        f"seed {args.seed}, on {machine()} ({args.device})",
         [
             "system",
             "qubits",

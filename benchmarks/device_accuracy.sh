@@ -4,7 +4,8 @@
 # Systems are spread round-robin over the GPUs; TESTS=0 skips the test suite, COMPILE=1 adds
 # --compile to the runs. CKPT=DIR (relative to the repository, e.g. out/ckpt, carried to the
 # device with the run tool's `carry`) keeps a checkpoint per system there, resumes from it and
-# copies it back under $OUT/ckpt: runs longer than one call continue in the next.
+# copies it back under $OUT/ckpt: runs longer than one call continue in the next. ANSATZ='{"k": v}'
+# replaces ansatz defaults (a candidate default checked on the whole set; give it its own CKPT).
 #   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -22,6 +23,7 @@ ngpu=$(nvidia-smi -L | wc -l)
 extra=()
 [ "${COMPILE:-0}" = 1 ] && extra+=(--compile)
 [ -n "${CKPT:-}" ] && extra+=(--checkpoint-dir "$PWD/../$CKPT")
+[ -n "${ANSATZ:-}" ] && extra+=(--ansatz "$ANSATZ")
 k=0
 for s in "$@"; do
   CUDA_VISIBLE_DEVICES=$((k % ngpu)) OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" \
