@@ -54,8 +54,8 @@ def main() -> None:
     err = runner.run(args.iters, progress=False)["error"].to_numpy() * 1e3
     marks = [k for k in (100, 250, 500, 1000, 1500, 2000, 3000, 4000) if k <= len(err)]
     shown = " ".join(f"{k}: {err[k - 1]:+.2f}" for k in marks)
-    print(f"{args.system} ansatz={akw} runner={rkw} lr-scale={args.lr_scale}: error (mHa) at {shown}; "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{args.system} ansatz={akw} runner={rkw} lr-scale={args.lr_scale}: "
+          f"error (mHa) at {shown}; {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
