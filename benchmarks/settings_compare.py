@@ -1,14 +1,26 @@
 """One system, default NNQS-SCI settings except the ones given: error against FCI (mHa) at
-100/250/500/1000/1500/2000/3000 iterations. For checking a proposed default on several systems.
+100/250/500/1000/1500/2000/3000/4000 iterations. For checking a proposed default on several systems.
 
     python benchmarks/settings_compare.py H8-chain 1000 --ansatz '{"reference_bias": 0.0}'
     python benchmarks/settings_compare.py N2 1000 --runner '{"lr": 0.003}'
     python benchmarks/settings_compare.py H8-chain 2000 --lr-scale logit_bias=10
 
-`--lr-scale logit_bias=F` (the ansatz's per-position logit offsets at F x lr) was tried as a
-default at stop 10 (CPU, seed 0, mHa at 2000 iterations; defaults: H8 +28.8, N2 +0.71):
-F=10 gave H8 +10.4, N2 +0.34, but H2O stalled at +22.95 through 4000 iterations (defaults:
-+0.08); F=3 stalled H2O too (+20.7 at 4000); F=100 gave H8 +11.5, N2 +20.6. Not adopted.
+Candidate defaults tried at stop 10 (CPU, 1 thread, seed 0, error in mHa at 4000 iterations
+unless marked; "stall" = flat at that error for the last 1000+ iterations):
+
+    setting                       H8 chain      N2       H2O            LiH    O2 triplet
+    defaults (bias 5)             +3.02         +0.10*   +0.06          +0.01* +0.08
+    reference_bias 2.5            +3.20         +0.06    +0.13
+    reference_bias 0              +0.53         +0.37    +5.30 stall    +0.00  +0.01
+    --lr-scale logit_bias=3                              +20.7 (+22.96 1500-3000)
+    --lr-scale logit_bias=10      +10.4 (2000)  +0.34 (2000)  +22.95 stall
+    --lr-scale logit_bias=100     +11.5 (2000)  +20.6 (2000)
+
+    * H200 run of the same defaults (compiled inference).
+
+Each one that helps the H8 chain leaves H2O stalled, so none was adopted. The stalls look like
+sign (phase) plateaus: with real phases (0 or pi) the phase gradient 2 w Im(E_loc) vanishes,
+so a wrong sign pattern is a stationary point that the optimiser leaves only slowly.
 """
 
 from __future__ import annotations
