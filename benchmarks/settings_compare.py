@@ -18,9 +18,10 @@ unless marked; "stall" = flat at that error for the last 1000+ iterations):
 
     * H200 run of the same defaults (compiled inference).
 
-Each one that helps the H8 chain leaves H2O stalled, so none was adopted. The stalls look like
-sign (phase) plateaus: with real phases (0 or pi) the phase gradient 2 w Im(E_loc) vanishes,
-so a wrong sign pattern is a stationary point that the optimiser leaves only slowly.
+Each one that helps the H8 chain leaves H2O stalled, so none was adopted. The H2O stall at
+reference_bias 0 is not a sign problem but "dead" configurations (benchmarks/stall_diagnosis.py):
+two configurations of exact weight 1.1e-3 each have |psi|^2 ~ 1e-14, and their loss weight
+w ~ |psi|^2 leaves no gradient to revive them.
 """
 
 from __future__ import annotations
