@@ -1,7 +1,7 @@
 """Why does a run stall? The NN wavefunction at the stall against the exact ground state over
 the full sector of a small system: overlap, weight on wrong signs, amplitude error, and the
 configurations the network has "killed" (|psi|^2 far below the exact weight); then 1000 more
-iterations with and without a random kick to the phase network.
+(--more) iterations with and without a random kick to the phase network.
 
     python benchmarks/stall_diagnosis.py H2O 2000 --ansatz '{"reference_bias": 0.0}'
 
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("iters", type=int)
     ap.add_argument("--ansatz", default="{}", help="JSON keyword arguments of the Ansatz")
     ap.add_argument("--kick", type=float, default=0.05, help="std of the phase-network kick")
+    ap.add_argument("--more", type=int, default=1000, help="iterations after the stall")
     args = ap.parse_args()
     torch.set_num_threads(1)
     mol = Molecule.load(args.system)
@@ -72,10 +73,10 @@ def main() -> None:
     with torch.no_grad():
         for p in kicked.ansatz.phase_net.parameters():
             p.add_(args.kick * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    runner.run(1000, progress=False)
-    diagnose(runner, space, e0, v, "  +1000 iterations")
-    kicked.run(1000, progress=False)
-    diagnose(kicked, space, e0, v, f"  +1000 after a phase kick (std {args.kick})")
+    runner.run(args.more, progress=False)
+    diagnose(runner, space, e0, v, f"  +{args.more} iterations")
+    kicked.run(args.more, progress=False)
+    diagnose(kicked, space, e0, v, f"  +{args.more} after a phase kick (std {args.kick})")
 
 
 if __name__ == "__main__":
