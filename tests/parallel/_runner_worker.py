@@ -10,6 +10,7 @@ over ranks); the test process compares the energies with a single-rank run of `m
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ CASES = {
 }
 RESUME = dict(system="LiH", iters=6, topk=8, max_space=40)
 RESUME_SPLIT = 3
+STACKS_AFTER_S = 150  # a passing check takes 8-13 s on 2 cores; the launch timeout is 240 s
 COLUMNS = ("e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_coupled", "n_unique")
 LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
 
@@ -104,6 +106,9 @@ class _DieAt(Callback):
 def main() -> int:
     out, mode = Path(sys.argv[1]), sys.argv[2]
     out.mkdir(parents=True, exist_ok=True)
+    # a rank that is still running long after a passing run would have ended prints where it
+    # waits (stderr, all threads), so a hang shows up in the test's failure message
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=False)
     torch.set_num_threads(1)
     comm = get_comm()
     report = {"rank": comm.rank, "size": comm.size, "backend": comm.backend, "mode": mode}
