@@ -21,6 +21,7 @@ from pathlib import Path
 DEMO_ITERS = 2000
 # Plain numbers, so that building the parser does not import PyTorch.
 from cuscikit.nnqs.defaults import (  # noqa: E402
+    DEFAULT_INNER_STEPS,
     DEFAULT_ITERATIONS,
     DEFAULT_MAX_SPACE,
     DEFAULT_TOPK,
@@ -237,6 +238,12 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         raise UsageError(f"--iters must be non-negative, got {args.iters}")
     if args.topk < 1:
         raise UsageError(f"--topk must be at least 1, got {args.topk}")
+    if args.lr_final is not None and not args.lr_final > 0:
+        raise UsageError(f"--lr-final must be positive, got {args.lr_final}")
+    if not 0 <= args.lr_decay_from < 1:
+        raise UsageError(f"--lr-decay-from must be in [0, 1), got {args.lr_decay_from}")
+    if args.inner_steps < 0:
+        raise UsageError(f"--inner-steps must be non-negative, got {args.inner_steps}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -255,13 +262,21 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         pipeline=args.pipeline,
         max_gpu_memory=args.max_gpu_memory,
         compile_inference=args.compile,
+        inner_steps=args.inner_steps,
         comm=comm,
     )
     if args.resume:
         runner.load(args.resume)
     t0 = time.perf_counter()
+    callbacks = []
+    if args.lr_final is not None:  # by absolute iteration: a resumed run keeps the schedule
+        from cuscikit.nnqs import LearningRateDecay
+
+        start = int(args.lr_decay_from * args.iters)
+        callbacks.append(LearningRateDecay(start, max(start + 1, args.iters), args.lr_final))
     runner.run(
         max(0, args.iters - runner.iteration),
+        callbacks,
         progress=not args.json,
         checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every,
@@ -350,6 +365,13 @@ def _add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
     s.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="configurations added per step")
     s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled")
     s.add_argument("--max-space", type=int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
+    s.add_argument("--inner-steps", type=int, default=DEFAULT_INNER_STEPS,
+                   help="extra optimiser steps per iteration on the energy within S")
+    s.add_argument("--lr-final", type=float, default=None, metavar="LR",
+                   help="decay the learning rate geometrically to LR at the last iteration "
+                   "(default: constant)")
+    s.add_argument("--lr-decay-from", type=float, default=0.5, metavar="FRACTION",
+                   help="with --lr-final: the decay starts after this fraction of --iters")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     s.add_argument(

@@ -105,9 +105,10 @@ def test_module_entry_point():
     assert json.loads(r.stdout.strip().splitlines()[-1])["n_det"] == 225
 
 
-def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path):
+@pytest.mark.parametrize("options", [[], ["--inner-steps", "2", "--lr-final", "1e-4"]])
+def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path, options):
     pytest.importorskip("torch")
-    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json"]
+    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", *options]
     full = run_json(capsys, *base, "--iters", "4")
     assert full["iterations"] == 4 and full["n_space"] >= 1
     for key in ("e_tot", "e_variational", "n_space", "iterations", "wall_s"):
@@ -117,6 +118,9 @@ def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path):
     resumed = run_json(capsys, *base, "--iters", "4", "--resume", str(ck))
     assert resumed["iterations"] == 4
     assert resumed["e_tot"] == full["e_tot"] and resumed["e_variational"] == full["e_variational"]
+    if options:  # the options change the run
+        plain = run_json(capsys, *base[: base.index(options[0])], "--iters", "4")
+        assert plain["e_tot"] != full["e_tot"]
 
 
 @pytest.mark.parametrize(
@@ -125,6 +129,9 @@ def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path):
         (["--topk", "0"], "--topk"),
         (["--device", "tpu"], "unknown --device"),
         (["--iters", "-1"], "--iters"),
+        (["--inner-steps", "-1"], "--inner-steps"),
+        (["--lr-final", "0"], "--lr-final"),
+        (["--lr-final", "1e-4", "--lr-decay-from", "1.5"], "--lr-decay-from"),
     ],
 )
 def test_nnqs_bad_input(capsys, extra, message):

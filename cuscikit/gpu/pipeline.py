@@ -51,6 +51,9 @@ class StageResult:
     bytes_staged: int = 0
     n_batches: int = 0
     peak_theoretical: int = 0
+    # H between configurations of S (off the diagonal): source, target (positions in S),
+    # value; only when asked for (the Runner's inner steps)
+    space_pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class GpuPipeline:
@@ -132,10 +135,11 @@ class GpuPipeline:
                    + (n + m) * (8 + w8) + u * (16 + 16 + 1))
 
     # ----------------------------------------------------------------------------- stages
-    def run(self, space_configs: np.ndarray, topk: int) -> StageResult:
+    def run(self, space_configs: np.ndarray, topk: int,
+            space_pairs: bool = False) -> StageResult:
         for attempt in range(_MAX_RETRIES):
             try:
-                return self._run(space_configs, topk)
+                return self._run(space_configs, topk, space_pairs)
             except torch.cuda.OutOfMemoryError:
                 stuck = self.batch_size <= 1 if self._stage == "inference" else \
                     self.largest_batch <= 1
@@ -161,7 +165,7 @@ class GpuPipeline:
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
-    def _run(self, space_configs: np.ndarray, k: int) -> StageResult:
+    def _run(self, space_configs: np.ndarray, k: int, want_pairs: bool) -> StageResult:
         dev, dh, eps = self.device, self.dh, self.eps
         times = {"generation": 0.0, "dedup": 0.0, "inference": 0.0, "energy": 0.0}
         model_bytes = torch.cuda.memory_allocated(dev)
@@ -233,10 +237,19 @@ class GpuPipeline:
         psi = torch.exp(logpsi - shift)
         num_c = torch.empty(n, dtype=torch.complex128, device=dev)
         num_v = torch.empty(n, dtype=torch.complex128, device=dev)
+        pairs = []
+        if want_pairs:
+            pos_of_row = torch.full((len(U),), -1, dtype=torch.int64, device=dev)
+            pos_of_row[pos_s] = torch.arange(n, device=dev)
         for lo, hi, offs, cfg, val in self._fetch(cold):
             idx = ops.search(U, cfg)
             nc, nv = ops.local_energy_sums(offs, val, idx, psi, in_space)
             num_c[lo:hi], num_v[lo:hi] = nc, nv
+            if want_pairs:
+                inside = in_space[idx]
+                src = torch.repeat_interleave(
+                    torch.arange(lo, hi, device=dev), offs[1:] - offs[:-1])[inside]
+                pairs.append((src, pos_of_row[idx[inside]], val[inside]))
         hdiag = ops.diagonal(dh, S)
         times["energy"] = self._sync_time(t0)
 
@@ -246,6 +259,8 @@ class GpuPipeline:
             topk_rows=selector.indices().to(dev), lp_graph=lp_graph, n_coupled=m, times=times,
             bytes_staged=staged, n_batches=len(batches),
             peak_theoretical=self.theoretical_peak(n, m, u, model_bytes),
+            space_pairs=tuple(torch.cat(c) for c in zip(*pairs, strict=True)) if want_pairs
+            else None,
         )
 
     # ------------------------------------------------------------------- host staging

@@ -7,6 +7,7 @@ _EXPORTS = {
     "Runner": "cuscikit.nnqs.runner",
     "Callback": "cuscikit.nnqs.runner",
     "EarlyStopping": "cuscikit.nnqs.runner",
+    "LearningRateDecay": "cuscikit.nnqs.runner",
 }
 
 

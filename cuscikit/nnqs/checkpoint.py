@@ -42,6 +42,7 @@ def _settings(runner) -> dict:
         "eps": runner.eps,
         "seed": runner.seed,
         "batch_size": runner.batch_size,
+        "inner_steps": runner.inner_steps,
     }
 
 
@@ -125,7 +126,8 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
     own = runner.ansatz.state_dict()
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
         raise CheckpointError(f"{path}: the checkpoint's ansatz has other parameters or shapes")
-    for key in ("estimator", "topk", "max_space", "eps"):
+    settings.setdefault("inner_steps", 0)  # checkpoints written before the option
+    for key in ("estimator", "topk", "max_space", "eps", "inner_steps"):
         if settings[key] != _settings(runner)[key]:
             raise CheckpointError(
                 f"{path}: saved with {key}={settings[key]!r}, this runner has "

@@ -19,3 +19,6 @@ set: on an H200 (compiled inference, seed 0) C2 was at +8.55 mHa and LiF at +6.3
 
 DEFAULT_MAX_SPACE = 16384
 """Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""
+
+DEFAULT_INNER_STEPS = 0
+"""Extra AdamW steps per iteration on the energy within S (`Runner(inner_steps=...)`)."""

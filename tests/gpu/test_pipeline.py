@@ -168,3 +168,25 @@ def test_gpu_checkpoint_resumes_on_a_cpu_only_machine(tmp_path, monkeypatch):
     np.testing.assert_allclose(
         again.run(2, progress=False)["e_coupled"].to_numpy()[-2:],
         cpu.run(2, progress=False)["e_coupled"].to_numpy()[-2:], rtol=0, atol=1e-6)
+
+
+def test_gpu_inner_steps_match_cpu_inner_steps():
+    """The GPU pipeline's H_SS pairs equal H restricted to S, and a run with inner steps
+    follows the CPU run with inner steps."""
+    mol = Molecule.load("H2O")
+    gpu_runner = _runner(mol, "cuda", pipeline="gpu", inner_steps=2)
+    for _ in range(3):
+        gpu_runner.step()
+    S = gpu_runner.space.configs
+    r = gpu_runner._gpu.run(S, gpu_runner.topk, space_pairs=True)
+    src, dst, val = (a.cpu().numpy() for a in r.space_pairs)
+    h = np.zeros((len(S), len(S)))
+    np.add.at(h, (src, dst), val)
+    h += np.diag(r.hdiag.cpu().numpy())
+    ref = SCISpace(mol, S).hamiltonian.restricted(S).toarray()
+    np.testing.assert_allclose(h, ref, rtol=0, atol=1e-12)
+
+    cpu = _runner(mol, "cpu", inner_steps=2).run(20, progress=False)
+    gpu = _runner(mol, "cuda", pipeline="gpu", inner_steps=2).run(20, progress=False)
+    np.testing.assert_allclose(gpu["e_coupled"], cpu["e_coupled"], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(gpu["n_space"], cpu["n_space"])
