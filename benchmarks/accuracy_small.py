@@ -24,7 +24,7 @@ import torch
 from _common import machine, print_table
 
 from cuscikit import Molecule
-from cuscikit.nnqs import Ansatz, Callback, Runner
+from cuscikit.nnqs import Ansatz, Callback, LearningRateDecay, Runner
 from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS
 
 SMALL_SET = ["LiH", "H2O", "N2", "C2", "LiF", "LiCl", "Li2O"]
@@ -75,8 +75,14 @@ def main() -> None:
     ap.add_argument("--ansatz", default="{}", metavar="JSON",
                     help="Ansatz keyword arguments that replace defaults, for checking a "
                          "candidate default on the whole set (the table's title shows them)")
+    ap.add_argument("--runner", default="{}", metavar="JSON",
+                    help="Runner keyword arguments that replace defaults (e.g. "
+                         '\'{"inner_steps": 4}\')')
+    ap.add_argument("--lr-decay", default=None, metavar="FROM,LR",
+                    help="decay the rate geometrically from iteration FROM * iters to LR at the "
+                         "last (e.g. 0.5,1e-4); default: constant")
     args = ap.parse_args()
-    ansatz_kw = json.loads(args.ansatz)
+    ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -85,7 +91,7 @@ def main() -> None:
         ref = mol.metadata["reference"]["energy"]
         ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device, **ansatz_kw)
         runner = Runner(mol, ansatz, seed=args.seed, device=args.device,
-                        compile_inference=args.compile)
+                        compile_inference=args.compile, **runner_kw)
         ckpt = None
         if args.checkpoint_dir:
             ckpt = Path(args.checkpoint_dir) / f"{mol.metadata['slug']}.h5"
@@ -94,6 +100,9 @@ def main() -> None:
                 runner.load(str(ckpt))
                 print(f"{name}: resumed from {ckpt} at iteration {runner.iteration}", flush=True)
         callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
+        if args.lr_decay:
+            frac, lr_final = (float(v) for v in args.lr_decay.split(","))
+            callbacks.append(LearningRateDecay(int(frac * args.iters), args.iters, lr_final))
         runner.run(max(0, args.iters - runner.iteration), callbacks=callbacks, progress=False,
                    checkpoint=None if ckpt is None else str(ckpt), checkpoint_every=50)
         h = runner.history
@@ -123,7 +132,9 @@ def main() -> None:
             flush=True,
         )
     print_table(
-        f"NNQS-SCI accuracy, default settings{' but ' + args.ansatz if ansatz_kw else ''}, "
+        f"NNQS-SCI accuracy, default settings{' but ' + args.ansatz if ansatz_kw else ''}"
+        f"{' but ' + args.runner if runner_kw else ''}"
+        f"{' and lr decay ' + args.lr_decay if args.lr_decay else ''}, "
         f"seed {args.seed}, on {machine()} ({args.device})",
         [
             "system",

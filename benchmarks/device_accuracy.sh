@@ -5,7 +5,8 @@
 # --compile to the runs. CKPT=DIR (relative to the repository, e.g. out/ckpt, carried to the
 # device with the run tool's `carry`) keeps a checkpoint per system there, resumes from it and
 # copies it back under $OUT/ckpt: runs longer than one call continue in the next. ANSATZ='{"k": v}'
-# replaces ansatz defaults (a candidate default checked on the whole set; give it its own CKPT).
+# replaces ansatz defaults, RUNNER='{"k": v}' runner defaults, LR_DECAY=FROM,LR a decaying rate (a
+# candidate default checked on the whole set; give it its own CKPT).
 #   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -24,6 +25,8 @@ extra=()
 [ "${COMPILE:-0}" = 1 ] && extra+=(--compile)
 [ -n "${CKPT:-}" ] && extra+=(--checkpoint-dir "$PWD/../$CKPT")
 [ -n "${ANSATZ:-}" ] && extra+=(--ansatz "$ANSATZ")
+[ -n "${RUNNER:-}" ] && extra+=(--runner "$RUNNER")
+[ -n "${LR_DECAY:-}" ] && extra+=(--lr-decay "$LR_DECAY")
 k=0
 for s in "$@"; do
   CUDA_VISIBLE_DEVICES=$((k % ngpu)) OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" \

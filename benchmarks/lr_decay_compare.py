@@ -10,6 +10,7 @@ above 1.6 mHa per 1000-block, and writes the history CSV.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -41,20 +42,23 @@ def main() -> None:
     ap.add_argument("--lr-final", type=float, default=1e-4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="history CSV")
+    ap.add_argument("--runner", default="{}", help="JSON keyword arguments of the Runner")
+    ap.add_argument("--block", type=int, default=1000, help="iterations per summary line")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     mol = Molecule.load(args.system)
-    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0)
+    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, **json.loads(args.runner))
     decay = GeometricDecay(args.decay_from, args.iters, DEFAULT_LR, args.lr_final)
     t0 = time.perf_counter()
     h = runner.run(args.iters, callbacks=[decay], progress=False)
     if args.out:
         h.to_csv(args.out, index=False)
     err = np.maximum(h["error"].abs(), h["error_variational"].abs()).to_numpy() * 1e3
-    print(f"{args.system}: lr {DEFAULT_LR:g} -> {args.lr_final:g} from iteration "
+    print(f"{args.system} {args.runner}: lr {DEFAULT_LR:g} -> {args.lr_final:g} from iteration "
           f"{args.decay_from}; {time.perf_counter() - t0:.0f} s")
-    for lo in range(0, len(err), 1000):
-        blk = err[lo:lo + 1000]
+    b = args.block
+    for lo in range(0, len(err), b):
+        blk = err[lo:lo + b]
         print(f"  {lo + 1:>5}-{lo + len(blk):<5} error at end {blk[-1]:8.3f} mHa, median "
               f"{np.median(blk):8.3f}, share > 1.6 mHa {np.mean(blk > 1.6):.3f}, "
               f"max {blk.max():.2f}")

@@ -65,7 +65,8 @@ def main() -> None:
             weight_decay=base["weight_decay"])
     t0 = time.perf_counter()
     err = runner.run(args.iters, progress=False)["error"].to_numpy() * 1e3
-    marks = [k for k in (100, 250, 500, 1000, 1500, 2000, 3000, 4000) if k <= len(err)]
+    marks = [k for k in (100, 250, 500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000)
+             if k <= len(err)]
     shown = " ".join(f"{k}: {err[k - 1]:+.2f}" for k in marks)
     print(f"{args.system} ansatz={akw} runner={rkw} lr-scale={args.lr_scale}: "
           f"error (mHa) at {shown}; {time.perf_counter() - t0:.0f} s", flush=True)
