@@ -6,7 +6,8 @@
 # device with the run tool's `carry`) keeps a checkpoint per system there, resumes from it and
 # copies it back under $OUT/ckpt: runs longer than one call continue in the next. ANSATZ='{"k": v}'
 # replaces ansatz defaults, RUNNER='{"k": v}' runner defaults, LR_DECAY=FROM,LR a decaying rate (a
-# candidate default checked on the whole set; give it its own CKPT).
+# candidate default checked on the whole set; give it its own CKPT). FIRST_ALONE=1 gives the first
+# system GPU 0 to itself.
 #   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -29,7 +30,10 @@ extra=()
 [ -n "${LR_DECAY:-}" ] && extra+=(--lr-decay "$LR_DECAY")
 k=0
 for s in "$@"; do
-  CUDA_VISIBLE_DEVICES=$((k % ngpu)) OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" \
+  gpu=$((k % ngpu))
+  # FIRST_ALONE=1: the first system (the slowest) has GPU 0 to itself, the rest share the others
+  [ "${FIRST_ALONE:-0}" = 1 ] && [ "$ngpu" -gt 1 ] && gpu=$(( k == 0 ? 0 : 1 + (k - 1) % (ngpu - 1) ))
+  CUDA_VISIBLE_DEVICES=$gpu OMP_NUM_THREADS=3 python3 accuracy_small.py "$s" \
     --device cuda --max-seconds "$limit" --iters "${ITERS:-2000}" "${extra[@]}" \
     --out "$out/acc" > "$out/acc/$s.log" 2>&1 &
   k=$((k + 1))
