@@ -5,6 +5,19 @@ untouched). Prints the error at every 1000 iterations, the median and the share 
 above 1.6 mHa per 1000-block, and writes the history CSV.
 
     python benchmarks/lr_decay_compare.py H8-chain --iters 4000 --decay-from 2000 --lr-final 1e-4
+
+Stop 11, candidate default: 4 inner steps, decay from 1000 to 1e-4 at 2000 (CPU, 1 thread, seed
+0; `--iters 2000 --decay-from 1000 --lr-final 1e-4 --runner '{"inner_steps": 4}' --block 250`).
+Error in mHa (the larger of the two estimators) at the end of each block:
+
+    system        250     500     1000    1500    2000    > 1.6 mHa after 1000   wall s
+    H8 chain      35.87   13.90   2.305   0.277   0.122   13 of 1000 (<= 1250)    3041
+    N2 stretched  3.350   1.207   0.232   0.059   0.037   none                    2848
+    H2O           0.544   0.224   5.960   0.141   0.135   33 of 1000 (<= 1250)     364
+    LiH           0.065   0.001   0.001   0.000   0.000   none                     204
+    O2 triplet    0.261   0.232   0.041   0.002   0.000   none                     288
+
+Constant rate, 4000 plain iterations (stops 9-10): H8 chain +3.02, H2O +0.064, O2 +0.076.
 """
 
 from __future__ import annotations
