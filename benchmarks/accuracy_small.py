@@ -102,7 +102,7 @@ def main() -> None:
         callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
         if args.lr_decay:
             frac, lr_final = (float(v) for v in args.lr_decay.split(","))
-            callbacks.append(LearningRateDecay(int(frac * args.iters), args.iters, lr_final))
+            callbacks.append(LearningRateDecay.over_tail(args.iters, frac, lr_final))
         runner.run(max(0, args.iters - runner.iteration), callbacks=callbacks, progress=False,
                    checkpoint=None if ckpt is None else str(ckpt), checkpoint_every=50)
         h = runner.history

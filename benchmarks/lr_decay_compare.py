@@ -1,8 +1,8 @@
 """Does a decaying learning rate remove the late error spikes of a constant one? One system,
 default settings, except that from iteration --decay-from the AdamW learning rate falls
-geometrically to --lr-final at the last iteration (through a callback: the Runner's defaults are
-untouched). Prints the error at every 1000 iterations, the median and the share of iterations
-above 1.6 mHa per 1000-block, and writes the history CSV.
+geometrically to --lr-final at the last iteration (`cuscikit.nnqs.LearningRateDecay`; the
+Runner's defaults are untouched). Prints the error at the end of every --block iterations, the
+median and the share of iterations above 1.6 mHa per block, and writes the history CSV.
 
     python benchmarks/lr_decay_compare.py H8-chain --iters 4000 --decay-from 2000 --lr-final 1e-4
 
@@ -30,21 +30,7 @@ import numpy as np
 import torch
 
 from cuscikit import Molecule
-from cuscikit.nnqs import Ansatz, Callback, Runner
-from cuscikit.nnqs.defaults import DEFAULT_LR
-
-
-class GeometricDecay(Callback):
-    def __init__(self, start: int, end: int, lr0: float, lr1: float):
-        self.start, self.end, self.lr0, self.lr1 = start, end, lr0, lr1
-
-    def on_step_end(self, runner, row) -> bool:
-        t = runner.iteration
-        if t >= self.start:
-            frac = min(1.0, (t - self.start) / max(1, self.end - self.start))
-            for g in runner.optimizer.param_groups:
-                g["lr"] = self.lr0 * (self.lr1 / self.lr0) ** frac
-        return False
+from cuscikit.nnqs import Ansatz, LearningRateDecay, Runner
 
 
 def main() -> None:
@@ -61,13 +47,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     mol = Molecule.load(args.system)
     runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, **json.loads(args.runner))
-    decay = GeometricDecay(args.decay_from, args.iters, DEFAULT_LR, args.lr_final)
+    decay = LearningRateDecay(args.decay_from, args.iters, args.lr_final)
+    lr0 = runner.optimizer.defaults["lr"]
     t0 = time.perf_counter()
     h = runner.run(args.iters, callbacks=[decay], progress=False)
     if args.out:
         h.to_csv(args.out, index=False)
     err = np.maximum(h["error"].abs(), h["error_variational"].abs()).to_numpy() * 1e3
-    print(f"{args.system} {args.runner}: lr {DEFAULT_LR:g} -> {args.lr_final:g} from iteration "
+    print(f"{args.system} {args.runner}: lr {lr0:g} -> {args.lr_final:g} from iteration "
           f"{args.decay_from}; {time.perf_counter() - t0:.0f} s")
     b = args.block
     for lo in range(0, len(err), b):

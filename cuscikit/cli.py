@@ -272,8 +272,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     if args.lr_final is not None:  # by absolute iteration: a resumed run keeps the schedule
         from cuscikit.nnqs import LearningRateDecay
 
-        start = int(args.lr_decay_from * args.iters)
-        callbacks.append(LearningRateDecay(start, max(start + 1, args.iters), args.lr_final))
+        callbacks.append(
+            LearningRateDecay.over_tail(args.iters, args.lr_decay_from, args.lr_final))
     runner.run(
         max(0, args.iters - runner.iteration),
         callbacks,

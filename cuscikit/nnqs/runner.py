@@ -98,6 +98,13 @@ class LearningRateDecay(Callback):
             raise ValueError(f"final_lr must be positive, got {final_lr}")
         self.start, self.end, self.final_lr = int(start), int(end), float(final_lr)
 
+    @classmethod
+    def over_tail(cls, iterations: int, fraction: float, final_lr: float) -> LearningRateDecay:
+        """The decay over the last (1 - fraction) of a run of `iterations` (the command line's
+        --lr-final / --lr-decay-from)."""
+        start = int(fraction * iterations)
+        return cls(start, max(start + 1, iterations), final_lr)
+
     def rate(self, lr0: float, t: int) -> float:
         """The rate of iteration t (1-based) when the constant part is `lr0`."""
         frac = min(1.0, max(0.0, (t - 1 - self.start) / (self.end - self.start)))
@@ -533,12 +540,23 @@ class Runner:
             de = eloc - (w * eloc).real.sum()
             if not bool(torch.isfinite(de).all()):
                 return  # the next iteration's checks report it
-            for lo in range(0, n, bs):
-                hi = min(lo + bs, n)
-                lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S[lo:hi])
-                lp = lp.to(torch.complex128)
-                (2.0 * (w[lo:hi] * (lp.conj() * de[lo:hi])).real.sum()).backward()
+            self._backward_loss(S, lp_graph, w, de)
             self.optimizer.step()
+
+    def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
+        """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de
+        detached) over `configs`, batch by batch unless `lp_graph` holds ln psi of all of them
+        with its graph; returns L."""
+        loss = 0.0
+        for lo in range(0, len(configs), self.batch_size):
+            hi = min(lo + self.batch_size, len(configs))
+            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(configs[lo:hi])
+            lp = lp.to(torch.complex128)
+            dev = lp.device
+            part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * de[lo:hi].to(dev))).real.sum()
+            part.backward()
+            loss += float(part.detach())
+        return loss
 
     def step(self) -> dict:
         """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
@@ -579,18 +597,9 @@ class Runner:
         # Loss with detached E_loc and E, backward, AdamW.
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_val = 0.0
         eloc_t = (eloc - e_est).to(torch.complex128)
-        lp_graph = out["lp_graph"]
         S_loss = out.get("loss_configs", S)  # this rank's sources when distributed
-        for lo in range(0, len(S_loss), self.batch_size):
-            hi = min(lo + self.batch_size, len(S_loss))
-            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(S_loss[lo:hi])
-            lp = lp.to(torch.complex128)
-            dev = lp.device
-            part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * eloc_t[lo:hi].to(dev))).real.sum()
-            part.backward()
-            loss_val += float(part.detach())
+        loss_val = self._backward_loss(S_loss, out["lp_graph"], w, eloc_t)
         if self.distributed:  # one gradient for every replica; the loss travels along
             from cuscikit.nnqs.distributed import allreduce_gradients
 
