@@ -66,3 +66,28 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
     print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in cells:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def experiment_parser(doc: str):
+    """The arguments of a one-system NNQS settings experiment: SYSTEM ITERS [--ansatz JSON]."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("system")
+    ap.add_argument("iters", type=int)
+    ap.add_argument("--ansatz", default="{}", help="JSON keyword arguments of the Ansatz")
+    return ap
+
+
+def network_vector(ansatz, configs: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """The network's normalised psi over `configs`, with the global phase that makes it agree
+    in sign with the exact vector `exact` on that vector's largest component."""
+    import torch
+
+    with torch.no_grad():
+        lp = ansatz.log_psi(configs).to(torch.complex128).cpu().numpy()
+    psi = np.exp(lp - lp.real.max())
+    psi /= np.linalg.norm(psi)
+    k = int(np.argmax(np.abs(exact)))
+    return psi * np.exp(-1j * np.angle(psi[k])) * np.sign(exact[k])

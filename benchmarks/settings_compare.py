@@ -26,22 +26,18 @@ w ~ |psi|^2 leaves no gradient to revive them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
+from _common import experiment_parser
 
 from cuscikit import Molecule
 from cuscikit.nnqs import Ansatz, Runner
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("system")
-    ap.add_argument("iters", type=int)
-    ap.add_argument("--ansatz", default="{}", help="JSON keyword arguments of the Ansatz")
+    ap = experiment_parser(__doc__)
     ap.add_argument("--runner", default="{}", help="JSON keyword arguments of the Runner")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr-scale", action="append", default=[], metavar="PARAM=FACTOR",

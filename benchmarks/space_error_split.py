@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
+from _common import network_vector
 
 from cuscikit import Molecule, SCISpace
 from cuscikit.nnqs import Ansatz, Runner
@@ -40,12 +40,7 @@ def main() -> None:
         xs = np.stack([x.real, x.imag], axis=1)
         return float((xs * h.matmat(xs)).sum() / (xs * xs).sum())
 
-    with torch.no_grad():
-        lp = runner.ansatz.log_psi(space.configs).to(torch.complex128).numpy()
-    psi = np.exp(lp - lp.real.max())
-    psi /= np.linalg.norm(psi)
-    k = int(np.argmax(np.abs(v)))
-    psi *= np.exp(-1j * np.angle(psi[k])) * np.sign(v[k])  # the exact vector's global phase
+    psi = network_vector(runner.ansatz, space.configs, v)
     sign = np.sign(psi.real)
     c2, p2 = v**2, np.abs(psi) ** 2
     wrong = sign != np.sign(v)

@@ -14,25 +14,20 @@ w(x) ~ |psi(x)|^2 and the gradient on ln psi(x) vanish, so nothing revives those
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import numpy as np
 import torch
+from _common import experiment_parser, network_vector
 
 from cuscikit import Molecule, SCISpace
 from cuscikit.nnqs import Ansatz, Runner
 
 
 def diagnose(runner: Runner, space: SCISpace, e0: float, v: np.ndarray, tag: str) -> None:
-    with torch.no_grad():
-        lp = runner.ansatz.log_psi(space.configs).to(torch.complex128).cpu().numpy()
-    psi = np.exp(lp - lp.real.max())
-    psi /= np.linalg.norm(psi)
-    k = np.argmax(np.abs(v))
-    psi *= np.exp(-1j * np.angle(psi[k])) * np.sign(v[k])  # global phase as the exact vector's
+    psi = network_vector(runner.ansatz, space.configs, v)
     c2, p2 = v**2, np.abs(psi) ** 2
     wrong = (np.sign(psi.real) != np.sign(v)) & (c2 > 1e-6)
     dead = p2 < 1e-3 * c2
@@ -45,11 +40,7 @@ def diagnose(runner: Runner, space: SCISpace, e0: float, v: np.ndarray, tag: str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("system")
-    ap.add_argument("iters", type=int)
-    ap.add_argument("--ansatz", default="{}", help="JSON keyword arguments of the Ansatz")
+    ap = experiment_parser(__doc__)
     ap.add_argument("--kick", type=float, default=0.05, help="std of the phase-network kick")
     ap.add_argument("--more", type=int, default=1000, help="iterations after the stall")
     args = ap.parse_args()
