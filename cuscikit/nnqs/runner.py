@@ -159,7 +159,7 @@ class Runner:
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
-            no inference over the unique set; one rank only.
+            no inference over the unique set.
         comm: a `cuscikit.parallel.Comm` (e.g. ``get_comm()`` under torchrun or mpirun). None or
             a single rank: one process. P > 1 ranks: every rank builds the Runner with the same
             molecule and settings (rank 0's model and S are broadcast at construction), runs the
@@ -231,8 +231,6 @@ class Runner:
                     "pipeline='baseline' (or 'auto')"
                 )
             pipeline = "baseline"
-            if inner_steps:
-                raise ValueError(f"inner_steps runs on one rank, not on {comm.size}")
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -417,7 +415,8 @@ class Runner:
         gd = global_dedup(keys, comm)
         unique, offset = gd.unique.reshape(-1, S.shape[1]), int(gd.offsets[comm.rank])
         # S is replicated: each owner finds which rows of its slice are in S without talking
-        in_space = KeyIndex(S).find(unique) >= 0 if len(unique) else np.zeros(0, dtype=bool)
+        s_index = KeyIndex(S)
+        in_space = s_index.find(unique) >= 0 if len(unique) else np.zeros(0, dtype=bool)
         t["dedup"] = time.perf_counter() - t0
 
         # Stage 2: ln psi on this rank's slice of U and its top-K over its part of U \ S.
@@ -450,6 +449,10 @@ class Runner:
         eloc_c = hdiag + num_c / psi_s
         eloc_v = hdiag + num_v / psi_s
         np.seterr(**np_err)
+        space_pairs = None
+        if self.inner_steps:  # H_SS rows of this rank's sources: (source, target) positions in S
+            targets = cs.configs.reshape(-1, S.shape[1])[in_s]
+            space_pairs = (lo + cs.source[in_s], s_index.find(targets), cs.values[in_s])
         t["energy"] = time.perf_counter() - t0
         busy = sum(t[s] for s in ("generation", "dedup", "inference", "energy"))
         return {
@@ -458,6 +461,9 @@ class Runner:
             "eloc_v": torch.as_tensor(eloc_v),
             "lp_graph": None,
             "loss_configs": S_loc,
+            "source_share": (lo, hi),
+            "hdiag": hdiag,
+            "space_pairs": space_pairs,
             "new_configs": new_configs,
             "keep_rows": np.concatenate([s_rows, new_rows]),
             "keep_configs": np.concatenate([S, new_configs]),
@@ -508,39 +514,53 @@ class Runner:
             "t_busy_min": float(table[:, 3].min()),
         } | {f"dedup_{k}": v for k, v in m.as_dict().items() if k != "method"}
 
-    def _inner(self, S: np.ndarray, hdiag, pairs) -> None:
+    def _inner(self, S: np.ndarray, hdiag, pairs, share: tuple[int, int] | None = None) -> None:
         """`inner_steps` more AdamW steps on the Rayleigh quotient of psi restricted to S (the
         variational estimator's loss), with H_SS from this iteration's coupled pairs inside S.
         Each costs a forward and backward pass over S and a sparse product, no inference over
-        U: cheap next to an iteration where U is much larger than S."""
-        dev = self.device
+        U: cheap next to an iteration where U is much larger than S.
+
+        On P ranks, `pairs` and `hdiag` are the rows of this rank's sources S[lo:hi] (`share`):
+        every rank evaluates psi over the replicated S without a graph, its rows' local
+        energies, and the gradient of its rows; the energy and the gradients are summed over
+        the ranks, so the step equals the single-rank one to rounding."""
+        dev, n, bs = self.device, len(S), self.batch_size
+        lo, hi = share if share is not None else (0, n)
 
         def on_device(a):
             return (a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))).to(dev)
 
         src, dst, val = (on_device(a) for a in pairs)
-        val = val.to(torch.complex128)
+        src, val = src - lo, val.to(torch.complex128)
         hd = on_device(hdiag).to(torch.float64)
-        n, bs = len(S), self.batch_size
         for _ in range(self.inner_steps):
             self.optimizer.zero_grad(set_to_none=True)
-            lp_graph = self.ansatz.log_psi(S) if n <= bs else None
+            lp_graph = self.ansatz.log_psi(S) if n <= bs and not self.distributed else None
             if lp_graph is not None:
                 lpd = lp_graph.detach().to(torch.complex128)
-            else:  # S in batches: amplitudes first, the graph per batch below
+            else:  # S in batches (or another rank's rows): the graph per batch below
                 with torch.no_grad():
-                    lpd = torch.cat([self.ansatz.log_psi(S[lo:lo + bs]).to(torch.complex128)
-                                     for lo in range(0, n, bs)])
+                    lpd = torch.cat([self.ansatz.log_psi(S[a:a + bs]).to(torch.complex128)
+                                     for a in range(0, n, bs)])
             psi = torch.exp(lpd - lpd.real.max())
-            num = torch.zeros(n, dtype=torch.complex128, device=dev)
+            prob = psi.abs() ** 2
+            psi_own = psi[lo:hi]
+            num = torch.zeros(hi - lo, dtype=torch.complex128, device=dev)
             num.index_add_(0, src, val * psi[dst])
-            w = psi.abs() ** 2
-            w = w / w.sum()
-            eloc = hd + num / psi
-            de = eloc - (w * eloc).real.sum()
-            if not bool(torch.isfinite(de).all()):
+            w = prob[lo:hi] / prob.sum()
+            eloc = hd + num / psi_own
+            e = (w * eloc).real.sum()
+            bad = float((~torch.isfinite(eloc)).sum()) + float(not torch.isfinite(e))
+            if self.distributed:  # E and the verdict on finiteness, the same on every rank
+                e_sum, bad = self.comm.allreduce(np.array([float(e), bad]), op="sum")
+                e = torch.tensor(e_sum, dtype=torch.float64, device=dev)
+            if bad:
                 return  # the next iteration's checks report it
-            self._backward_loss(S, lp_graph, w, de)
+            self._backward_loss(S[lo:hi], lp_graph, w, eloc - e)
+            if self.distributed:
+                from cuscikit.nnqs.distributed import allreduce_gradients
+
+                allreduce_gradients(self.ansatz.parameters(), self.comm)
             self.optimizer.step()
 
     def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
@@ -613,7 +633,7 @@ class Runner:
             )
         self.optimizer.step()
         if self.inner_steps:
-            self._inner(S, out["hdiag"], out["space_pairs"])
+            self._inner(S, out["hdiag"], out["space_pairs"], out.get("source_share"))
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
