@@ -5,9 +5,9 @@
 # --compile to the runs. CKPT=DIR (relative to the repository, e.g. out/ckpt, carried to the
 # device with the run tool's `carry`) keeps a checkpoint per system there, resumes from it and
 # copies it back under $OUT/ckpt: runs longer than one call continue in the next. ANSATZ='{"k": v}'
-# replaces ansatz defaults, RUNNER='{"k": v}' runner defaults, LR_DECAY=FROM,LR a decaying rate (a
-# candidate default checked on the whole set; give it its own CKPT). FIRST_ALONE=1 gives the first
-# system GPU 0 to itself.
+# replaces ansatz defaults, RUNNER='{"k": v}' runner defaults, LR_DECAY=FROM,LR (or none) the
+# rate's tail decay (a candidate default checked on the whole set; give it its own CKPT).
+# FIRST_ALONE=1 gives the first system GPU 0 to itself.
 #   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -30,6 +30,8 @@ from cuscikit.nnqs.ansatz import resolve_device
 from cuscikit.nnqs.defaults import (
     DEFAULT_INNER_STEPS,
     DEFAULT_LR,
+    DEFAULT_LR_DECAY_FROM,
+    DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
     DEFAULT_TOPK,
 )
@@ -89,6 +91,11 @@ class LearningRateDecay(Callback):
         >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0)
         >>> decay = LearningRateDecay(start=50, end=100, final_lr=1e-4)
         >>> history = runner.run(100, [decay], progress=False)  # doctest: +SKIP
+
+        The command line's default schedule for a run of 2000 iterations (constant to 1000,
+        then down to 1e-4 at 2000):
+
+        >>> runner.run(2000, [LearningRateDecay.over_tail(2000)])  # doctest: +SKIP
     """
 
     def __init__(self, start: int, end: int, final_lr: float):
@@ -99,9 +106,15 @@ class LearningRateDecay(Callback):
         self.start, self.end, self.final_lr = int(start), int(end), float(final_lr)
 
     @classmethod
-    def over_tail(cls, iterations: int, fraction: float, final_lr: float) -> LearningRateDecay:
-        """The decay over the last (1 - fraction) of a run of `iterations` (the command line's
-        --lr-final / --lr-decay-from)."""
+    def over_tail(
+        cls,
+        iterations: int,
+        fraction: float = DEFAULT_LR_DECAY_FROM,
+        final_lr: float = DEFAULT_LR_FINAL,
+    ) -> LearningRateDecay:
+        """The decay over the last (1 - fraction) of a run of `iterations`; with the default
+        fraction and final rate, the schedule of the command line and the benchmarks
+        (--lr-decay-from, --lr-final)."""
         start = int(fraction * iterations)
         return cls(start, max(start + 1, iterations), final_lr)
 
