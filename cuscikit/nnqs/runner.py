@@ -546,15 +546,19 @@ class Runner:
         src, dst, val = (on_device(a) for a in pairs)
         src, val = src - lo, val.to(torch.complex128)
         hd = on_device(hdiag).to(torch.float64)
+        def no_grad_log_psi(a: int, b: int) -> list[torch.Tensor]:
+            with torch.no_grad():
+                return [self.ansatz.log_psi(S[c:min(c + bs, b)]) for c in range(a, b, bs)]
+
         for _ in range(self.inner_steps):
             self.optimizer.zero_grad(set_to_none=True)
-            lp_graph = self.ansatz.log_psi(S) if n <= bs and not self.distributed else None
-            if lp_graph is not None:
-                lpd = lp_graph.detach().to(torch.complex128)
-            else:  # S in batches (or another rank's rows): the graph per batch below
-                with torch.no_grad():
-                    lpd = torch.cat([self.ansatz.log_psi(S[a:a + bs]).to(torch.complex128)
-                                     for a in range(0, n, bs)])
+            # this rank's rows keep their graph when they fit in one batch (else the loss
+            # recomputes them batch by batch); the other ranks' rows need values only
+            own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs else None
+            parts = [*no_grad_log_psi(0, lo),
+                     *([own.detach()] if own is not None else no_grad_log_psi(lo, hi)),
+                     *no_grad_log_psi(hi, n)]
+            lpd = torch.cat([p.to(torch.complex128) for p in parts])
             psi = torch.exp(lpd - lpd.real.max())
             prob = psi.abs() ** 2
             psi_own = psi[lo:hi]
@@ -569,7 +573,7 @@ class Runner:
                 e = torch.tensor(e_sum, dtype=torch.float64, device=dev)
             if bad:
                 return  # the next iteration's checks report it
-            self._backward_loss(S[lo:hi], lp_graph, w, eloc - e)
+            self._backward_loss(S[lo:hi], own, w, eloc - e)
             if self.distributed:
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
