@@ -20,6 +20,7 @@ from _common import network_vector
 
 from cuscikit import Molecule, SCISpace
 from cuscikit.nnqs import Ansatz, Runner
+from cuscikit.nnqs.checkpoint import saved_settings
 
 
 def main() -> None:
@@ -30,7 +31,8 @@ def main() -> None:
     args = ap.parse_args()
     mol = Molecule.load(args.system)
     e_fci = mol.metadata["reference"]["energy"]
-    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0).load(args.checkpoint)
+    settings = saved_settings(args.checkpoint)  # e.g. inner_steps=0 in files before stop 12
+    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), **settings).load(args.checkpoint)
     space = SCISpace(mol, runner.space.configs)
     e_s, vecs = space.exact_energy(return_vectors=True)
     v = vecs[:, 0]

@@ -34,6 +34,37 @@ def molecule_fingerprint(molecule) -> str:
     return h.hexdigest()
 
 
+# Settings added after the first files were written, with the value those files ran with.
+_SETTINGS_BEFORE_THEY_WERE_SAVED = {"inner_steps": 0}
+
+
+def saved_settings(path: str | os.PathLike) -> dict:
+    """The Runner settings a checkpoint was written with (topk, estimator, max_space, eps, seed,
+    batch_size, inner_steps), as Runner keyword arguments: a Runner built with them can load it.
+
+    Example:
+        >>> from cuscikit import Ansatz, Molecule, Runner
+        >>> from cuscikit.nnqs.checkpoint import saved_settings
+        >>> mol = Molecule.load("Li2O")
+        >>> ansatz = Ansatz.for_molecule(mol)
+        >>> settings = saved_settings("li2o.h5")  # doctest: +SKIP
+        >>> runner = Runner(mol, ansatz, **settings).load("li2o.h5")  # doctest: +SKIP
+    """
+    import h5py
+
+    path = os.fspath(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{path}: not a cuscikit NNQS checkpoint")
+            settings = json.loads(f.attrs["settings"])
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: unreadable or corrupted checkpoint ({exc})") from exc
+    return _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
+
+
 def _settings(runner) -> dict:
     return {
         "topk": runner.topk,
@@ -126,7 +157,7 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
     own = runner.ansatz.state_dict()
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
         raise CheckpointError(f"{path}: the checkpoint's ansatz has other parameters or shapes")
-    settings.setdefault("inner_steps", 0)  # checkpoints written before the option
+    settings = _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
     for key in ("estimator", "topk", "max_space", "eps", "inner_steps"):
         if settings[key] != _settings(runner)[key]:
             raise CheckpointError(

@@ -8,7 +8,7 @@ import torch
 
 from cuscikit import Molecule, SCISpace
 from cuscikit.nnqs import Ansatz
-from cuscikit.nnqs.checkpoint import CheckpointError
+from cuscikit.nnqs.checkpoint import CheckpointError, saved_settings
 from cuscikit.nnqs.runner import (
     Callback,
     EarlyStopping,
@@ -119,6 +119,41 @@ def test_checkpoint_errors(tmp_path):
         make_runner().load(bad)
     with pytest.raises(CheckpointError, match="no such"):
         make_runner().load(tmp_path / "missing.h5")
+
+
+def test_checkpoint_from_before_the_inner_steps(tmp_path):
+    """A file written before `inner_steps` was saved ran without them: a default Runner (4 inner
+    steps) refuses it by name, and a Runner built from `saved_settings` resumes it."""
+    import json
+
+    import h5py
+
+    path = tmp_path / "old.h5"
+    r = make_runner(topk=8, inner_steps=0)
+    r.run(2, progress=False)
+    r.save(path)
+    with h5py.File(path, "r+") as f:  # as the files of stop 11 and before
+        settings = json.loads(f.attrs["settings"])
+        del settings["inner_steps"]
+        f.attrs["settings"] = json.dumps(settings)
+    with pytest.raises(CheckpointError, match="inner_steps=0, this runner has 4"):
+        make_runner(topk=8).load(path)
+    kw = saved_settings(path)
+    assert kw["inner_steps"] == 0 and kw["topk"] == 8
+    mol = Molecule.load("LiH")
+    again = Runner(mol, Ansatz.for_molecule(mol, seed=5, dtype=torch.float64), **kw).load(path)
+    assert again.iteration == 2 and again.inner_steps == 0
+    np.testing.assert_array_equal(again.space.configs, r.space.configs)
+    with pytest.raises(CheckpointError, match="not a cuscikit"):
+        saved_settings(_plain_h5(tmp_path / "plain.h5"))
+
+
+def _plain_h5(path):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f["x"] = 1
+    return path
 
 
 def test_bad_input():
