@@ -123,6 +123,16 @@ def test_nnqs_json_and_resume_matches_uninterrupted(capsys, tmp_path, options):
         assert plain["e_tot"] != full["e_tot"]
 
 
+def test_nnqs_decays_the_rate_by_default(capsys):
+    """The rate falls over the second half of --iters unless --constant-lr: with 6 iterations
+    the steps of iterations 5 and 6 are smaller, so the last energy differs."""
+    pytest.importorskip("torch")
+    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", "--iters", "6"]
+    decayed, constant = run_json(capsys, *base), run_json(capsys, *base, "--constant-lr")
+    assert decayed["e_tot"] != constant["e_tot"]
+    assert run_json(capsys, *base, "--lr-final", "1e-3")["e_tot"] == constant["e_tot"]
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
