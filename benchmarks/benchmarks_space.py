@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from cuscikit.gpu import ops
 
 from cuscikit import SCISpace
-from cuscikit.gpu import ops
 
 
 def sample_space(mol, n, seed=0, device="cuda"):

@@ -15,9 +15,9 @@ import numpy as np
 from _common import best_time, machine, print_table, random_excitations
 
 from cuscikit import Molecule
-from cuscikit.backends.cpu import core
+from cuscikit.backends import core
+from cuscikit.backends.keys import dedup
 from cuscikit.sci.configs import hf_configuration
-from cuscikit.sci.dedup import dedup
 from cuscikit.sci.hamiltonian import Hamiltonian
 from cuscikit.sci.slow import coupled_configurations_numpy
 

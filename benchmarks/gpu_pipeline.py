@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from _common import machine, print_table, random_excitations
 from benchmarks_space import sample_space
-
-from cuscikit import Ansatz, Molecule, Runner, SCISpace
 from cuscikit.gpu import kernels, ops
 from cuscikit.gpu.pipeline import GpuPipeline
-from cuscikit.sci.configs import hf_configuration
 from cuscikit.sci.dedup import dedup
+
+from cuscikit import Ansatz, Molecule, Runner, SCISpace
+from cuscikit.sci.configs import hf_configuration
 from cuscikit.sci.hamiltonian import Hamiltonian
 
 DEV = torch.device("cuda")

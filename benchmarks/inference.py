@@ -17,9 +17,9 @@ import time
 import torch
 from _common import print_table
 from benchmarks_space import sample_space
+from cuscikit.gpu import ops
 
 from cuscikit import Ansatz, Molecule
-from cuscikit.gpu import ops
 
 DEV = torch.device("cuda")
 

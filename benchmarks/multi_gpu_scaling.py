@@ -46,12 +46,12 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import machine, print_table  # noqa: E402
+from cuscikit.parallel.gpu_dedup import global_dedup_tensors  # noqa: E402
+from cuscikit.sci.dedup import dedup  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.parallel.comm import TorchComm  # noqa: E402
-from cuscikit.parallel.gpu_dedup import global_dedup_tensors  # noqa: E402
 from cuscikit.sci.configs import from_bits, hf_configuration, to_bits  # noqa: E402
-from cuscikit.sci.dedup import dedup  # noqa: E402
 from cuscikit.sci.hamiltonian import Hamiltonian  # noqa: E402
 
 STAGES = ("coupled", "dedup", "infer", "route")

@@ -22,8 +22,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a source checkout without installing
 
-from cuscikit.chem.datasets import DATASETS, dataset_slug  # noqa: E402
+from cuscikit.chem.datasets import dataset_slug  # noqa: E402
 from cuscikit.chem.molecule import Molecule, aufbau_energy  # noqa: E402
+from cuscikit.lib.datasets import record  # noqa: E402
 
 FCI_MAX_DETS = 2_000_000
 ALGO = "ALGORITHMS.md (NNQS benchmark literature)"
@@ -164,7 +165,7 @@ def make(name: str) -> dict:
     import pyscf
 
     spec = SYSTEMS[name]
-    slug = DATASETS[name]
+    slug = dataset_slug(name)
     t0 = time.time()
     mol = Molecule(
         spec["atom"],
@@ -251,12 +252,15 @@ def make(name: str) -> dict:
     }
     meta["formula"] = name.split("/")[0]
     (HERE / f"{slug}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    record(name, "molecule", slug, {"data": fcidump.name, "meta": f"{slug}.json"},
+           f"{meta['formula']} {meta['basis']}, {meta['norb']} orbitals, "
+           f"{meta['n_electrons']} electrons")
     return meta
 
 
 def main(argv: list[str]) -> None:
     slugs = {dataset_slug(a) for a in argv}
-    names = [n for n in SYSTEMS if not slugs or DATASETS[n] in slugs]
+    names = [n for n in SYSTEMS if not slugs or dataset_slug(n) in slugs]
     for name in names:
         meta = make(name)
         ref = meta["reference"]["energy"]

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cuscikit.chem.integrals import eri_pair_index, n_pairs, restore_eri
+
 __all__ = [
     "FCIDump",
     "FCIDumpError",
@@ -47,99 +49,6 @@ class FCIDumpError(ValueError):
 # --------------------------------------------------------------------------------------------
 # ERI packing
 # --------------------------------------------------------------------------------------------
-
-
-def _npair(norb: int) -> int:
-    return norb * (norb + 1) // 2
-
-
-def eri_pair_index(norb: int) -> np.ndarray:
-    """Return the ``(norb, norb)`` map ``(i, j) -> max*(max+1)/2 + min`` of PySCF's packing.
-
-    Args:
-        norb: number of orbitals.
-
-    Returns:
-        An ``int64`` symmetric matrix of compound pair indices.
-
-    Example:
-        >>> eri_pair_index(2).tolist()
-        [[0, 1], [1, 2]]
-    """
-    i = np.arange(norb, dtype=np.int64)
-    hi = np.maximum(i[:, None], i[None, :])
-    lo = np.minimum(i[:, None], i[None, :])
-    return hi * (hi + 1) // 2 + lo
-
-
-def _eri_kind(eri: np.ndarray, norb: int) -> int:
-    npair = _npair(norb)
-    if eri.ndim == 4 and eri.shape == (norb,) * 4:
-        return 1
-    if eri.ndim == 2 and eri.shape == (npair, npair):
-        return 4
-    if eri.ndim == 1 and eri.size == _npair(npair):
-        return 8
-    if eri.ndim == 2 and eri.shape == (norb * norb, norb * norb):
-        return 1
-    raise ValueError(
-        f"ERI of shape {eri.shape} fits none of the layouts for norb={norb}: full "
-        f"{(norb,) * 4}, 4-fold {(npair, npair)} or 8-fold ({_npair(npair)},)"
-    )
-
-
-def restore_eri(eri: np.ndarray, norb: int, symmetry: int | str) -> np.ndarray:
-    """Convert two-electron integrals between full, 4-fold and 8-fold packed layouts.
-
-    The layouts are those of ``pyscf.ao2mo.restore``: symmetry 1 is the full
-    ``(norb, norb, norb, norb)`` array in chemists' notation, 4 is ``(npair, npair)`` over
-    lower-triangular pairs ``ij = i*(i+1)/2 + j`` (``i >= j``), 8 is the 1-D lower triangle of
-    that matrix. The input layout is detected from its shape; real integrals are assumed.
-
-    Args:
-        eri: integrals in any of the three layouts.
-        norb: number of orbitals.
-        symmetry: target layout, 1, 4 or 8 (``"s1"``, ``"s4"``, ``"s8"`` also accepted).
-
-    Returns:
-        A new ``float64`` array in the requested layout (a copy even when no conversion is done).
-
-    Example:
-        >>> import numpy as np
-        >>> g = np.random.default_rng(0).random((3, 3, 3, 3))
-        >>> g8 = restore_eri(g + g.transpose(1, 0, 2, 3), 3, 8)  # symmetrise one pair
-        >>> restore_eri(g8, 3, 1).shape
-        (3, 3, 3, 3)
-    """
-    if isinstance(symmetry, str):
-        symmetry = int(symmetry.lower().lstrip("s"))
-    if symmetry not in (1, 4, 8):
-        raise ValueError(f"symmetry must be 1, 4 or 8, not {symmetry!r}")
-    eri = np.asarray(eri, dtype=np.float64)
-    kind = _eri_kind(eri, norb)
-    npair = _npair(norb)
-    if kind == 1:
-        full = eri.reshape((norb,) * 4)
-        if symmetry == 1:
-            return full.copy()
-        ti, tj = np.tril_indices(norb)
-        eri4 = full[ti, tj][:, ti, tj]
-        if symmetry == 4:
-            return np.ascontiguousarray(eri4)
-        return eri4[np.tril_indices(npair)]
-    if kind == 4:
-        eri4 = eri
-    else:
-        # 8-fold -> symmetric (npair, npair): unpack the lower triangle into both halves.
-        eri4 = eri[eri_pair_index(npair)]
-        if symmetry == 8:
-            return eri.copy()
-    if symmetry == 4:
-        return np.array(eri4, copy=True)
-    if symmetry == 8:
-        return eri4[np.tril_indices(npair)]
-    pidx = eri_pair_index(norb)
-    return eri4[pidx[:, :, None, None], pidx[None, None, :, :]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +269,7 @@ def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
     text = _load_text(path)
     header, body_start = _parse_header(text, str(path))
     norb, nelec, ms2, orbsym, isym = _validate_header(header, str(path))
-    need = 8 * _npair(_npair(norb))
+    need = 8 * n_pairs(n_pairs(norb))
     if need > max_bytes:
         raise FCIDumpError(
             f"{path}: NORB={norb} needs {need / 2**30:.1f} GiB for the packed two-electron "
@@ -418,7 +327,7 @@ def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
             "i j k l, i j 0 0, i 0 0 0 or 0 0 0 0)"
         )
 
-    npair = _npair(norb)
+    npair = n_pairs(norb)
     g = ijkl - 1
     ij = np.maximum(g[:, 0], g[:, 1]) * (np.maximum(g[:, 0], g[:, 1]) + 1) // 2 + np.minimum(
         g[:, 0], g[:, 1]
@@ -428,7 +337,7 @@ def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
     )
     hi, lo = np.maximum(ij, kl), np.minimum(ij, kl)
     eri_pos = hi * (hi + 1) // 2 + lo
-    eri = np.zeros(_npair(npair), dtype=np.float64)
+    eri = np.zeros(n_pairs(npair), dtype=np.float64)
     _scatter_checked(eri, eri_pos[is_eri], v_arr[is_eri], ln_arr[is_eri], path, "(ij|kl)")
 
     h1 = np.zeros(npair, dtype=np.float64)
@@ -528,7 +437,7 @@ def write_fcidump(
     if not np.isfinite(eri8).all():
         raise ValueError("non-finite value in eri")
 
-    npair = _npair(norb)
+    npair = n_pairs(norb)
     ti, tj = np.tril_indices(norb)  # pair p -> (i, j), i >= j, in packed order
     pi, pj = np.tril_indices(npair)  # 8-fold entry -> (ij, kl), ij >= kl
     keep = np.abs(eri8) > tol

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cuscikit.chem.fcidump import read_fcidump, restore_eri, write_fcidump
-from cuscikit.sci.configs import MAX_ORBITALS  # the bit-width limit of the kernels
+from cuscikit.chem.fcidump import read_fcidump, write_fcidump
+from cuscikit.chem.integrals import MAX_ORBITALS, restore_eri
 
 __all__ = ["Molecule", "MAX_ORBITALS", "aufbau_energy"]
 

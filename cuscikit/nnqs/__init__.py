@@ -5,9 +5,10 @@ runner. PyTorch is imported when one of these names is first used, so the rest o
 _EXPORTS = {
     "Ansatz": "cuscikit.nnqs.ansatz",
     "Runner": "cuscikit.nnqs.runner",
-    "Callback": "cuscikit.nnqs.runner",
-    "EarlyStopping": "cuscikit.nnqs.runner",
     "LearningRateDecay": "cuscikit.nnqs.runner",
+    "NonFiniteLossError": "cuscikit.nnqs.runner",
+    "Callback": "cuscikit.lib.callbacks",
+    "EarlyStopping": "cuscikit.lib.callbacks",
 }
 
 
@@ -17,6 +18,10 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'cuscikit.nnqs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
 
 
 __all__ = list(_EXPORTS)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cuscikit.backends import resolve_device
 from cuscikit.sci.configs import from_bits, n_words, normalize_nelec, to_bits
 
 __all__ = ["Ansatz", "allowed_tokens"]
@@ -150,20 +151,6 @@ def _check_positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def resolve_device(device: Any) -> torch.device:
-    """A usable torch device from a name or device (None: torch's default), else ValueError."""
-    if device is None:
-        return torch.empty(0).device  # torch's default device
-    try:
-        dev = torch.device(device)
-        torch.empty(0, device=dev)  # fails for unknown or unavailable devices
-    except (RuntimeError, TypeError, AssertionError) as exc:
-        raise ValueError(
-            f"device {device!r} is not usable here ({exc}); use e.g. 'cpu' or 'cuda'"
-        ) from exc
-    return dev
 
 
 class Ansatz(nn.Module):

@@ -77,6 +77,23 @@ def _settings(runner) -> dict:
     }
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise OSError now, before any iteration, if a checkpoint cannot be written at `path`
+    (a missing or read-only folder, a path that is a folder)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise OSError(f"checkpoint path {path} is a folder")
+    if not os.path.isdir(folder):
+        raise OSError(f"cannot write the checkpoint {path}: no folder {folder}")
+    try:
+        fd, probe = tempfile.mkstemp(suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise OSError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.remove(probe)
+
+
 def save_checkpoint(runner, path: str | os.PathLike) -> None:
     """Write the runner's state atomically (a temporary file renamed over `path`)."""
     import h5py

@@ -1,4 +1,5 @@
-"""The collective pieces of a multi-rank NNQS-SCI iteration (seed 000, sections 4.1 and 5.4).
+"""The collective pieces of a multi-rank NNQS-SCI iteration (the rank bookkeeping around the
+global de-dup; ``docs/nnqs_sci.md``).
 
 One model replica and one copy of S per rank; the sources of S are split into contiguous
 shares (`source_share`), the coupled sets are de-duplicated across ranks
@@ -8,7 +9,8 @@ shares (`source_share`), the coupled sets are de-duplicated across ranks
   settings, then broadcast rank 0's model and S (as DistributedDataParallel does);
 - `gather_selection`: every rank's top-K over its slice of U, merged on every rank with the
   single-rank rule (larger score first, then the smaller global row of U), and the rows of U
-  and scores of all of S (for the max_space cap), in one collective;
+  and scores of all of S (for the max_space cap), in one collective (on one rank it is the
+  identity on the local top-K);
 - `allreduce_gradients`: the loss gradient summed over ranks, so that every replica takes the
   identical AdamW step.
 
@@ -91,9 +93,9 @@ def sync_replicas(runner, comm) -> None:
 
 
 def gather_selection(
-    local: RunningTopK,
-    unique: np.ndarray,
-    offset: int,
+    top_rows: np.ndarray,
+    top_scores: np.ndarray,
+    top_configs: np.ndarray,
     k: int,
     space_rows: np.ndarray,
     space_scores: np.ndarray,
@@ -103,15 +105,15 @@ def gather_selection(
     """What the growth of S needs, on every rank, in one collective.
 
     Each rank contributes its sources' rows of U and scores (its share of S, in S order) and
-    its top-K over its slice of U; the top-Ks are merged with the single-rank rule.
+    its top-K over its slice of U; the top-Ks are merged with the single-rank rule (larger
+    score first, then the smaller global row of U).
 
     Args:
-        local: this rank's running top-K over its slice; indices are global rows of U.
-        unique: this rank's slice of U (rows ``offset`` onwards of the global sorted set).
-        offset: global row of ``unique[0]``.
+        top_rows, top_scores, top_configs: this rank's top-K over its slice of U: global rows
+            of U, scores (ln|psi|) and configurations (host uint64).
         k: K.
-        space_rows, space_scores: global row of U and score (ln|psi|) of each of this rank's
-            sources (rows ``source_share(n_space, P, rank)`` of S).
+        space_rows, space_scores: global row of U and score of each of this rank's sources
+            (rows ``source_share(n_space, P, rank)`` of S).
         n_space: |S|.
         comm: the communicator.
 
@@ -120,15 +122,15 @@ def gather_selection(
         the global top-K, best first: identical on every rank and equal to a single-rank top-K
         over all of U (same tie rule).
     """
-    rows = local.indices()
-    words = unique.shape[1]
+    top_rows = np.asarray(top_rows, np.int64)
+    words = top_configs.shape[1]
     n_s = len(space_rows)
-    packed = np.zeros((n_s + len(rows), 2 + words), dtype=np.uint64)
+    packed = np.zeros((n_s + len(top_rows), 2 + words), dtype=np.uint64)
     packed[:n_s, 0] = np.asarray(space_scores, np.float64).view(np.uint64)
     packed[:n_s, 1] = np.asarray(space_rows, np.int64).view(np.uint64)
-    packed[n_s:, 0] = local.scores().astype(np.float64).view(np.uint64)
-    packed[n_s:, 1] = rows.astype(np.int64).view(np.uint64)
-    packed[n_s:, 2:] = unique[rows - offset]
+    packed[n_s:, 0] = np.asarray(top_scores, np.float64).view(np.uint64)
+    packed[n_s:, 1] = top_rows.view(np.uint64)
+    packed[n_s:, 2:] = top_configs
     parts = comm.allgather(packed)
     # every rank knows every rank's number of sources: split each part into S rows and top-K
     s_sizes = [np.subtract(*source_share(n_space, comm.size, r)[::-1]) for r in range(comm.size)]

@@ -1,19 +1,13 @@
-"""The NNQS-SCI loop (seed 000, ALGORITHMS.md section 1): generate, de-duplicate, infer, select,
-evaluate energies, optimise, grow the space.
+"""The NNQS-SCI driver: optimise a neural wavefunction over a growing selected-CI space.
 
-Two pipelines run the same iteration:
+Each iteration runs stages 1-3 through `cuscikit.nnqs.pipeline` (generation, de-dup, inference,
+selection, local energies: one code path for every device and rank count), then the energy of
+both estimators, the loss, an AdamW step (plus optional inner steps within S) and the growth of
+S. The Runner follows the solver shape of `cuscikit.lib.Solver`: options are attributes with
+defaults, `kernel` runs and returns the energy, `run` returns the runner, `step` runs one
+iteration for notebooks, and every iteration appends a row to `history`.
 
-- "baseline" (the seed's "Original"): coupled generation and de-duplication in the compiled CPU
-  kernels, inference wherever the ansatz lives. This is the only pipeline on a CPU device.
-- "gpu": everything on the GPU, memory-centric (`cuscikit.gpu.pipeline`): CUDA kernels for
-  generation, de-duplication and local energies, mini-batches sized from free GPU memory.
-
-With a communicator of P > 1 ranks (`comm=`, baseline pipeline) one iteration is spread over the
-ranks: each generates the coupled sets of its share of S's sources, the union is de-duplicated
-across ranks (`cuscikit.parallel.global_dedup`), each rank evaluates ln psi on its slice of U
-and merges its top-K into the global one, psi values are routed back to the coupled pairs for
-the local energies, the energy sums and the loss gradient are all-reduced, and every rank's
-model replica and copy of S take the identical step (`cuscikit.nnqs.distributed`).
+Our account of the method, its conventions and the measured defaults: ``docs/nnqs_sci.md``.
 """
 
 from __future__ import annotations
@@ -26,19 +20,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cuscikit.nnqs.ansatz import resolve_device
+from cuscikit.backends import resolve_device
+from cuscikit.lib.callbacks import Callback, EarlyStopping, RunLoop, RunStatus
+from cuscikit.lib.logger import NOTE, new_logger
+from cuscikit.lib.solver import Solver
 from cuscikit.nnqs.defaults import (
     DEFAULT_INNER_STEPS,
+    DEFAULT_ITERATIONS,
     DEFAULT_LR,
     DEFAULT_LR_DECAY_FROM,
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
     DEFAULT_TOPK,
 )
-from cuscikit.nnqs.topk import RunningTopK
-from cuscikit.sci.dedup import dedup
+from cuscikit.parallel.comm import SerialComm
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
 from cuscikit.sci.space import SCISpace
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateDecay", "NonFiniteLossError", "Runner"]
 
 ESTIMATORS = ("coupled", "variational")
 STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
@@ -47,33 +46,6 @@ PIPELINES = ("auto", "gpu", "baseline")
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or the energy became NaN or infinite; the step was not applied."""
-
-
-class Callback:
-    """Base class for Runner callbacks (NetKet-style). Return True from `on_step_end` to stop."""
-
-    def on_run_start(self, runner: Runner) -> None:  # noqa: B027 - optional hook
-        pass
-
-    def on_step_end(self, runner: Runner, row: dict) -> bool | None:
-        return None
-
-    def on_run_end(self, runner: Runner) -> None:  # noqa: B027 - optional hook
-        pass
-
-
-class EarlyStopping(Callback):
-    """Stop when the chosen energy changed by less than `tol` over the last `patience` steps."""
-
-    def __init__(self, tol: float = 1e-5, patience: int = 20, column: str = "e_tot"):
-        self.tol, self.patience, self.column = tol, patience, column
-
-    def on_step_end(self, runner: Runner, row: dict) -> bool:
-        h = runner.history
-        if len(h) <= self.patience:
-            return False
-        window = h[self.column].to_numpy()[-self.patience - 1 :]
-        return bool(np.ptp(window) < self.tol)
 
 
 class LearningRateDecay(Callback):
@@ -90,7 +62,7 @@ class LearningRateDecay(Callback):
         >>> mol = Molecule.load("LiH")
         >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0)
         >>> decay = LearningRateDecay(start=50, end=100, final_lr=1e-4)
-        >>> history = runner.run(100, [decay], progress=False)  # doctest: +SKIP
+        >>> runner.run(100, [decay], progress=False)  # doctest: +SKIP
 
         The command line's default schedule for a run of 2000 iterations (constant to 1000,
         then down to 1e-4 at 2000):
@@ -136,58 +108,67 @@ class LearningRateDecay(Callback):
         return False
 
 
-class Runner:
+class Runner(Solver):
     """NNQS-SCI: optimise a neural wavefunction over a growing selected-CI space.
 
     Every iteration: coupled configurations C(x) of all x in S (|H_xx'| > eps), sort + unique
-    over S and C(S), batched inference of ln psi on the unique set, a hierarchical top-K of |psi|
-    over the new configurations, both energy estimators, the loss
-    L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E) with w = |psi|^2 / sum_S |psi|^2, an AdamW
-    step, and S <- S + top-K (optionally capped at `max_space`, dropping the smallest |psi|).
+    over S and C(S) (across ranks when there are several), batched inference of ln psi on the
+    unique set, a hierarchical top-K of |psi| over the new configurations, both energy
+    estimators, the loss L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E) with
+    w = |psi|^2 / sum_S |psi|^2, an AdamW step, and S <- S + top-K (optionally capped at
+    `max_space`, dropping the smallest |psi|).
 
     Args:
         molecule: a `cuscikit.Molecule` (or anything with norb, nelec, h1e, eri_full(), e_core).
-        ansatz: a `cuscikit.Ansatz` (any module with `log_psi(configs) -> complex tensor`).
+        ansatz: a `cuscikit.Ansatz` (any module with ``log_psi(configs) -> complex tensor``).
         space: the starting space (default: the Hartree-Fock determinant).
+        comm: a `cuscikit.parallel.Comm` (``get_comm()`` under torchrun or mpiexec). P > 1
+            ranks: every rank builds the Runner with the same molecule and options (rank 0's
+            model and S are broadcast at construction) and runs its share of every stage;
+            energies equal the single-rank run's to rounding. One rank per GPU with
+            ``pipeline="gpu"`` and NCCL keeps every stage on the GPUs. The progress bar,
+            messages and checkpoint files come from rank 0; history rows gain per-rank loads
+            (``n_ranks``, ``sources_max``/``_min``, ``coupled_max``/``_min``,
+            ``unique_max``/``_min``, ``t_busy_max``/``_min``) and the de-dup metrics
+            (``dedup_*``).
+        device: must match the ansatz ("cpu", "cuda"; default: the ansatz's device).
+        **options: any of the options below.
+
+    Options (attributes; set them by keyword, by assignment before the first iteration, or
+    with `set`):
         topk: configurations added per iteration (K).
         estimator: "coupled" (sum over all of C(x), the papers' form) or "variational" (only
             x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
             computed and kept in the history.
-        max_space: cap on |S| (default 16384; None for no cap).
+        max_space: cap on |S| (None: no cap).
         eps: screening threshold of the coupled sets.
-        lr, betas, weight_decay, adam_eps: AdamW settings (defaults of ALGORITHMS.md).
+        lr, betas, weight_decay, adam_eps: AdamW settings.
         batch_size: configurations per inference batch.
         seed: seeds the torch and numpy generators used by the run.
-        device: must match the ansatz ("cpu", "cuda"; default: the ansatz's device).
         reference: exact energy for the error column (default: the molecule's bundled one).
-        pipeline: "gpu" (all stages on the GPU), "baseline" (generation and de-dup on the
-            CPU) or "auto" (gpu on a CUDA device when the CUDA kernels are built).
+        pipeline: "gpu" (every stage on the GPU), "baseline" (generation and de-dup on the
+            CPU, inference where the ansatz lives) or "auto" (gpu on a CUDA device with the
+            kernels built).
         max_gpu_memory: cap in bytes on what the process holds on the GPU (gpu pipeline); a
             problem whose intermediates exceed it still runs, in smaller batches.
         staging: where the gpu pipeline keeps coupled sets between stages 1 and 3: "auto"
             (pinned host memory only when they do not fit), "device" or "host".
-        compile_inference: evaluate ln psi over the unique set with a `torch.compile`d
-            pass, in either pipeline (about 2x faster on an H200 after a few seconds of
-            compilation; equal to float32 rounding).
+        compile_inference: evaluate ln psi over the unique set with a `torch.compile`d pass
+            (about 2x faster on an H200 after a few seconds of compilation; equal to float32
+            rounding).
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
             no inference over the unique set.
-        comm: a `cuscikit.parallel.Comm` (e.g. ``get_comm()`` under torchrun or mpirun). None or
-            a single rank: one process. P > 1 ranks: every rank builds the Runner with the same
-            molecule and settings (rank 0's model and S are broadcast at construction), runs the
-            baseline pipeline on its share of the work, and keeps a replica of the model and of
-            S; the energies equal the single-rank run's to rounding. The progress bar, messages
-            and checkpoint files come from rank 0; history rows gain per-rank loads (``n_ranks``,
-            ``sources_max``/``_min``, ``coupled_max``/``_min``, ``unique_max``/``_min``,
-            ``t_busy_max``/``_min``) and the de-dup metrics (``dedup_*``).
+        verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
         >>> from cuscikit import Ansatz, Molecule, Runner
         >>> mol = Molecule.load("LiH")
         >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), topk=64, seed=0)
-        >>> history = runner.run(20, progress=False)  # doctest: +SKIP
-        >>> history[["e_coupled", "e_variational", "n_space"]].tail(1)  # doctest: +SKIP
+        >>> e = runner.kernel(3, progress=False)
+        >>> runner.history[["iteration", "n_space"]].iloc[-1].tolist()
+        [3, 69]
 
         On several ranks (``torchrun --nproc-per-node 4 script.py`` or ``mpiexec -n 4 python
         -m mpi4py script.py``), the same script with ``comm=get_comm()``:
@@ -197,53 +178,38 @@ class Runner:
         >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), comm=comm)  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        molecule,
-        ansatz: torch.nn.Module,
-        space: SCISpace | None = None,
-        *,
-        topk: int = DEFAULT_TOPK,
-        estimator: str = "coupled",
-        max_space: int | None = DEFAULT_MAX_SPACE,
-        eps: float = DEFAULT_EPS,
-        lr: float = DEFAULT_LR,
-        betas: tuple[float, float] = (0.9, 0.99),
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-9,
-        batch_size: int = 16384,
-        seed: int = 0,
-        device=None,
-        reference: float | None = None,
-        pipeline: str = "auto",
-        max_gpu_memory: int | None = None,
-        staging: str = "auto",
-        compile_inference: bool = False,
-        inner_steps: int = DEFAULT_INNER_STEPS,
-        comm=None,
-    ):
-        if int(topk) != topk or topk < 1:
-            raise ValueError(f"topk must be a positive integer, got {topk!r}")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {estimator!r}: use one of {ESTIMATORS}")
-        if max_space is not None and max_space < 1:
-            raise ValueError(f"max_space must be positive, got {max_space}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if int(inner_steps) != inner_steps or inner_steps < 0:
-            raise ValueError(f"inner_steps must be a non-negative integer, got {inner_steps!r}")
-        if pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {pipeline!r}: use one of {PIPELINES}")
-        self.comm = comm
-        self.rank = comm.rank if comm is not None else 0
-        self.distributed = comm is not None and comm.size > 1
-        if self.distributed:
-            if pipeline == "gpu":
-                raise ValueError(
-                    f"pipeline='gpu' runs on one rank; with {comm.size} ranks use "
-                    "pipeline='baseline' (or 'auto')"
-                )
-            pipeline = "baseline"
+    topk: int = DEFAULT_TOPK
+    estimator: str = "coupled"
+    max_space: int | None = DEFAULT_MAX_SPACE
+    eps: float = DEFAULT_EPS
+    lr: float = DEFAULT_LR
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-9
+    batch_size: int = 16384
+    seed: int = 0
+    reference: float | None = None
+    pipeline: str = "auto"
+    max_gpu_memory: int | None = None
+    staging: str = "auto"
+    compile_inference: bool = False
+    inner_steps: int = DEFAULT_INNER_STEPS
+    verbose: int = NOTE
+
+    _keys = {
+        "molecule", "ansatz", "space", "comm", "device", "rank", "hamiltonian", "optimizer",
+        "iteration", "rng", "status",
+    }
+    # options that shape the machinery built at construction
+    _structural = ("eps", "batch_size", "pipeline", "max_gpu_memory", "staging",
+                   "compile_inference", "seed")
+
+    def __init__(self, molecule, ansatz: torch.nn.Module, space: SCISpace | None = None, *,
+                 comm=None, device=None, **options):
+        super().__init__(**options)
+        self._validate()
+        self.comm = comm if comm is not None else SerialComm()
+        self.rank = self.comm.rank
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -261,58 +227,137 @@ class Runner:
             )
         self.molecule = molecule
         self.ansatz = ansatz
-        self.hamiltonian = Hamiltonian.from_molecule(molecule, eps=eps)
-        self.space = space if space is not None else SCISpace.hf(molecule, eps=eps)
+        self.space = space if space is not None else SCISpace.hf(molecule, eps=self.eps)
         if self.space.norb != molecule.norb or tuple(self.space.nelec) != tuple(molecule.nelec):
             raise ValueError("the space belongs to another molecule (norb or nelec differ)")
-        self.topk, self.estimator, self.max_space = int(topk), estimator, max_space
-        self.eps, self.batch_size, self.seed = eps, int(batch_size), seed
-        self.inner_steps = int(inner_steps)
-        self.optimizer = torch.optim.AdamW(
-            ansatz.parameters(), lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
-        )
-        if reference is None:
+        if self.reference is None:
             ref = (getattr(molecule, "metadata", None) or {}).get("reference") or {}
-            reference = ref.get("energy")
-        self.reference = reference
-        self.pipeline = self._choose_pipeline(pipeline)
-        self._gpu = None
-        if self.pipeline == "gpu":
-            from cuscikit.gpu.pipeline import GpuPipeline
-
-            self._gpu = GpuPipeline(molecule, ansatz, eps=eps, batch_size=batch_size,
-                                    max_gpu_memory=max_gpu_memory, staging=staging,
-                                    compile_inference=compile_inference)
-        elif max_gpu_memory is not None:
-            raise ValueError("max_gpu_memory applies to the gpu pipeline only")
-        # The baseline's inference pass (the gpu pipeline holds its own).
-        self._log_psi_nograd = (torch.compile(ansatz.log_psi) if compile_inference
-                                else ansatz.log_psi)
+            self.reference = ref.get("energy")
+        self.optimizer = torch.optim.AdamW(
+            ansatz.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+            eps=self.adam_eps,
+        )
         self.iteration = 0
+        self.status: RunStatus | None = None
         self._rows: list[dict] = []
-        self.rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
+        self.rng = np.random.default_rng(self.seed)
+        torch.manual_seed(self.seed)
+        self._build()
         if self.distributed:
             from cuscikit.nnqs.distributed import sync_replicas
 
-            sync_replicas(self, comm)
+            sync_replicas(self, self.comm)
 
-    def _choose_pipeline(self, pipeline: str) -> str:
+    # ------------------------------------------------------------------------------ options
+    def _validate(self) -> None:
+        """Clear errors for bad options, before any work."""
+        def positive_int(name, value, allow_none=False, minimum=1):
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or int(value) != value or value < minimum:
+                what = "a positive" if minimum == 1 else "a non-negative"
+                raise ValueError(f"{name} must be {what} integer, got {value!r}")
+
+        positive_int("topk", self.topk)
+        positive_int("max_space", self.max_space, allow_none=True)
+        positive_int("batch_size", self.batch_size)
+        positive_int("inner_steps", self.inner_steps, minimum=0)
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}: use one of {ESTIMATORS}")
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"unknown pipeline {self.pipeline!r}: use one of {PIPELINES}")
+        for name in ("lr", "adam_eps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay!r}")
+        if not all(math.isfinite(b) and 0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas!r}")
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be a finite number, got {self.eps!r}")
+        if self.reference is not None and not math.isfinite(self.reference):
+            raise ValueError(f"reference must be a finite energy, got {self.reference!r}")
+
+    def _build(self) -> None:
+        """The Hamiltonian, the engine and the pipeline, from the options (at construction,
+        and again if a structural option changes before the first iteration)."""
+        from cuscikit.nnqs.pipeline import Pipeline
+        from cuscikit.sci.engines import CudaEngine, HostEngine
+
+        kind = self._choose_pipeline()
+        if kind != "gpu" and self.max_gpu_memory is not None:
+            raise ValueError("max_gpu_memory applies to the gpu pipeline only")
+        self.hamiltonian = Hamiltonian.from_molecule(self.molecule, eps=self.eps)
+        budget = None
+        if kind == "gpu":
+            from cuscikit.backends.memory import MemoryBudget
+
+            engine = CudaEngine(self.hamiltonian, self.device)
+            budget = MemoryBudget(self.device, self.max_gpu_memory)
+        else:
+            engine = HostEngine(self.hamiltonian)
+        self._pipeline = Pipeline(
+            engine, self.ansatz, comm=self.comm, batch_size=self.batch_size, budget=budget,
+            staging=self.staging, compile_inference=self.compile_inference,
+            want_pairs=self.inner_steps > 0,
+        )
+        self._kind = kind
+        self._built_with = {k: getattr(self, k) for k in self._structural}
+
+    def _choose_pipeline(self) -> str:
         if self.device.type != "cuda":
-            if pipeline == "gpu":
+            if self.pipeline == "gpu":
                 raise ValueError("pipeline='gpu' needs the ansatz and runner on a CUDA device")
             return "baseline"
-        if pipeline == "auto":
-            from cuscikit import gpu
+        from cuscikit.backends import cuda, cuda_available
 
-            return "gpu" if gpu.available() else "baseline"
-        if pipeline == "gpu":
-            from cuscikit import gpu
+        if self.pipeline == "auto":
+            return "gpu" if cuda_available() else "baseline"
+        if self.pipeline == "gpu":
+            cuda()  # raises a clear error when the kernels are missing
+        return self.pipeline
 
-            gpu.kernels()  # raises a clear error when the kernels are missing
-        return pipeline
+    def _sync_options(self) -> None:
+        """Apply options changed since construction: the AdamW settings at once, structural
+        ones by rebuilding before the first iteration (refused mid-run)."""
+        self.check_sanity()
+        self._validate()
+        changed = [k for k, v in self._built_with.items() if getattr(self, k) != v]
+        if changed:
+            if self.iteration:
+                raise ValueError(
+                    f"{', '.join(changed)} changed after iteration {self.iteration}; these "
+                    "options are fixed once a run has started (build a new Runner)"
+                )
+            if "seed" in changed:
+                self.rng = np.random.default_rng(self.seed)
+                torch.manual_seed(self.seed)
+            self._build()
+        self._pipeline.want_pairs = self.inner_steps > 0
+        d = self.optimizer.defaults
+        if (d["betas"], d["weight_decay"], d["eps"]) != (
+                tuple(self.betas), self.weight_decay, self.adam_eps):
+            d.update(betas=tuple(self.betas), weight_decay=self.weight_decay, eps=self.adam_eps)
+            for g in self.optimizer.param_groups:
+                g.update(betas=tuple(self.betas), weight_decay=self.weight_decay,
+                         eps=self.adam_eps)
+        if d["lr"] != self.lr:  # a new base rate (a LearningRateDecay scales from it)
+            d["lr"] = self.lr
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.lr
 
-    # ------------------------------------------------------------------------------- results
+    # ------------------------------------------------------------------------------ results
+    @property
+    def distributed(self) -> bool:
+        """True on more than one rank."""
+        return self.comm.size > 1
+
+    @property
+    def active_pipeline(self) -> str:
+        """The pipeline in use: "gpu" or "baseline" ("auto" resolved)."""
+        return self._kind
+
     @property
     def history(self) -> pd.DataFrame:
         """One row per iteration: energies, counts, seconds per stage, peak memory."""
@@ -326,206 +371,10 @@ class Runner:
         return self._rows[-1]["e_tot"]
 
     # ---------------------------------------------------------------------------------- steps
-    def _infer(
-        self, configs: np.ndarray, rows: np.ndarray, topk: RunningTopK, eligible: np.ndarray
-    ) -> np.ndarray:
-        """ln psi of configurations (rows `rows` of the unique set), batch by batch, merging
-        each batch's top-K over the `eligible` ones (scored by ln|psi|) into the running one."""
-        out = np.empty(len(configs), dtype=np.complex128)
-        with torch.no_grad():
-            for lo in range(0, len(configs), self.batch_size):
-                hi = min(lo + self.batch_size, len(configs))
-                # Tensors in, so a compiled pass sees no numpy arrays.
-                x = torch.from_numpy(np.ascontiguousarray(configs[lo:hi]).view(np.int64))
-                lp = self._log_psi_nograd(x).detach().to("cpu")
-                lp = lp.to(torch.complex128).numpy()
-                out[lo:hi] = lp
-                topk.update(lp.real, index=rows[lo:hi], mask=eligible[lo:hi])
-        return out
-
-    def _stages_baseline(self, t: dict) -> dict:
-        """Stages 1-3 with the CPU kernels; returns what the loss and the growth need."""
-        S = self.space.configs
-        n = len(S)
-        # Stage 1: coupled generation, then sort + unique over S and C(S) with the inverse index.
-        t0 = time.perf_counter()
-        cs = self.hamiltonian.coupled(S, eps=self.eps)
-        hdiag = self.hamiltonian.diagonal(S)
-        t["generation"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        unique, inverse, _ = dedup(np.concatenate([S, cs.configs]))
-        inv_s, inv_c = inverse[:n], inverse[n:]
-        in_space = np.zeros(len(unique), dtype=bool)
-        in_space[inv_s] = True
-        t["dedup"] = time.perf_counter() - t0
-
-        # Stage 2: inference on the unique set with a running top-K over U \ S. When S fits in
-        # one batch, its forward pass keeps the graph and its values are reused for U and for
-        # the loss; otherwise the loss recomputes S batch by batch (memory stays bounded).
-        t0 = time.perf_counter()
-        topk = RunningTopK(self.topk)
-        logpsi = np.empty(len(unique), dtype=np.complex128)
-        lp_graph = None
-        if n <= self.batch_size:
-            lp_graph = self.ansatz.log_psi(S)
-            logpsi[inv_s] = lp_graph.detach().to("cpu").to(torch.complex128).numpy()
-            rows = np.flatnonzero(~in_space)
-        else:
-            rows = np.arange(len(unique))
-        logpsi[rows] = self._infer(unique[rows], rows, topk, ~in_space[rows])
-        t["inference"] = time.perf_counter() - t0
-
-        # Stage 3: local energies of both estimators.
-        t0 = time.perf_counter()
-        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught later
-        shift = logpsi[inv_s].real.max()
-        psi_u = np.exp(logpsi - shift)
-        psi_s = psi_u[inv_s]
-        contrib = cs.values * psi_u[inv_c]
-        num_c = _segment_sum(cs.source, contrib, n)
-        in_s = in_space[inv_c]
-        num_v = _segment_sum(cs.source[in_s], contrib[in_s], n)
-        eloc_c = hdiag + num_c / psi_s
-        eloc_v = hdiag + num_v / psi_s
-        np.seterr(**np_err)
-        t["energy"] = time.perf_counter() - t0
-        space_pairs = None
-        if self.inner_steps:  # H_SS off the diagonal: (source, target) positions in S
-            pos_of_row = np.full(len(unique), -1, dtype=np.int64)
-            pos_of_row[inv_s] = np.arange(n)
-            space_pairs = (cs.source[in_s], pos_of_row[inv_c[in_s]], cs.values[in_s])
-        new_idx = topk.indices()
-        keep = np.concatenate([inv_s, new_idx])
-        return {
-            "psi_s": torch.as_tensor(psi_s), "eloc_c": torch.as_tensor(eloc_c),
-            "eloc_v": torch.as_tensor(eloc_v), "lp_graph": lp_graph,
-            "hdiag": hdiag, "space_pairs": space_pairs,
-            "new_configs": unique[new_idx], "keep_rows": keep,
-            "keep_configs": unique[keep], "keep_scores": logpsi[keep].real,
-            "n_coupled": len(cs), "n_unique": len(unique),
-        }
-
-    def _stages_distributed(self, t: dict) -> dict:
-        """Stages 1-3 on P ranks (baseline kernels): this rank's share of the sources, the
-        global de-dup, inference on this rank's slice of U, routing, local energies, and the
-        top-K merged over ranks. Everything the growth needs is identical on every rank."""
-        from cuscikit.nnqs.distributed import gather_selection, source_share
-        from cuscikit.parallel.dedup import global_dedup
-        from cuscikit.sci.dedup import KeyIndex
-
-        comm = self.comm
-        S = self.space.configs
-        lo, hi = source_share(len(S), comm.size, comm.rank)
-        S_loc = S[lo:hi]
-        n_loc = hi - lo
-        # Stage 1: coupled generation for this rank's sources; de-dup across ranks (barrier 1).
-        t0 = time.perf_counter()
-        cs = self.hamiltonian.coupled(S_loc, eps=self.eps)
-        hdiag = self.hamiltonian.diagonal(S_loc)
-        t["generation"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        keys = np.concatenate([S_loc, cs.configs.reshape(-1, S.shape[1])])
-        gd = global_dedup(keys, comm)
-        unique, offset = gd.unique.reshape(-1, S.shape[1]), int(gd.offsets[comm.rank])
-        # S is replicated: each owner finds which rows of its slice are in S without talking
-        s_index = KeyIndex(S)
-        in_space = s_index.find(unique) >= 0 if len(unique) else np.zeros(0, dtype=bool)
-        t["dedup"] = time.perf_counter() - t0
-
-        # Stage 2: ln psi on this rank's slice of U and its top-K over its part of U \ S.
-        # The loss re-evaluates this rank's sources with a graph.
-        t0 = time.perf_counter()
-        topk = RunningTopK(self.topk)
-        rows = offset + np.arange(len(unique), dtype=np.int64)
-        logpsi = self._infer(unique, rows, topk, ~in_space)
-        t["inference"] = time.perf_counter() - t0
-
-        # psi (and membership of S) routed from the owners to every (x, x') pair; the top-Ks
-        # merged over ranks by global row of U, with S's rows and scores (barrier 2).
-        t0 = time.perf_counter()
-        got = gd.fetch(np.stack([logpsi.real, logpsi.imag, in_space], axis=1), comm)
-        lp = got[:, 0] + 1j * got[:, 1]
-        lp_s, lp_c, in_s = lp[:n_loc], lp[n_loc:], got[n_loc:, 2] > 0.5
-        s_rows, s_scores, new_rows, new_configs, new_scores = gather_selection(
-            topk, unique, offset, self.topk, gd.global_index[:n_loc], lp_s.real, len(S), comm
-        )
-        t["inference"] += time.perf_counter() - t0
-
-        # Stage 3: local energies of both estimators for this rank's sources.
-        t0 = time.perf_counter()
-        np_err = np.seterr(invalid="ignore", divide="ignore", over="ignore")  # NaN caught later
-        shift = s_scores.max()  # the same on every rank
-        psi_s = np.exp(lp_s - shift)
-        contrib = cs.values * np.exp(lp_c - shift)
-        num_c = _segment_sum(cs.source, contrib, n_loc)
-        num_v = _segment_sum(cs.source[in_s], contrib[in_s], n_loc)
-        eloc_c = hdiag + num_c / psi_s
-        eloc_v = hdiag + num_v / psi_s
-        np.seterr(**np_err)
-        space_pairs = None
-        if self.inner_steps:  # H_SS rows of this rank's sources: (source, target) positions in S
-            targets = cs.configs.reshape(-1, S.shape[1])[in_s]
-            space_pairs = (lo + cs.source[in_s], s_index.find(targets), cs.values[in_s])
-        t["energy"] = time.perf_counter() - t0
-        busy = sum(t[s] for s in ("generation", "dedup", "inference", "energy"))
-        return {
-            "psi_s": torch.as_tensor(psi_s),
-            "eloc_c": torch.as_tensor(eloc_c),
-            "eloc_v": torch.as_tensor(eloc_v),
-            "lp_graph": None,
-            "loss_configs": S_loc,
-            "source_share": (lo, hi),
-            "hdiag": hdiag,
-            "space_pairs": space_pairs,
-            "new_configs": new_configs,
-            "keep_rows": np.concatenate([s_rows, new_rows]),
-            "keep_configs": np.concatenate([S, new_configs]),
-            "keep_scores": np.concatenate([s_scores, new_scores]),
-            "n_coupled": len(cs),
-            "n_unique": gd.metrics.unique,
-            "dedup": gd.metrics,
-            "loads": (n_loc, len(cs), len(unique), busy),
-        }
-
-    def _stages_gpu(self, t: dict) -> dict:
-        """Stages 1-3 on the GPU (`cuscikit.gpu.pipeline`)."""
-        from cuscikit.gpu.ops import to_numpy
-
-        r = self._gpu.run(self.space.configs, self.topk, space_pairs=self.inner_steps > 0)
-        t.update(r.times)
-        psi_s = torch.exp(r.logpsi[r.pos_space] - r.shift)
-        keep = torch.cat([r.pos_space, r.topk_rows])
-        return {
-            "psi_s": psi_s, "eloc_c": r.hdiag + r.num_coupled / psi_s,
-            "eloc_v": r.hdiag + r.num_variational / psi_s, "lp_graph": r.lp_graph,
-            "hdiag": r.hdiag, "space_pairs": r.space_pairs,
-            "new_configs": to_numpy(r.unique[r.topk_rows]),
-            "keep_rows": keep.to("cpu").numpy(), "keep_configs": to_numpy(r.unique[keep]),
-            "keep_scores": r.logpsi[keep].real.to("cpu").numpy(),
-            "n_coupled": r.n_coupled, "n_unique": len(r.unique),
-            "bytes_staged": r.bytes_staged, "n_batches": r.n_batches,
-            "peak_theoretical_bytes": r.peak_theoretical,
-        }
-
-    def _load_columns(self, out: dict) -> dict:
-        """History columns of a distributed step: per-rank loads and the de-dup metrics; the
-        same on every rank."""
-
-        table = out["load_table"]  # one row per rank, summed into the energies' allreduce
-        sources, coupled, unique = (table[:, k].astype(np.int64) for k in range(3))
-        m = out["dedup"]
-        return {
-            "n_coupled": int(coupled.sum()),
-            "n_ranks": self.comm.size,
-            "sources_max": int(sources.max()),
-            "sources_min": int(sources.min()),
-            "coupled_max": int(coupled.max()),
-            "coupled_min": int(coupled.min()),
-            "unique_max": int(unique.max()),
-            "unique_min": int(unique.min()),
-            "t_busy_max": float(table[:, 3].max()),
-            "t_busy_min": float(table[:, 3].min()),
-        } | {f"dedup_{k}": v for k, v in m.as_dict().items() if k != "method"}
+    def _allreduce(self, values) -> np.ndarray:
+        """Sums over the ranks (identity on one rank)."""
+        values = np.asarray(values, dtype=np.float64)
+        return self.comm.allreduce(values, op="sum") if self.distributed else values
 
     def _inner(self, S: np.ndarray, hdiag, pairs, share: tuple[int, int] | None = None) -> None:
         """`inner_steps` more AdamW steps on the Rayleigh quotient of psi restricted to S (the
@@ -595,39 +444,45 @@ class Runner:
             loss += float(part.detach())
         return loss
 
+    def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
+        """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de
+        detached) over `configs`, batch by batch unless `lp_graph` holds ln psi of all of them
+        with its graph; returns L."""
+        loss = 0.0
+        for lo in range(0, len(configs), self.batch_size):
+            hi = min(lo + self.batch_size, len(configs))
+            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(configs[lo:hi])
+            lp = lp.to(torch.complex128)
+            dev = lp.device
+            part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * de[lo:hi].to(dev))).real.sum()
+            part.backward()
+            loss += float(part.detach())
+        return loss
+
     def step(self) -> dict:
         """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
+        self._sync_options()
         t = {s: 0.0 for s in STAGES}
         t_start = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         S = self.space.configs
         n = len(S)
-        if self.distributed:
-            out = self._stages_distributed(t)
-        elif self.pipeline == "gpu":
-            out = self._stages_gpu(t)
-        else:
-            out = self._stages_baseline(t)
+        r = self._pipeline.run(S, self.topk)
+        t.update(r.times)
+        lo, hi = r.share
 
-        # Weights over S and both energies (on the device the stages left them on).
+        # Weights over S and both energies, summed over the ranks' sources.
         t0 = time.perf_counter()
-        prob = out["psi_s"].abs() ** 2
-        if self.distributed:  # this rank's part of S: sums over all of S (and loads) by allreduce
-            sums = [(prob * out[k]).real.sum() for k in ("eloc_c", "eloc_v")]
-            loads = np.zeros((self.comm.size, len(out["loads"])))
-            loads[self.comm.rank] = out["loads"]
-            sums = np.concatenate([[float(prob.sum()), *map(float, sums)], loads.ravel()])
-            sums = self.comm.allreduce(sums, op="sum")
-            z, num_c, num_v = sums[:3]
-            out["load_table"] = sums[3:].reshape(loads.shape)
-            w = prob / z
-            e_c, e_v = float(num_c / z), float(num_v / z)
-        else:
-            w = prob / prob.sum()
-            e_c = float((w * out["eloc_c"]).real.sum())
-            e_v = float((w * out["eloc_v"]).real.sum())
-        eloc = out["eloc_c"] if self.estimator == "coupled" else out["eloc_v"]
+        psi_s, eloc_c, eloc_v = (torch.as_tensor(x) for x in
+                                 (r.psi_s, r.eloc_coupled, r.eloc_variational))
+        prob = psi_s.abs() ** 2
+        (z,) = self._allreduce([float(prob.sum())])
+        w = prob / z
+        e_c, e_v = self._allreduce([float((w * eloc_c).real.sum()),
+                                    float((w * eloc_v).real.sum())])
+        e_c, e_v = float(e_c), float(e_v)
+        eloc = eloc_c if self.estimator == "coupled" else eloc_v
         e_est = e_c if self.estimator == "coupled" else e_v
         t["energy"] += time.perf_counter() - t0
 
@@ -635,8 +490,7 @@ class Runner:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         eloc_t = (eloc - e_est).to(torch.complex128)
-        S_loss = out.get("loss_configs", S)  # this rank's sources when distributed
-        loss_val = self._backward_loss(S_loss, out["lp_graph"], w, eloc_t)
+        loss_val = self._backward_loss(S[lo:hi], r.lp_graph, w, eloc_t)
         if self.distributed:  # one gradient for every replica; the loss travels along
             from cuscikit.nnqs.distributed import allreduce_gradients
 
@@ -650,16 +504,15 @@ class Runner:
             )
         self.optimizer.step()
         if self.inner_steps:
-            self._inner(S, out["hdiag"], out["space_pairs"], out.get("source_share"))
+            self._inner(S, r.hdiag, r.space_pairs, r.share)
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
         t0 = time.perf_counter()
-        new = out["new_configs"]
-        n_new = self.space.add(new) if len(new) else 0
+        n_new = self.space.add(r.new_configs) if len(r.new_configs) else 0
         if self.max_space is not None and len(self.space) > self.max_space:
-            order = np.lexsort((out["keep_rows"], -out["keep_scores"]))[: self.max_space]
-            self.space = SCISpace(self.molecule, out["keep_configs"][order], eps=self.eps)
+            order = np.lexsort((r.keep_rows, -r.keep_scores))[: self.max_space]
+            self.space = SCISpace(self.molecule, r.keep_configs[order], eps=self.eps)
         self.iteration += 1
         t["other"] = time.perf_counter() - t0
         total = time.perf_counter() - t_start
@@ -674,75 +527,100 @@ class Runner:
             "error_variational": (e_v - self.reference) if self.reference is not None else np.nan,
             "loss": loss_val,
             "n_space": n,
-            "n_coupled": out["n_coupled"],
-            "n_unique": out["n_unique"],
+            "n_coupled": r.n_coupled,
+            "n_unique": r.n_unique,
             "n_new": n_new,
             "n_space_next": len(self.space),
         }
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
         row["peak_memory_bytes"] = _peak_memory(self.device)
-        row["peak_theoretical_bytes"] = out.get("peak_theoretical_bytes", np.nan)
-        row["bytes_staged"] = out.get("bytes_staged", 0)
-        row["n_batches"] = out.get("n_batches", 1)
+        row["peak_theoretical_bytes"] = r.peak_theoretical
+        row["bytes_staged"] = r.bytes_staged
+        row["n_batches"] = r.n_batches
         if self.distributed:
-            row.update(self._load_columns(out))
+            row.update(self._load_columns(r))
         self._rows.append(row)
         return row
 
-    def run(
+    def _load_columns(self, r) -> dict:
+        """History columns of a distributed step: per-rank loads and the de-dup metrics; the
+        same on every rank."""
+        table = np.stack(self.comm.allgather(np.asarray(r.loads, dtype=np.float64)))
+        sources, coupled, unique = (table[:, k].astype(np.int64) for k in range(3))
+        return {
+            "n_coupled": int(coupled.sum()),
+            "n_ranks": self.comm.size,
+            "sources_max": int(sources.max()),
+            "sources_min": int(sources.min()),
+            "coupled_max": int(coupled.max()),
+            "coupled_min": int(coupled.min()),
+            "unique_max": int(unique.max()),
+            "unique_min": int(unique.min()),
+            "t_busy_max": float(table[:, 3].max()),
+            "t_busy_min": float(table[:, 3].min()),
+        } | {f"dedup_{k}": v for k, v in r.dedup.as_dict().items() if k != "method"}
+
+    # ------------------------------------------------------------------------------ running
+    def kernel(
         self,
-        n_iter: int,
+        n_iter: int = DEFAULT_ITERATIONS,
         callbacks: Iterable[Callback] = (),
         *,
         progress: bool = True,
         checkpoint: str | None = None,
         checkpoint_every: int = 10,
-    ) -> pd.DataFrame:
-        """Run `n_iter` iterations (fewer if a callback stops it); returns the history.
+    ) -> float:
+        """Run `n_iter` iterations (fewer if a callback, Ctrl-C or a non-finite loss stops it)
+        and return the last energy of the chosen estimator (also `e_tot`; the way the run
+        ended is in `status`).
 
-        A non-finite loss stops the run with a message; the model keeps its last good weights
-        and the checkpoint file (if any) its last good state. On several ranks every rank calls
-        `run`; rank 0 shows the progress bar and messages and writes the checkpoint, and a
-        callback that stops on any rank stops all of them.
+        A non-finite loss stops the run cleanly; the model keeps its last good weights and the
+        checkpoint file (if any) its last good state. Ctrl-C (a notebook's interrupt) or
+        SIGTERM stops after the current iteration, with a consistent runner and checkpoint. On
+        several ranks every rank calls `kernel`; rank 0 shows the progress bar and messages and
+        writes the checkpoint, and a stop on any rank stops all of them.
         """
-        callbacks = list(callbacks)
-        for cb in callbacks:
-            cb.on_run_start(self)
-        bar = None
-        if progress and self.rank == 0:
-            from tqdm.auto import tqdm
+        self._sync_options()
+        if checkpoint is not None and self.rank == 0:
+            from cuscikit.nnqs.checkpoint import check_writable
 
-            bar = tqdm(total=n_iter, desc="NNQS-SCI", unit="it", mininterval=1.0)
-        try:
-            for _ in range(n_iter):
-                try:
-                    row = self.step()
-                except NonFiniteLossError as exc:  # raised on every rank alike
-                    if self.rank == 0:
-                        print(f"NNQS-SCI stopped: {exc}")
-                    break
-                if bar is not None:
-                    post = {"E": f"{row['e_tot']:.8f}", "|S|": row["n_space_next"]}
-                    if self.reference is not None:
-                        post["err"] = f"{row['error']:.2e}"
-                    bar.set_postfix(post, refresh=False)  # redrawn by update()
-                    bar.update(1)
-                if checkpoint and self.iteration % checkpoint_every == 0:
-                    self.save(checkpoint)
-                stop = any(cb.on_step_end(self, row) for cb in callbacks)
-                if self.distributed and callbacks:  # all ranks stop together
-                    stop = bool(self.comm.allreduce(int(stop), op="max"))
-                if stop:
-                    break
-        finally:
-            if bar is not None:
-                bar.close()
-        if checkpoint and self._rows and self.iteration % checkpoint_every:
-            self.save(checkpoint)
-        for cb in callbacks:
-            cb.on_run_end(self)
-        return self.history
+            check_writable(checkpoint)
+        log = new_logger(self)
+
+        def postfix(row: dict) -> dict:
+            post = {"E": f"{row['e_tot']:.8f}", "|S|": row["n_space_next"]}
+            if self.reference is not None:
+                post["err"] = f"{row['error']:.2e}"
+            return post
+
+        loop = RunLoop(
+            self, callbacks, progress=progress and self.verbose > 0, desc="NNQS-SCI",
+            postfix=postfix, checkpoint=(lambda: self.save(checkpoint)) if checkpoint else None,
+            checkpoint_every=checkpoint_every, stop_on=(NonFiniteLossError,), rank=self.rank,
+            agree=(lambda flag: bool(self.comm.allreduce(int(flag), op="max")))
+            if self.distributed else None,
+            announce=lambda msg: log.note("NNQS-SCI: %s", msg) if self.rank == 0 else None,
+        )
+        self.status = loop.run(n_iter)
+        if self.status.status != "ok" and self.rank == 0:
+            log.note("NNQS-SCI stopped after iteration %d: %s", self.iteration,
+                     self.status.reason)
+        return self.e_tot if self._rows else float("nan")
+
+    def run(self, *args, **kwargs) -> Runner:
+        """`kernel` with the same arguments; returns the runner (``runner.run(100).history``)."""
+        self.kernel(*args, **kwargs)
+        return self
+
+    def dump_flags(self, verbose: int | None = None) -> Runner:
+        """Log the options and the setup (molecule, device, pipeline, ranks)."""
+        super().dump_flags(verbose)
+        log = new_logger(self, verbose=verbose)
+        log.info("molecule = %s, |S| = %d, device = %s, pipeline = %s, ranks = %d",
+                 getattr(self.molecule, "name", "?"), len(self.space), self.device,
+                 self._kind, self.comm.size)
+        return self
 
     # ---------------------------------------------------------------------------- checkpoints
     def save(self, path: str) -> None:
@@ -792,13 +670,6 @@ class Runner:
             bad = np.flatnonzero(failed).tolist()
             raise CheckpointError(f"{path}: ranks {bad} could not read the checkpoint")
         return self
-
-
-def _segment_sum(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """sum of complex `values` grouped by `index` (length n)."""
-    re = np.bincount(index, weights=values.real, minlength=n)
-    im = np.bincount(index, weights=values.imag, minlength=n)
-    return re + 1j * im
 
 
 def _peak_memory(device: torch.device) -> int:

@@ -1,4 +1,4 @@
-"""Communicators (single process, torch.distributed, mpi4py) and the distributed de-dup.
+"""Communicators (single process, threads, torch.distributed, mpi4py) and the distributed de-dup.
 
 Importing this package starts nothing: `get_comm` discovers the ranks from the environment
 (torchrun or mpirun) when called.
@@ -16,9 +16,11 @@ from cuscikit.parallel.comm import (
     CommError,
     MPIComm,
     SerialComm,
+    ThreadComm,
     TorchComm,
     detect_backend,
     get_comm,
+    run_ranks,
 )
 from cuscikit.parallel.dedup import (
     DEFAULT_SAMPLES_PER_RANK,
@@ -38,11 +40,13 @@ __all__ = [
     "GlobalDedup",
     "MPIComm",
     "SerialComm",
+    "ThreadComm",
     "TorchComm",
     "centralised_dedup",
     "choose_splitters",
     "detect_backend",
     "get_comm",
     "global_dedup",
+    "run_ranks",
     "simulate_partition",
 ]

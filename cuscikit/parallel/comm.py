@@ -1,6 +1,8 @@
-"""Communicators: one small interface, three engines (single process, torch.distributed, mpi4py).
+"""Communicators: one small interface, four engines (single process, threads of one process,
+torch.distributed, mpi4py).
 
-The distributed algorithms (`cuscikit.parallel.dedup`) are written once against `Comm`:
+The distributed algorithms (`cuscikit.parallel.dedup`, the NNQS-SCI iteration) are written once
+against `Comm`:
 
 =========================  =======================================================================
 ``rank``, ``size``         this process and the number of processes
@@ -14,9 +16,9 @@ The distributed algorithms (`cuscikit.parallel.dedup`) are written once against 
 =========================  =======================================================================
 
 Arrays have any number of rows; the rows of ``gather``, ``allgather`` and ``alltoallv`` may
-differ in number between ranks but must agree in shape and dtype otherwise. ``alltoallv`` moves
-rows of 8-byte words (``uint64`` configurations, ``int64`` indices, ``float64``/``complex128``
-values: any dtype whose row is a whole number of 8-byte words).
+differ in number between ranks but must agree in shape and dtype otherwise. ``alltoallv`` takes
+numpy arrays or torch tensors of any dtype and returns the same kind: `TorchComm` moves tensors
+on their device (GPU to GPU on NCCL), the other engines through host memory.
 
 Nothing is initialised at import time: `get_comm` (or a backend's constructor) starts the engine.
 
@@ -49,10 +51,13 @@ __all__ = [
     "CommError",
     "MPIComm",
     "SerialComm",
+    "ThreadComm",
     "TorchComm",
     "comm_timeout",
     "detect_backend",
     "get_comm",
+    "local_rank",
+    "run_ranks",
 ]
 
 DEFAULT_TIMEOUT = 300.0
@@ -75,21 +80,30 @@ def comm_timeout(timeout: float | None = None) -> float:
 
 
 def _rows_as_words(x: np.ndarray) -> np.ndarray:
-    """View an array with any number of rows as (n, k) uint64 without copying (C order)."""
+    """An array with any number of rows as (n, k) uint64 words (C order; rows whose byte size is
+    not a multiple of 8 are zero-padded, which `_words_as_rows` undoes)."""
     x = np.ascontiguousarray(x)
     n = x.shape[0] if x.ndim else 1
     per_row = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
     row_bytes = x.dtype.itemsize * per_row
-    if row_bytes % 8:
-        raise TypeError(
-            f"alltoallv moves rows of 8-byte words; a row of {x.dtype} with shape "
-            f"{x.shape[1:]} has {row_bytes} bytes"
-        )
-    return x.reshape(n, per_row).view(np.uint8).reshape(n, row_bytes).view(np.uint64)
+    raw = x.reshape(n, per_row).view(np.uint8).reshape(n, row_bytes)
+    if row_bytes % 8 or row_bytes == 0:
+        padded = np.zeros((n, max(8, -(-row_bytes // 8) * 8)), np.uint8)
+        padded[:, :row_bytes] = raw
+        raw = padded
+    return raw.view(np.uint64)
 
 
 def _words_as_rows(w: np.ndarray, like: np.ndarray) -> np.ndarray:
-    return w.view(like.dtype).reshape((w.shape[0], *like.shape[1:]))
+    per_row = int(np.prod(like.shape[1:])) if like.ndim > 1 else 1
+    row_bytes = like.dtype.itemsize * per_row
+    raw = np.ascontiguousarray(w).view(np.uint8).reshape(w.shape[0], 8 * w.shape[1])
+    raw = raw[:, :row_bytes]
+    return np.ascontiguousarray(raw).view(like.dtype).reshape((w.shape[0], *like.shape[1:]))
+
+
+def _is_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch")
 
 
 def _check_counts(counts, size: int, n: int) -> np.ndarray:
@@ -124,8 +138,26 @@ class Comm(ABC):
     @abstractmethod
     def allgather(self, x) -> list: ...
 
+    def alltoallv(self, x, counts) -> tuple[Any, np.ndarray]:
+        """Rows ``x[sum(counts[:d]) : sum(counts[:d+1])]`` to rank d; returns the received rows
+        (source-rank order, the kind and device of `x`) and the per-source counts."""
+        if _is_tensor(x):
+            import torch
+
+            home, dtype = x.device, x.dtype
+            t = x.detach()
+            if t.is_complex():
+                t = torch.view_as_real(t)
+            a = t.cpu().numpy()
+            recv, rc = self._alltoallv(a, counts)
+            out = torch.from_numpy(np.ascontiguousarray(recv)).to(home)
+            if dtype.is_complex:
+                out = torch.view_as_complex(out.contiguous())
+            return out, rc
+        return self._alltoallv(np.asarray(x), counts)
+
     @abstractmethod
-    def alltoallv(self, x, counts) -> tuple[Any, np.ndarray]: ...
+    def _alltoallv(self, x: np.ndarray, counts) -> tuple[np.ndarray, np.ndarray]: ...
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what this object started (a torch process group it created)."""
@@ -182,10 +214,8 @@ class SerialComm(Comm):
     def allgather(self, x) -> list:
         return [np.array(x, copy=True)]
 
-    def alltoallv(self, x, counts) -> tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(x)
+    def _alltoallv(self, x, counts) -> tuple[np.ndarray, np.ndarray]:
         c = _check_counts(counts, 1, x.shape[0])
-        _rows_as_words(x)  # same dtype rule as the distributed engines
         return x.copy(), c
 
 
@@ -383,18 +413,46 @@ class TorchComm(Comm):
         return buf
 
     def alltoallv(self, x, counts):
+        """As `Comm.alltoallv`; tensors move on this group's device (NCCL: GPU to GPU) and come
+        back on their own device, any dtype (complex as pairs of reals, bool as bytes)."""
         torch, dist = _torch()
-        is_tensor = isinstance(x, torch.Tensor)
-        n = x.shape[0]
-        c = _check_counts(counts, self.size, n)
-        if is_tensor:
-            t, _, dt = self._tensor(x)
-            if t.element_size() * (t[0].numel() if t.dim() > 1 else 1) % 8:
-                raise TypeError("alltoallv moves rows of 8-byte words")
-            like = None
-        else:
-            like = np.asarray(x)
-            t = torch.from_numpy(_rows_as_words(like).view(np.int64)).to(self.device)
+        if not isinstance(x, torch.Tensor):
+            return self._alltoallv(np.asarray(x), counts)
+        home, dtype = x.device, x.dtype
+        c = _check_counts(counts, self.size, x.shape[0])
+        t = x.detach().to(self.device)
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        if t.dtype == torch.bool:
+            t = t.to(torch.uint8)
+        t = t.contiguous()
+        shape = tuple(t.shape[1:])
+        per = int(np.prod(shape)) if shape else 1
+        send = torch.as_tensor(c).to(self.device)
+        recv = torch.empty_like(send)
+        self._run("alltoallv (counts)", dist.all_to_all_single, recv, send)
+        rc = recv.cpu().numpy().astype(np.int64)
+        out = torch.empty(int(rc.sum()) * per, dtype=t.dtype, device=self.device)
+        self._run(
+            "alltoallv",
+            dist.all_to_all_single,
+            out,
+            t.reshape(-1),
+            output_split_sizes=(rc * per).tolist(),
+            input_split_sizes=(c * per).tolist(),
+        )
+        out = out.reshape(-1, *shape)
+        if dtype.is_complex:
+            out = torch.view_as_complex(out.contiguous())
+        elif out.dtype != dtype:
+            out = out.to(dtype)
+        return out.to(home), rc
+
+    def _alltoallv(self, x, counts):
+        torch, dist = _torch()
+        like = np.asarray(x)
+        c = _check_counts(counts, self.size, like.shape[0])
+        t = torch.from_numpy(_rows_as_words(like).view(np.int64)).to(self.device)
         send = torch.as_tensor(c).to(self.device)
         recv = torch.empty_like(send)
         self._run("alltoallv (counts)", dist.all_to_all_single, recv, send)
@@ -408,8 +466,6 @@ class TorchComm(Comm):
             output_split_sizes=rc.tolist(),
             input_split_sizes=c.tolist(),
         )
-        if is_tensor:
-            return (out.view(torch.uint64) if dt == torch.uint64 else out), rc
         words = out.cpu().numpy().view(np.uint64)
         return _words_as_rows(words, like), rc
 
@@ -536,7 +592,7 @@ class MPIComm(Comm):
         self.comm.Allgatherv([w.reshape(-1), U], [buf.reshape(-1), (counts, displs), U])
         return np.split(_words_as_rows(buf, a), np.cumsum(rows)[:-1])
 
-    def alltoallv(self, x, counts):
+    def _alltoallv(self, x, counts):
         a = np.asarray(x)
         c = _check_counts(counts, self.size, a.shape[0])
         w = _rows_as_words(a)
@@ -551,6 +607,113 @@ class MPIComm(Comm):
             [w.reshape(-1), (c * k, sd * k), U], [recv.reshape(-1), (rc * k, rd * k), U]
         )
         return _words_as_rows(recv, a), rc
+
+
+# --- threads of one process ----------------------------------------------------------------------
+
+
+class _ThreadShared:
+    def __init__(self, size: int, timeout: float):
+        import threading
+
+        self.barrier = threading.Barrier(size, timeout=timeout)
+        self.slots: list = [None] * size
+
+
+class ThreadComm(Comm):
+    """One of P ranks that are threads of this process (see `run_ranks`): the collectives meet
+    at a barrier with a timeout, so a rank that stops calling them makes the others raise
+    `CommError` instead of hanging. For in-process studies of the distributed algorithms
+    (`cuscikit.parallel.dedup.simulate_partition`) and for fast tests of collective code."""
+
+    backend = "threads"
+
+    def __init__(self, shared: _ThreadShared, rank: int, size: int):
+        self._shared, self.rank, self.size = shared, rank, size
+
+    def _wait(self) -> None:
+        import threading
+
+        try:
+            self._shared.barrier.wait()
+        except threading.BrokenBarrierError as e:
+            raise CommError(f"rank {self.rank} of {self.size}: another rank stopped") from e
+
+    def _exchange(self, payload) -> list:
+        """Every rank's payload, on every rank."""
+        self._shared.slots[self.rank] = payload
+        self._wait()
+        got = list(self._shared.slots)
+        self._wait()  # nobody overwrites a slot before everyone has read it
+        return got
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def allreduce(self, x, op: str = "sum"):
+        self._check_op(op)
+        got = self._exchange(np.array(x, copy=True))
+        red = {"sum": np.sum, "max": np.max, "min": np.min}[op](np.stack(got), axis=0)
+        if isinstance(x, np.ndarray):
+            return red.astype(got[0].dtype)
+        return red.item()
+
+    def bcast(self, x, root: int = 0):
+        self._check_root(root)
+        got = self._exchange(None if x is None else np.array(x, copy=True))
+        return np.array(got[root], copy=True)
+
+    def gather(self, x, root: int = 0):
+        self._check_root(root)
+        got = self._exchange(np.array(x, copy=True))
+        return [np.array(g, copy=True) for g in got] if self.rank == root else None
+
+    def allgather(self, x) -> list:
+        return [np.array(g, copy=True) for g in self._exchange(np.array(x, copy=True))]
+
+    def _alltoallv(self, x, counts):
+        c = _check_counts(counts, self.size, x.shape[0])
+        got = self._exchange((np.ascontiguousarray(x), np.concatenate([[0], np.cumsum(c)])))
+        parts = [xs[starts[self.rank] : starts[self.rank + 1]] for xs, starts in got]
+        rc = np.array([len(p) for p in parts], dtype=np.int64)
+        out = np.concatenate(parts) if parts else x[:0]
+        self._wait()  # the senders' arrays stay untouched until every rank has copied
+        return out, rc
+
+
+def run_ranks(size: int, fn, timeout: float = 60.0) -> list:
+    """``[fn(comm_0), ..., fn(comm_{P-1})]``, each call on its own thread with a `ThreadComm`;
+    re-raises the first exception of any rank (the others then stop with `CommError`).
+
+    Example:
+        >>> run_ranks(3, lambda comm: comm.allreduce(comm.rank + 1))
+        [6, 6, 6]
+    """
+    import threading
+
+    if int(size) != size or size < 1:
+        raise ValueError(f"the number of ranks must be a positive integer, got {size}")
+    shared = _ThreadShared(size, timeout)
+    results: list = [None] * size
+    errors: list = [None] * size
+
+    def target(r: int) -> None:
+        try:
+            results[r] = fn(ThreadComm(shared, r, size))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            errors[r] = e
+            shared.barrier.abort()  # wake the others instead of leaving them waiting
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, CommError)), None)
+    first = first or next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
 
 
 # --- discovery -----------------------------------------------------------------------------------
@@ -584,6 +747,28 @@ def detect_backend(environ=None) -> str:
     if any(k in env for k in _MPI_ENV):
         return "mpi"
     return "serial"
+
+
+_LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                   "SLURM_LOCALID")
+
+
+def local_rank(environ=None) -> int:
+    """This process's rank among the ranks of its host, from the launcher's environment
+    (torchrun, Open MPI, MPICH/Hydra, Slurm); 0 outside a launcher. One rank per GPU uses
+    ``cuda:local_rank``.
+
+    Example:
+        >>> local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "3"})
+        3
+        >>> local_rank({})
+        0
+    """
+    env = os.environ if environ is None else environ
+    for key in _LOCAL_RANK_ENV:
+        if key in env:
+            return int(env[key])
+    return 0
 
 
 def get_comm(backend: str = "auto", **kw) -> Comm:

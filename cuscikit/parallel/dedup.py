@@ -1,21 +1,25 @@
-"""Global de-duplication of configurations spread over ranks (seed 000, section 4.1).
+"""Global de-duplication of keys spread over ranks: regular-sampling sort-based de-dup.
 
-Regular-sampling sort-based de-dup (ALGORITHMS.md, "Distributed de-duplication"):
+The algorithm of "A Fully GPU-Accelerated Framework for High-Performance Configuration
+Interaction Selection with Neural Network Quantum States" (section 4.1), written once against
+the communicator interface (`cuscikit.parallel.comm`) and the key primitives of
+`cuscikit.backends.keys`, so one code path serves host numpy arrays (MPI, gloo, threads) and
+torch tensors on their device (NCCL between GPUs: the keys never leave them):
 
-1. each rank sorts its keys and drops local duplicates (`cuscikit.sci.dedup.dedup`, radix sort);
+1. each rank sorts its keys and drops local duplicates (`sort_unique`, with the inverse index);
 2. takes ``S`` regularly spaced samples of its sorted unique keys (`regular_samples`);
-3. rank 0 gathers the samples, sorts them and picks ``P - 1`` splitters at equal intervals
-   (`choose_splitters`), which it broadcasts;
-4. each rank binary-searches the splitters in its sorted keys (`searchsorted_keys`; multi-word
-   keys compare lexicographically, most significant word = last column), so that rank ``d``
-   receives the keys ``splitter[d-1] <= key < splitter[d]``;
+3. the samples of all ranks are gathered (``allgather``: P * S small rows) and every rank picks
+   the same ``P - 1`` splitters at equal intervals (`choose_splitters`);
+4. each rank binary-searches the splitters in its sorted keys (`split_counts`), so that rank
+   ``d`` receives the keys ``splitter[d-1] <= key < splitter[d]``;
 5. ``alltoallv``; each rank merges the sorted runs it received and drops duplicates (the runs
    are concatenated and radix-sorted, which costs the same as a k-way merge and yields the
    inverse index needed for the routing);
-6. each key's row in its owner's slice goes back to its sender with a second ``alltoallv``, so
-   that values computed on the owners (psi) can be routed back to every input key (`fetch`).
+6. each key's row in its owner's slice goes back to its sender, so that values computed on the
+   owners (psi) reach every input key (`GlobalDedup.fetch`).
 
-Two additions to the textbook scheme, both measured in ``benchmarks/dedup_balance.py``:
+Two additions to the textbook scheme, measured in ``benchmarks/dedup_balance.py`` and described
+in ``docs/dedup.md``:
 
 - *Weighted samples.* A rank with n_r unique keys sends min(S, n_r) samples, each standing for
   n_r / min(S, n_r) keys; the splitters are chosen at equal intervals of that weight, not of the
@@ -28,9 +32,10 @@ Two additions to the textbook scheme, both measured in ``benchmarks/dedup_balanc
   disjoint, so one more ``alltoallv`` moves the surplus between neighbouring ranks to exact
   shares ``floor(k U / P)`` (max/min <= 1 + P/U), and one more returns the routing.
 
-The slices, concatenated over ranks, are exactly the single-process ``dedup`` of the union of
-the inputs. `centralised_dedup` is the baseline (gather to rank 0, unique there, scatter back);
-`simulate_partition` runs the same steps on P slices inside one process (P = 32, 64, ...).
+The slices, concatenated over ranks, are exactly the single-process `sort_unique` of the union
+of the inputs. `centralised_dedup` is the baseline (gather to rank 0, unique there, scatter
+back); `simulate_partition` runs `global_dedup` itself on P threads of this process
+(`ThreadComm`), for balance studies at P = 32, 64, ... on one machine.
 """
 
 from __future__ import annotations
@@ -40,8 +45,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cuscikit.parallel.comm import Comm, SerialComm
-from cuscikit.sci.dedup import _as_keys, dedup
+from cuscikit.backends.keys import (
+    as_keys,
+    is_tensor,
+    searchsorted,
+    sort_unique,
+)
+from cuscikit.parallel.comm import Comm, SerialComm, run_ranks
 
 __all__ = [
     "DEFAULT_SAMPLES_PER_RANK",
@@ -52,7 +62,6 @@ __all__ = [
     "choose_splitters",
     "global_dedup",
     "regular_samples",
-    "searchsorted_keys",
     "simulate_partition",
     "split_counts",
 ]
@@ -61,72 +70,20 @@ DEFAULT_SAMPLES_PER_RANK = 1024
 """S, samples per rank. The splitters fix what each rank receives to within about one sample
 interval of every rank, so the received balance improves with S until runs of equal keys limit
 it: on the bundled coupled sets at P = 64 (benchmarks/dedup_balance.py) S = 64, 256, 1024, 4096
-give received max/min 2.08, 1.15, 1.05, 1.05 (CV 0.15, 0.024, 0.009, 0.009). The gather on
-rank 0 is P * S keys. What each rank owns after the merge is set by cross-rank duplicates, not
-by S; the rebalancing step makes it exact."""
+give received max/min 2.08, 1.15, 1.05, 1.05 (CV 0.15, 0.024, 0.009, 0.009). The gather is
+P * S keys. What each rank owns after the merge is set by cross-rank duplicates, not by S; the
+rebalancing step makes it exact."""
 
 REGULAR_PHASES = ("local", "splitters", "exchange", "merge", "rebalance", "route")
 CENTRAL_PHASES = ("gather", "unique", "scatter", "route")
 
 
-# --- pure pieces ---------------------------------------------------------------------------------
+# --- pure pieces (host arrays) -------------------------------------------------------------------
 
 
-def _compare_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """-1, 0 or 1 per row: a < b, a == b, a > b lexicographically, last column most significant."""
-    out = np.zeros(len(a), dtype=np.int8)
-    for k in range(a.shape[1] - 1, -1, -1):
-        open_ = out == 0
-        out[open_ & (a[:, k] < b[:, k])] = -1
-        out[open_ & (a[:, k] > b[:, k])] = 1
-    return out
-
-
-def _sort_rows(a: np.ndarray) -> np.ndarray:
-    """Rows sorted lexicographically (duplicates kept); np.lexsort's last key is primary."""
-    if len(a) == 0:
-        return a.copy()
-    return np.ascontiguousarray(a[np.lexsort(a.T)])
-
-
-def searchsorted_keys(sorted_keys, queries, side: str = "left") -> np.ndarray:
-    """np.searchsorted for multi-word keys: where each query would go in `sorted_keys`.
-
-    Args:
-        sorted_keys: uint64 (n, words), sorted (most significant word = last column).
-        queries: uint64 (q, words).
-        side: "left" (first position with key >= query) or "right" (first with key > query).
-
-    Returns:
-        int64 (q,) insertion positions.
-
-    Example:
-        >>> k = np.array([[1, 0], [0, 1], [5, 1]], dtype=np.uint64)
-        >>> searchsorted_keys(k, np.array([[0, 1], [9, 0]], dtype=np.uint64)).tolist()
-        [1, 1]
-    """
-    if side not in ("left", "right"):
-        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-    a, q = _as_keys(sorted_keys), _as_keys(queries)
-    if len(q) and a.shape[1] != q.shape[1]:
-        raise ValueError(f"queries have {q.shape[1]} words, keys have {a.shape[1]}")
-    if a.shape[1] == 1:
-        return np.searchsorted(a[:, 0], q[:, 0], side=side).astype(np.int64)
-    lo = np.zeros(len(q), dtype=np.int64)
-    hi = np.full(len(q), len(a), dtype=np.int64)
-    while True:
-        active = lo < hi
-        if not active.any():
-            return lo
-        mid = (lo + hi) // 2
-        cmp = _compare_rows(a[np.minimum(mid, len(a) - 1)], q)
-        right = (cmp < 0) if side == "left" else (cmp <= 0)
-        lo = np.where(active & right, mid + 1, lo)
-        hi = np.where(active & ~right, mid, hi)
-
-
-def regular_samples(sorted_keys: np.ndarray, samples: int) -> np.ndarray:
-    """`samples` regularly spaced rows of a sorted array (all rows when it has fewer).
+def regular_samples(sorted_keys, samples: int):
+    """`samples` regularly spaced rows of a sorted array (all rows when it has fewer); numpy or
+    torch.
 
     Sample i is row ``floor((2 i + 1) n / (2 S))``: the middle of the i-th of S equal intervals.
 
@@ -138,8 +95,12 @@ def regular_samples(sorted_keys: np.ndarray, samples: int) -> np.ndarray:
     if samples < 1:
         raise ValueError(f"samples per rank must be >= 1, got {samples}")
     if n <= samples:
-        return np.ascontiguousarray(sorted_keys)
+        return sorted_keys
     pos = ((2 * np.arange(samples, dtype=np.int64) + 1) * n) // (2 * samples)
+    if is_tensor(sorted_keys):
+        import torch
+
+        return sorted_keys[torch.from_numpy(pos).to(sorted_keys.device)]
     return np.ascontiguousarray(sorted_keys[pos])
 
 
@@ -168,11 +129,11 @@ def choose_splitters(sorted_samples, P: int, weights=None) -> np.ndarray:
         >>> choose_splitters(s, 2, weights=[5, 1, 1, 1, 1, 1, 1, 1]).ravel().tolist()
         [2]
     """
-    s = _as_keys(sorted_samples)
+    s = as_keys(sorted_samples)
     if P < 1:
         raise ValueError(f"P must be >= 1, got {P}")
     m = len(s)
-    if m > 1 and (_compare_rows(s[1:], s[:-1]) < 0).any():
+    if m > 1 and not np.array_equal(s[np.lexsort(s.T)], s):
         raise ValueError("choose_splitters needs sorted samples")
     wts = np.ones(m) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
     if wts.shape != (m,) or (wts < 0).any():
@@ -188,16 +149,25 @@ def choose_splitters(sorted_samples, P: int, weights=None) -> np.ndarray:
 
 
 def split_counts(sorted_keys, splitters) -> np.ndarray:
-    """How many rows of a sorted array go to each of the P = len(splitters) + 1 ranks.
+    """How many rows of a sorted array go to each of the P = len(splitters) + 1 ranks (numpy
+    or torch keys; numpy splitters).
 
     Example:
         >>> k = np.array([1, 2, 4, 6, 7], dtype=np.uint64)[:, None]
         >>> split_counts(k, np.array([[2], [6]], dtype=np.uint64)).tolist()
         [1, 2, 2]
     """
-    keys = _as_keys(sorted_keys)
-    cuts = searchsorted_keys(keys, splitters, side="left") if len(splitters) else []
-    return np.diff(np.concatenate([[0], cuts, [len(keys)]]).astype(np.int64))
+    n = len(sorted_keys)
+    if len(splitters) == 0:
+        return np.array([n], dtype=np.int64)
+    if is_tensor(sorted_keys):
+        from cuscikit.backends.keys import to_device
+
+        cuts = searchsorted(sorted_keys, to_device(splitters, sorted_keys.device), side="left")
+        cuts = cuts.cpu().numpy()
+    else:
+        cuts = searchsorted(as_keys(sorted_keys), splitters, side="left")
+    return np.diff(np.concatenate([[0], cuts, [n]]).astype(np.int64))
 
 
 def _shares(total: int, P: int) -> np.ndarray:
@@ -245,7 +215,7 @@ class DedupMetrics:
         total_seconds: wall time of the call on the slowest rank.
         samples_per_rank: S (0 for the centralised baseline).
         rebalanced: whether the rebalancing step ran.
-        simulated: True for `simulate_partition` (times are compute only, communication free).
+        simulated: True for `simulate_partition` (ranks are threads of one process).
     """
 
     method: str
@@ -305,12 +275,17 @@ class DedupMetrics:
         return row
 
 
+def _host(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if is_tensor(a) else np.asarray(a)
+
+
 @dataclass
 class GlobalDedup:
-    """One rank's part of a global de-dup.
+    """One rank's part of a global de-dup; arrays are of the input's kind (numpy, or torch
+    tensors on the keys' device), counts and offsets are numpy.
 
     Attributes:
-        unique: uint64 (u_r, words), this rank's slice of the global unique set, sorted.
+        unique: (u_r, words), this rank's slice of the global unique set, sorted.
         offsets: int64 (P + 1,): rank d owns global rows ``offsets[d]:offsets[d+1]``.
         owner: int64 (n,) the rank that owns each local input key.
         index: int64 (n,) each input key's row in its owner's `unique`.
@@ -321,72 +296,119 @@ class GlobalDedup:
     It answers requester d with ``serve_counts[d]`` rows of `unique`, ``serve_index`` in order.
     """
 
-    unique: np.ndarray
+    unique: object
     offsets: np.ndarray
-    owner: np.ndarray
-    index: np.ndarray
+    owner: object
+    index: object
     metrics: DedupMetrics
-    request_inverse: np.ndarray = field(repr=False)
+    request_inverse: object = field(repr=False)
     request_counts: np.ndarray = field(repr=False)
-    serve_index: np.ndarray = field(repr=False)
+    serve_index: object = field(repr=False)
     serve_counts: np.ndarray = field(repr=False)
 
     @property
-    def global_index(self) -> np.ndarray:
+    def global_index(self):
         """int64 (n,): each input key's row in the concatenation of all slices."""
+        if is_tensor(self.owner):
+            import torch
+
+            return torch.as_tensor(self.offsets, device=self.owner.device)[self.owner] + self.index
         return self.offsets[self.owner] + self.index
 
-    def fetch(self, values, comm: Comm) -> np.ndarray:
+    def fetch(self, values, comm: Comm | None = None):
         """Route per-key values from the owners back to every local input key (collective).
 
         Args:
-            values: one row per row of `unique` (e.g. psi on this rank's slice); a row must be a
-                whole number of 8-byte words (float64, complex128, int64, ...).
+            values: one row per row of `unique` (e.g. psi on this rank's slice), numpy or a
+                tensor (any dtype: complex travels as pairs of reals).
             comm: the communicator of the de-dup call.
 
         Returns:
             One row per local input key: ``out[i] = values_on_owner[owner[i]][index[i]]``.
         """
-        values = np.asarray(values)
+        comm = SerialComm() if comm is None else comm
         if values.shape[0] != len(self.unique):
             raise ValueError(
                 f"fetch needs one value per key of this rank's slice ({len(self.unique)}), "
                 f"got {values.shape[0]}"
             )
-        recv, rc = comm.alltoallv(values[self.serve_index], self.serve_counts)
-        if not np.array_equal(rc, self.request_counts):  # pragma: no cover - internal invariant
+        if comm.size == 1:
+            return values[self._on(values, self.index)]
+        recv, rc = comm.alltoallv(values[self._on(values, self.serve_index)], self.serve_counts)
+        if not np.array_equal(np.asarray(rc), self.request_counts):  # pragma: no cover
             raise RuntimeError("fetch: answers do not match the requests (different comm?)")
-        return recv[self.request_inverse]
+        return recv[self._on(recv, self.request_inverse)]
+
+    @staticmethod
+    def _on(like, index):
+        """`index` where `like` lives (a tensor's device, or numpy)."""
+        if is_tensor(like):
+            import torch
+
+            return torch.as_tensor(index).to(like.device)
+        return _host(index)
+
+    def as_numpy(self) -> GlobalDedup:
+        """The same result with host arrays (uint64 keys)."""
+        from cuscikit.backends.keys import to_numpy
+
+        return GlobalDedup(
+            unique=to_numpy(self.unique), offsets=self.offsets, owner=_host(self.owner),
+            index=_host(self.index), metrics=self.metrics,
+            request_inverse=_host(self.request_inverse), request_counts=self.request_counts,
+            serve_index=_host(self.serve_index), serve_counts=self.serve_counts,
+        )
 
 
 # --- distributed --------------------------------------------------------------------------------
 
 
-def _common_words(arrays_words: list[tuple[int, int]]) -> int | None:
-    """The words per key shared by the non-empty inputs; None when all are empty."""
-    words = {w for n, w in arrays_words if n}
-    if len(words) > 1:
-        raise ValueError(f"inputs differ in words per key: {sorted(words)}")
-    return words.pop() if words else None
+class _Ops:
+    """The few array operations the algorithm needs, for numpy or for torch on one device."""
 
+    def __init__(self, like):
+        self.torch = is_tensor(like)
+        if self.torch:
+            import torch
 
-def _check_words(keys, comm: Comm) -> tuple[np.ndarray, int]:
-    """This rank's keys as (n, words), words agreed by all ranks (an empty input adopts it)."""
-    arr = np.asarray(keys, dtype=np.uint64)
-    if arr.size == 0:
-        arr = arr.reshape(0, arr.shape[-1] if arr.ndim == 2 and arr.shape[-1] else 1)
-    arr = _as_keys(arr)
-    n, w = arr.shape
-    # one collective: max of w and of -w over the ranks that hold keys
-    hi, neg_lo = comm.allreduce(np.array([w, -w] if n else [0, -5], dtype=np.int64), op="max")
-    if hi == 0:  # nobody holds a key
-        return arr, w
-    if hi != -neg_lo:
-        raise ValueError(
-            f"rank {comm.rank}: keys differ in words per key between ranks ({-neg_lo} and "
-            f"{hi}); every rank must pass (n, words) with the same words"
-        )
-    return (arr if n else np.zeros((0, int(hi)), np.uint64)), int(hi)
+            self.t, self.device = torch, like.device
+
+    def keys(self, keys):
+        if self.torch:
+            from cuscikit.backends.keys import _as_tensor_keys
+
+            return _as_tensor_keys(keys)
+        return as_keys(keys)
+
+    def empty_keys(self, w: int):
+        if self.torch:
+            return self.t.zeros((0, w), dtype=self.t.int64, device=self.device)
+        return np.zeros((0, w), np.uint64)
+
+    def vector(self, a):
+        """An int64 host vector as this kind."""
+        a = np.asarray(a, dtype=np.int64)
+        return self.t.from_numpy(a).to(self.device) if self.torch else a
+
+    def repeat(self, counts):
+        ranks = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return self.vector(ranks)
+
+    def owner_of(self, offsets: np.ndarray, g):
+        if self.torch:
+            off = self.t.as_tensor(offsets, device=self.device)
+            return self.t.searchsorted(off, g, right=True) - 1, off
+        return np.searchsorted(offsets, g, side="right") - 1, offsets
+
+    def bincount(self, x, P: int) -> np.ndarray:
+        if self.torch:
+            return self.t.bincount(x, minlength=P).cpu().numpy().astype(np.int64)
+        return np.bincount(x, minlength=P).astype(np.int64)
+
+    def sync(self):
+        if self.torch and self.device.type == "cuda":
+            return lambda: self.t.cuda.synchronize(self.device)
+        return None
 
 
 class _Clock:
@@ -411,6 +433,26 @@ class _Clock:
         return self._now() - self.start
 
 
+def _agree_words(keys, comm: Comm, ops: _Ops):
+    """This rank's keys as (n, words), words agreed by all ranks (an empty input adopts them)."""
+    n = int(keys.shape[0]) if keys.ndim else 0
+    if n == 0:
+        w = keys.shape[-1] if keys.ndim == 2 and keys.shape[-1] else 1
+        keys = ops.empty_keys(w)
+    keys = ops.keys(keys)
+    n, w = keys.shape
+    # one collective: max of w and of -w over the ranks that hold keys
+    hi, neg_lo = comm.allreduce(np.array([w, -w] if n else [0, -5], dtype=np.int64), op="max")
+    if hi == 0:  # nobody holds a key
+        return keys
+    if hi != -neg_lo:
+        raise ValueError(
+            f"rank {comm.rank}: keys differ in words per key between ranks ({-neg_lo} and "
+            f"{hi}); every rank must pass (n, words) with the same words"
+        )
+    return keys if n else ops.empty_keys(int(hi))
+
+
 def _metrics(comm: Comm, w: int, stats: list[float], phases, **kw) -> DedupMetrics:
     """Allgather per-rank [items, received, merged, owned, total, *phase seconds]."""
     table = np.stack(comm.allgather(np.asarray(stats, dtype=np.float64)))
@@ -429,15 +471,9 @@ def _metrics(comm: Comm, w: int, stats: list[float], phases, **kw) -> DedupMetri
     )
 
 
-def _samples_with_weight(local_unique: np.ndarray, S: int) -> np.ndarray:
-    """Regular samples plus one column holding the local unique count (for the weights)."""
-    smp = regular_samples(local_unique, S)
-    col = np.full((len(smp), 1), len(local_unique), dtype=np.uint64)
-    return np.hstack([smp, col])
-
-
 def _splitters_from(gathered: list[np.ndarray], P: int) -> np.ndarray:
-    """Rank 0's step: sort the gathered samples and choose weighted splitters."""
+    """Sort the gathered samples (last column: the sender's unique count) and choose weighted
+    splitters; every rank computes the same ones."""
     rows = np.concatenate(gathered)
     keys, n_local = rows[:, :-1], rows[:, -1].astype(np.float64)
     per_rank = np.concatenate([np.full(len(g), len(g)) for g in gathered]).astype(np.float64)
@@ -451,21 +487,30 @@ def global_dedup(
     comm: Comm | None = None,
     samples_per_rank: int = DEFAULT_SAMPLES_PER_RANK,
     rebalance: bool = True,
+    end_bit: int | None = None,
+    impl: str = "auto",
+    sorted_unique: bool = False,
 ) -> GlobalDedup:
     """Regular-sampling global de-dup of the keys held by all ranks (collective).
 
     Args:
-        keys: uint64 (n, words) on this rank (n may differ between ranks and may be 0; words
-            must agree, an empty input may have any shape).
+        keys: this rank's keys: uint64 (n, words) numpy, or an int64 torch tensor on any device
+            (n may differ between ranks and may be 0; words must agree, an empty input adopts
+            them). Tensors stay on their device; with a `TorchComm` on NCCL the exchanges run
+            GPU to GPU.
         comm: a `Comm` (default: a single-process `SerialComm`).
         samples_per_rank: S, regularly spaced samples per rank for the splitters.
         rebalance: move the surplus of the merged slices to exact equal shares (see the module
             docstring); False stops after the merge, as in the textbook scheme.
+        end_bit: bits that matter per key for the GPU radix sort (e.g. 2 * norb).
+        impl: local sort engine, see `cuscikit.backends.keys.sort_unique`.
+        sorted_unique: the caller guarantees that this rank's keys are already sorted and
+            unique (the local sort is skipped).
 
     Returns:
         `GlobalDedup`: this rank's sorted slice of the unique set, the owner and index of each
         input key, and the metrics. Concatenating the slices of ranks 0..P-1 gives
-        ``cuscikit.sci.dedup.dedup`` of the union of all inputs.
+        `sort_unique` of the union of all inputs.
 
     Example:
         >>> keys = np.array([[7], [3], [7], [1]], dtype=np.uint64)
@@ -475,61 +520,75 @@ def global_dedup(
     """
     comm = SerialComm() if comm is None else comm
     P, rank = comm.size, comm.rank
-    clock = _Clock()
-    arr, w = _check_words(keys, comm)
+    if not is_tensor(keys):
+        keys = np.asarray(keys, dtype=np.uint64)
+    ops = _Ops(keys)
+    clock = _Clock(ops.sync())
+    keys = _agree_words(keys, comm, ops)
+    w = keys.shape[1]
     clock.lap()
 
     # 1. local sort + unique
-    local_unique, local_inverse, _ = dedup(arr)
+    if sorted_unique:
+        local_unique, local_inverse = keys, ops.vector(np.arange(len(keys)))
+    else:
+        local_unique, local_inverse = sort_unique(keys, end_bit=end_bit, impl=impl)
     t_local = clock.lap()
 
-    # 2-3. weighted samples -> rank 0 -> splitters -> everyone
-    gathered = comm.gather(_samples_with_weight(local_unique, samples_per_rank), root=0)
-    splitters = _splitters_from(gathered, P) if rank == 0 else None
-    splitters = comm.bcast(splitters, root=0)
+    if P == 1:  # the same result without exchanges: this rank owns everything
+        u = len(local_unique)
+        stats = [len(keys), u, u, u, clock.total(), t_local, 0.0, 0.0, 0.0, 0.0, 0.0]
+        metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
+                           samples_per_rank=samples_per_rank, rebalanced=rebalance)
+        return GlobalDedup(
+            unique=local_unique, offsets=np.array([0, u], dtype=np.int64),
+            owner=ops.vector(np.zeros(len(keys), np.int64)), index=local_inverse,
+            metrics=metrics, request_inverse=local_inverse,
+            request_counts=np.array([u], np.int64), serve_index=ops.vector(np.arange(u)),
+            serve_counts=np.array([u], np.int64),
+        )
+
+    # 2-3. weighted samples (host) -> every rank -> the same splitters everywhere
+    smp = _host(regular_samples(local_unique, samples_per_rank)).view(np.uint64)
+    mine = np.hstack([smp, np.full((len(smp), 1), len(local_unique), dtype=np.uint64)])
+    splitters = _splitters_from(comm.allgather(mine), P)
     send_counts = split_counts(local_unique, splitters)
     t_split = clock.lap()
 
     # 4. exchange
     received, recv_counts = comm.alltoallv(local_unique, send_counts)
+    recv_counts = np.asarray(recv_counts, np.int64)
     t_exchange = clock.lap()
 
     # 5. merge the sorted runs and drop duplicates
-    merged, recv_inverse, _ = dedup(received)
+    merged, recv_inverse = sort_unique(received, end_bit=end_bit, impl=impl)
     t_merge = clock.lap()
 
     if rebalance:
         # 5b. the slices are sorted and disjoint: cut them at exact equal shares
-        pre = np.concatenate([[0], np.cumsum(np.stack(comm.allgather(np.int64(len(merged)))))])
+        sizes = np.concatenate(comm.allgather(np.array([len(merged)], np.int64)))
+        pre = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         offsets = _shares(int(pre[-1]), P)
         unique, _ = comm.alltoallv(merged, _overlaps(pre[rank], pre[rank + 1], offsets))
         t_rebalance = clock.lap()
         # 6. global rows back to the senders; then each requester tells the final owners
-        g, _ = comm.alltoallv(pre[rank] + recv_inverse, recv_counts)
-        lu_owner = np.searchsorted(offsets, g, side="right") - 1
-        lu_index = g - offsets[lu_owner]
-        request_counts = np.bincount(lu_owner, minlength=P).astype(np.int64)
+        g, _ = comm.alltoallv(recv_inverse + int(pre[rank]), recv_counts)
+        lu_owner, off = ops.owner_of(offsets, g)
+        lu_index = g - off[lu_owner]
+        request_counts = ops.bincount(lu_owner, P)
         serve_index, serve_counts = comm.alltoallv(lu_index, request_counts)
     else:
-        unique, t_rebalance = merged, 0.0
+        unique, t_rebalance, offsets = merged, 0.0, None
         # 6. each received key's row in the owner's slice goes back to its sender
         lu_index, _ = comm.alltoallv(recv_inverse, recv_counts)
-        lu_owner = np.repeat(np.arange(P, dtype=np.int64), send_counts)
+        lu_owner = ops.repeat(send_counts)
         request_counts, serve_index, serve_counts = send_counts, recv_inverse, recv_counts
-        offsets = None
     t_route = clock.lap()
 
-    stats = [len(arr), len(received), len(merged), len(unique), clock.total()]
+    stats = [len(keys), len(received), len(merged), len(unique), clock.total()]
     stats += [t_local, t_split, t_exchange, t_merge, t_rebalance, t_route]
-    metrics = _metrics(
-        comm,
-        w,
-        stats,
-        REGULAR_PHASES,
-        method="regular-sampling",
-        samples_per_rank=samples_per_rank,
-        rebalanced=rebalance,
-    )
+    metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
+                       samples_per_rank=samples_per_rank, rebalanced=rebalance)
     if offsets is None:
         offsets = np.concatenate([[0], np.cumsum(metrics.counts)]).astype(np.int64)
     return GlobalDedup(
@@ -539,29 +598,31 @@ def global_dedup(
         index=lu_index[local_inverse],
         metrics=metrics,
         request_inverse=local_inverse,
-        request_counts=request_counts,
+        request_counts=np.asarray(request_counts, np.int64),
         serve_index=serve_index,
-        serve_counts=serve_counts,
+        serve_counts=np.asarray(serve_counts, np.int64),
     )
 
 
 def centralised_dedup(keys, comm: Comm | None = None) -> GlobalDedup:
     """The baseline: gather every key on rank 0, unique there, scatter equal slices back.
 
-    Same arguments and result as `global_dedup` (the slices are equal shares by construction;
-    rank 0 alone sorts everything).
+    Same arguments and result as `global_dedup` for host keys (the slices are equal shares by
+    construction; rank 0 alone sorts everything).
     """
     comm = SerialComm() if comm is None else comm
     P = comm.size
+    ops = _Ops(np.zeros(0))
     clock = _Clock()
-    arr, w = _check_words(keys, comm)
+    arr = _agree_words(np.asarray(keys, dtype=np.uint64), comm, ops)
+    w = arr.shape[1]
     clock.lap()
 
     parts = comm.gather(arr, root=0)
     t_gather = clock.lap()
     rows = np.zeros(P, np.int64)
     if comm.rank == 0:
-        everything, inverse, _ = dedup(np.concatenate(parts))
+        everything, inverse = sort_unique(np.concatenate(parts))
         offsets = _shares(len(everything), P)
         rows = np.array([len(p) for p in parts], dtype=np.int64)
     else:
@@ -595,7 +656,7 @@ def centralised_dedup(keys, comm: Comm | None = None) -> GlobalDedup:
         request_inverse=request_inverse.astype(np.int64).reshape(-1),
         request_counts=request_counts,
         serve_index=serve_index.astype(np.int64),
-        serve_counts=serve_counts,
+        serve_counts=np.asarray(serve_counts, np.int64),
     )
 
 
@@ -607,12 +668,13 @@ def simulate_partition(
     P: int | None = None,
     samples_per_rank: int = DEFAULT_SAMPLES_PER_RANK,
     rebalance: bool = True,
+    timeout: float = 600.0,
 ) -> list[GlobalDedup]:
-    """Run the regular-sampling de-dup on P slices inside one process (no communicator).
+    """`global_dedup` on P ranks that are threads of this process (`ThreadComm`).
 
-    The steps of `global_dedup`, with every exchange done by slicing. Phase times are the
-    slowest simulated rank's compute time (communication is free), so ``items_per_s`` is an
-    upper bound for P real ranks; the balance metrics are what P real ranks would see.
+    The same code as a real run; the exchanges are in-memory copies, so the balance metrics are
+    what P real ranks would see, and the times are those of P threads sharing this machine's
+    cores (an upper bound on compute, no network).
 
     Args:
         keys: a sequence of P uint64 (n_r, words) arrays (one per simulated rank), or one array
@@ -620,9 +682,10 @@ def simulate_partition(
         P: number of simulated ranks (required when `keys` is one array).
         samples_per_rank: S.
         rebalance: as in `global_dedup`.
+        timeout: seconds a simulated rank may wait in a collective.
 
     Returns:
-        One `GlobalDedup` per simulated rank (``fetch`` needs a real communicator; use
+        One `GlobalDedup` per simulated rank (``fetch`` needs the threads' communicator; use
         ``owner``/``index`` instead).
 
     Example:
@@ -635,7 +698,7 @@ def simulate_partition(
             raise ValueError("pass P when keys is one array")
         if P < 1:
             raise ValueError(f"P must be >= 1, got {P}")
-        slices = np.array_split(_as_keys(keys), P)
+        slices = np.array_split(as_keys(keys), P)
     else:
         slices = [np.asarray(k, dtype=np.uint64) for k in keys]
         if P is not None and P != len(slices):
@@ -643,104 +706,14 @@ def simulate_partition(
         P = len(slices)
         if P < 1:
             raise ValueError("simulate_partition needs at least one slice")
-        w = _common_words([(k.size, k.shape[-1] if k.ndim == 2 else 1) for k in slices])
-        if w is None:  # nothing anywhere: keep the words of the empty (0, words) arrays
-            w = max([k.shape[1] for k in slices if k.ndim == 2 and k.shape[1]], default=1)
-        slices = [_as_keys(k) if k.size else np.zeros((0, w), np.uint64) for k in slices]
-    w = slices[0].shape[1]
-    t = {p: np.zeros(P) for p in REGULAR_PHASES}
-
-    def timed(phase: str, r: int, fn, *args):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        t[phase][r] += time.perf_counter() - t0
-        return out
-
-    local = [timed("local", r, dedup, k)[:2] for r, k in enumerate(slices)]
-    gathered = [
-        timed("splitters", r, _samples_with_weight, lu, samples_per_rank)
-        for r, (lu, _) in enumerate(local)
-    ]
-    splitters = timed("splitters", 0, _splitters_from, gathered, P)
-    send = [timed("splitters", r, split_counts, lu, splitters) for r, (lu, _) in enumerate(local)]
-    starts = [np.concatenate([[0], np.cumsum(c)]) for c in send]
-
-    merged, recv_inverse, recv_counts = [], [], []
-    for d in range(P):
-        t0 = time.perf_counter()
-        runs = [lu[s[d] : s[d + 1]] for (lu, _), s in zip(local, starts, strict=True)]
-        received = np.concatenate(runs)
-        t["exchange"][d] += time.perf_counter() - t0
-        u, rinv, _ = timed("merge", d, dedup, received)
-        merged.append(u)
-        recv_inverse.append(rinv)
-        recv_counts.append(np.array([len(x) for x in runs], dtype=np.int64))
-    received_rows = np.array([len(x) for x in recv_inverse], dtype=np.int64)
-    merged_rows = np.array([len(u) for u in merged], dtype=np.int64)
-    pre = np.concatenate([[0], np.cumsum(merged_rows)]).astype(np.int64)
-    rstarts = [np.concatenate([[0], np.cumsum(rc)]) for rc in recv_counts]
-
-    # each sender's local unique keys -> row in the pre-rebalance concatenation
-    g_local = []
-    for r in range(P):
-        t0 = time.perf_counter()
-        g_local.append(
-            np.concatenate(
-                [pre[d] + recv_inverse[d][rstarts[d][r] : rstarts[d][r + 1]] for d in range(P)]
-            ).astype(np.int64)
-        )
-        t["route"][r] += time.perf_counter() - t0
-
-    if rebalance:
-        offsets = _shares(int(pre[-1]), P)
-        everything = np.concatenate(merged)
-        unique = []
-        for d in range(P):
-            t0 = time.perf_counter()
-            unique.append(np.ascontiguousarray(everything[offsets[d] : offsets[d + 1]]))
-            t["rebalance"][d] += time.perf_counter() - t0
-    else:
-        offsets, unique = pre, merged
-
-    lu_owner = [np.searchsorted(offsets, g, side="right") - 1 for g in g_local]
-    lu_index = [g - offsets[o] for g, o in zip(g_local, lu_owner, strict=True)]
-    request_counts = [np.bincount(o, minlength=P).astype(np.int64) for o in lu_owner]
-    # lu_owner is non-decreasing (sorted keys), so each requester's requests split by counts
-    pieces = [np.split(i, np.cumsum(c)[:-1]) for i, c in zip(lu_index, request_counts, strict=True)]
-    serve_index, serve_counts = [], []
-    for d in range(P):
-        t0 = time.perf_counter()
-        serve_index.append(np.concatenate([p[d] for p in pieces]).astype(np.int64))
-        serve_counts.append(np.array([rc[d] for rc in request_counts], dtype=np.int64))
-        t["route"][d] += time.perf_counter() - t0
-
-    seconds = {p: float(v.max()) for p, v in t.items()}
-    metrics = DedupMetrics(
-        method="regular-sampling",
-        ranks=P,
-        words=w,
-        items=int(sum(len(k) for k in slices)),
-        unique=int(pre[-1]),
-        received=received_rows,
-        merged=merged_rows,
-        counts=np.array([len(u) for u in unique], dtype=np.int64),
-        seconds=seconds,
-        total_seconds=float(sum(seconds.values())),
-        samples_per_rank=samples_per_rank,
-        rebalanced=rebalance,
-        simulated=True,
+        words = {k.shape[-1] if k.ndim == 2 else 1 for k in slices if k.size}
+        if len(words) > 1:
+            raise ValueError(f"inputs differ in words per key: {sorted(words)}")
+    results = run_ranks(
+        P,
+        lambda comm: global_dedup(slices[comm.rank], comm, samples_per_rank, rebalance),
+        timeout=timeout,
     )
-    return [
-        GlobalDedup(
-            unique=unique[r],
-            offsets=offsets,
-            owner=lu_owner[r][inv],
-            index=lu_index[r][inv],
-            metrics=metrics,
-            request_inverse=inv,
-            request_counts=request_counts[r],
-            serve_index=serve_index[r],
-            serve_counts=serve_counts[r],
-        )
-        for r, (_, inv) in enumerate(local)
-    ]
+    for r in results:
+        r.metrics.simulated = True
+    return results

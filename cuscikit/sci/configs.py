@@ -2,7 +2,7 @@
 
 Bit `2p` of a configuration is spatial orbital p with alpha spin, bit `2p+1` the same orbital with
 beta spin; spin orbital k lives in word k // 64, bit k % 64. Word 0 is the least significant
-word, so sorting compares the last word first (see `cuscikit.sci.dedup`).
+word, so sorting compares the last word first (see `cuscikit.backends.keys`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from math import comb
 
 import numpy as np
 
-MAX_WORDS = 4
-MAX_ORBITALS = 32 * MAX_WORDS  # spatial orbitals: 256 spin orbitals in 4 words
+from cuscikit.chem.integrals import MAX_ORBITALS  # 256 spin orbitals
+
+MAX_WORDS = (2 * MAX_ORBITALS) // 64
 
 _ALPHA_MASK = np.uint64(0x5555555555555555)
 _BETA_MASK = np.uint64(0xAAAAAAAAAAAAAAAA)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from cuscikit.backends.cpu import core
+from cuscikit.backends import core
 from cuscikit.sci.configs import n_words, normalize_nelec
 
 DEFAULT_EPS = 1e-12
@@ -32,12 +33,24 @@ class CoupledSet:
         return len(self.values)
 
 
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_for(system, key, build):
+    """``build()`` once per (system, key): Hamiltonian tables of a molecule, on the host or a
+    device, live as long as the molecule does (a weak reference; nothing is stored on it)."""
+    per = _BUILT.setdefault(system, {})
+    if key not in per:
+        per[key] = build()
+    return per[key]
+
+
 def full_eri(eri: np.ndarray, norb: int) -> np.ndarray:
     """Return the (norb,)*4 ERI array from a full, 4-fold or 8-fold packed array."""
     eri = np.asarray(eri, dtype=np.float64)
     if eri.ndim == 4:
         return np.ascontiguousarray(eri)
-    from cuscikit.chem.fcidump import restore_eri
+    from cuscikit.chem.integrals import restore_eri
 
     return np.ascontiguousarray(restore_eri(eri, norb, 1))
 
@@ -82,11 +95,10 @@ class Hamiltonian:
 
     @classmethod
     def from_molecule(cls, mol, eps: float = DEFAULT_EPS) -> Hamiltonian:
-        """Hamiltonian of a `cuscikit.Molecule` (cached on the molecule per threshold)."""
-        cache = mol.__dict__.setdefault("_hamiltonians", {})
-        if eps not in cache:
-            cache[eps] = cls(mol.h1e, mol.eri_full(), mol.e_core, mol.nelec, eps=eps)
-        return cache[eps]
+        """Hamiltonian of a `cuscikit.Molecule` (built once per molecule and threshold)."""
+        return cached_for(
+            mol, ("host", eps), lambda: cls(mol.h1e, mol.eri_full(), mol.e_core, mol.nelec, eps=eps)
+        )
 
     # --- tables -------------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ from math import comb
 
 import numpy as np
 
+from cuscikit.backends.keys import KeyIndex, dedup
 from cuscikit.sci.configs import (
     all_determinants,
     check_configurations,
@@ -13,7 +14,6 @@ from cuscikit.sci.configs import (
     hf_configuration,
     to_occupations,
 )
-from cuscikit.sci.dedup import KeyIndex, dedup
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
 
 DENSE_LIMIT = 2000  # spaces up to this size are diagonalised densely
@@ -152,7 +152,7 @@ class SCISpace:
             w, v = np.linalg.eigh(H.toarray())
             e, vecs = w[:nroots], v[:, :nroots]
         else:
-            from cuscikit.sci.davidson import davidson
+            from cuscikit.linalg.davidson import davidson
 
             nsolve = min(n, max(nroots, 3))
             res = davidson(H.matmat, H.diagonal(), nsolve, tol=tol)

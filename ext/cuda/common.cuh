@@ -1,11 +1,14 @@
-// Shared helpers of the CUDA translation units: error checks that throw, launch geometry.
+// Shared helpers of the CUDA translation units of every system: error checks that throw, launch
+// geometry, the word-count dispatch.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "api.hpp"
+#include <cstdint>
+
+#include "cuscikit/dispatch.hpp"
 
 #define CSK_CUDA_CHECK(expr)                                                                  \
   do {                                                                                        \
@@ -20,6 +23,9 @@
 #define CSK_CUDA_LAUNCHED() CSK_CUDA_CHECK(cudaGetLastError())
 
 namespace csk::gpu {
+
+using u64 = std::uint64_t;
+using i64 = std::int64_t;
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from cuscikit.chem import Molecule, UnknownDatasetError, list_datasets
@@ -13,7 +15,7 @@ from cuscikit.chem.datasets import (
 )
 from cuscikit.chem.molecule import aufbau_energy
 
-# ALGORITHMS.md, "Reference systems" (STO-3G, all electron, RHF orbitals)
+# FCI energies of the NNQS benchmark set (STO-3G, all electron, RHF orbitals), as published
 TABLE = {
     "LiH": -7.78446028,
     "H2O": -75.01553019,
@@ -108,10 +110,36 @@ def test_env_var_overrides_folder(monkeypatch: pytest.MonkeyPatch, tmp_path) -> 
     real = datasets_dir()
     monkeypatch.setenv("CUSCIKIT_DATASETS", str(tmp_path))
     assert datasets_dir() == tmp_path
+    with pytest.raises(FileNotFoundError, match="index.json"):
+        dataset_metadata("LiH")
+    shutil.copy(real / "index.json", tmp_path / "index.json")  # the index, not the files
     with pytest.raises(FileNotFoundError, match="lih_sto3g"):
         dataset_metadata("LiH")
     monkeypatch.delenv("CUSCIKIT_DATASETS")
     assert datasets_dir() == real
+
+
+def test_every_file_matches_its_checksum_and_a_damaged_one_is_refused(tmp_path, monkeypatch):
+    from cuscikit.lib.datasets import data_path, entries, sha256_of
+
+    folder = datasets_dir()
+    listed = set()
+    for d in entries():
+        for f in d.files.values():
+            assert sha256_of(folder / f) == d.sha256[f], f
+            listed.add(f)
+    on_disk = {p.name for p in folder.iterdir() if p.suffix in (".gz", ".json")}
+    assert on_disk - {"index.json"} == listed  # no unlisted data, no missing files
+    for f in ("index.json", "lih_sto3g.json", "lih_sto3g.fcidump.gz"):
+        shutil.copy(folder / f, tmp_path / f)
+    raw = bytearray((tmp_path / "lih_sto3g.fcidump.gz").read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one flipped bit
+    (tmp_path / "lih_sto3g.fcidump.gz").write_bytes(bytes(raw))
+    monkeypatch.setenv("CUSCIKIT_DATASETS", str(tmp_path))
+    with pytest.raises(ValueError, match="damaged"):
+        data_path("LiH")
+    with pytest.raises(ValueError, match="damaged"):
+        Molecule.load("LiH")
 
 
 def test_datasets_folder_is_small() -> None:

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuscikit import Molecule  # noqa: E402
-from cuscikit.sci.dedup import dedup_numpy  # noqa: E402
+from cuscikit.backends.keys import dedup_numpy  # noqa: E402
 from cuscikit.sci.hamiltonian import Hamiltonian  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -22,9 +22,21 @@ def _hf(mol):
 
 @pytest.fixture(scope="module")
 def ops():
-    from cuscikit.gpu import ops
+    """The CUDA kernels as the tests call them: `cuscikit.sci.cuda` and the key primitives."""
+    from types import SimpleNamespace
 
-    return ops
+    from cuscikit.backends import keys
+    from cuscikit.sci import cuda as sci_cuda
+
+    def sort_unique(k, return_inverse=False, end_bit=None):
+        return keys.sort_unique(k, return_inverse=return_inverse, end_bit=end_bit)
+
+    return SimpleNamespace(
+        DeviceHamiltonian=sci_cuda.DeviceHamiltonian, coupled=sci_cuda.coupled,
+        coupled_counts=sci_cuda.coupled_counts, diagonal=sci_cuda.diagonal,
+        local_energy_sums=sci_cuda.local_energy_sums, to_device=keys.to_device,
+        to_numpy=keys.to_numpy, search=keys.search, sort_unique=sort_unique,
+    )
 
 
 def _random_sources(mol, n, seed):
@@ -141,7 +153,17 @@ def test_local_energy_sums_match_numpy(ops):
 
 
 def test_kernels_reject_bad_input(ops):
-    with pytest.raises(ValueError, match="CUDA tensor"):
-        ops.sort_unique(torch.zeros((3, 1), dtype=torch.int64))
-    with pytest.raises(ValueError, match="int64"):
+    """The typed bindings check dtype, shape and device before launching anything."""
+    from cuscikit.backends import cuda
+
+    with pytest.raises(TypeError, match="int64"):
         ops.sort_unique(torch.zeros((3, 1), dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="1..4 words"):
+        ops.sort_unique(torch.zeros((3, 5), dtype=torch.int64, device="cuda"))
+    out = torch.empty(3, dtype=torch.int64, device="cuda")
+    keys_cpu = torch.zeros((3, 1), dtype=torch.int64)  # host memory where device memory is due
+    with pytest.raises(TypeError):
+        cuda().search_keys(keys_cpu, keys_cpu, out, 0)
+    with pytest.raises(ValueError, match="one entry per query"):
+        k = torch.zeros((3, 1), dtype=torch.int64, device="cuda")
+        cuda().search_keys(k, k, out[:2], 0)

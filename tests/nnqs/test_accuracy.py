@@ -16,7 +16,7 @@ def run_defaults(name: str, iters: int):
     """The last history row of a default run (the command line's: with the rate's tail decay)."""
     mol = Molecule.load(name)
     runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, device="cpu")
-    return runner.run(iters, [LearningRateDecay.over_tail(iters)], progress=False).iloc[-1]
+    return runner.run(iters, [LearningRateDecay.over_tail(iters)], progress=False).history.iloc[-1]
 
 
 def test_lih_reaches_chemical_accuracy():

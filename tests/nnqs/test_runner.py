@@ -69,7 +69,7 @@ def test_max_space_cap():
 
 def test_history_has_both_estimators_and_stage_timings():
     runner = make_runner()
-    h = runner.run(3, progress=False)
+    h = runner.run(3, progress=False).history
     assert len(h) == 3 and list(h["iteration"]) == [1, 2, 3]
     for col in (
         "e_coupled",
@@ -90,13 +90,13 @@ def test_history_has_both_estimators_and_stage_timings():
 
 def test_same_seed_same_history_and_resume_is_exact(tmp_path):
     a = make_runner(seed=3)
-    full = a.run(8, progress=False)
+    full = a.run(8, progress=False).history
     b = make_runner(seed=3)
     b.run(4, progress=False, checkpoint=str(tmp_path / "ck.h5"), checkpoint_every=4)
     c = make_runner(seed=99)  # different init: everything must come from the checkpoint
     c.load(tmp_path / "ck.h5")
     assert c.iteration == 4
-    resumed = c.run(4, progress=False)
+    resumed = c.run(4, progress=False).history
     np.testing.assert_array_equal(
         full[ENERGY_COLUMNS].to_numpy(), resumed[ENERGY_COLUMNS].to_numpy()
     )
@@ -181,7 +181,7 @@ def test_nan_loss_stops_and_keeps_last_good_state(tmp_path, capsys):
         next(r.ansatz.parameters()).fill_(float("nan"))
     with pytest.raises(NonFiniteLossError):
         r.step()
-    h = r.run(5, progress=False, checkpoint=str(ck), checkpoint_every=1)
+    h = r.run(5, progress=False, checkpoint=str(ck), checkpoint_every=1).history
     assert len(h) == 2 and "stopped" in capsys.readouterr().out
     fresh = make_runner()
     fresh.load(ck)
@@ -190,7 +190,7 @@ def test_nan_loss_stops_and_keeps_last_good_state(tmp_path, capsys):
 
 def test_early_stopping():
     r = make_runner()
-    h = r.run(50, progress=False, callbacks=[EarlyStopping(tol=1e9, patience=3)])
+    h = r.run(50, progress=False, callbacks=[EarlyStopping(tol=1e9, patience=3)]).history
     assert len(h) == 4
 
 
@@ -220,7 +220,7 @@ def test_streamed_and_single_batch_paths_agree():
     rows = []
     for batch_size in (100_000, 7):
         r = make_runner("H2O", seed=1, topk=20, batch_size=batch_size)
-        h = r.run(5, progress=False)
+        h = r.run(5, progress=False).history
         rows.append(h[["e_coupled", "e_variational", "n_space"]].to_numpy())
     np.testing.assert_allclose(rows[0], rows[1], atol=1e-11, rtol=0)
 
@@ -283,9 +283,9 @@ def test_pairs_inside_the_space_are_h_restricted_to_it():
     for _ in range(3):
         runner.step()
     S = runner.space.configs
-    out = runner._stages_baseline({})
-    assert len(out["space_pairs"][0]) < out["n_coupled"]  # some pairs leave S
-    h = _space_matrix(out["space_pairs"], out["hdiag"], len(S))
+    out = runner._pipeline.run(S, runner.topk)
+    assert len(out.space_pairs[0]) < out.n_coupled  # some pairs leave S
+    h = _space_matrix(out.space_pairs, out.hdiag, len(S))
     ref = SCISpace(runner.molecule, S).hamiltonian.restricted(S).toarray()
     np.testing.assert_allclose(h, ref, rtol=0, atol=1e-12)
 
@@ -309,8 +309,8 @@ def test_an_inner_step_is_a_variational_step_on_the_same_space():
 
 
 def test_inner_steps_lower_the_energy_per_iteration():
-    plain = make_runner("H2O", topk=32, inner_steps=0).run(30, progress=False)
-    inner = make_runner("H2O", topk=32, inner_steps=3).run(30, progress=False)
+    plain = make_runner("H2O", topk=32, inner_steps=0).run(30, progress=False).history
+    inner = make_runner("H2O", topk=32, inner_steps=3).run(30, progress=False).history
     assert inner["e_variational"].iloc[-1] < plain["e_variational"].iloc[-1] - 1e-3
 
 
@@ -328,17 +328,17 @@ def test_learning_rate_decay_schedule_and_exact_resume(tmp_path):
             seen.append(runner.optimizer.param_groups[0]["lr"])
 
     a = make_runner(seed=3)
-    full = a.run(10, [LearningRateDecay(4, 8, 1e-4), Spy()], progress=False)
+    full = a.run(10, [LearningRateDecay(4, 8, 1e-4), Spy()], progress=False).history
     np.testing.assert_allclose(seen, rates[1:] + [1e-4])  # set for the next iteration
     b = make_runner(seed=3)
     b.run(6, [LearningRateDecay(4, 8, 1e-4)], progress=False, checkpoint=str(tmp_path / "c.h5"),
           checkpoint_every=3)
     c = make_runner(seed=99).load(tmp_path / "c.h5")
-    resumed = c.run(4, [LearningRateDecay(4, 8, 1e-4)], progress=False)
+    resumed = c.run(4, [LearningRateDecay(4, 8, 1e-4)], progress=False).history
     np.testing.assert_array_equal(
         full[ENERGY_COLUMNS].to_numpy(), resumed[ENERGY_COLUMNS].to_numpy()
     )
-    plain = make_runner(seed=3).run(10, progress=False)  # and the decay changes the run
+    plain = make_runner(seed=3).run(10, progress=False).history  # and the decay changes the run
     assert not np.array_equal(plain["e_tot"].to_numpy(), full["e_tot"].to_numpy())
     with pytest.raises(ValueError, match="start < end"):
         LearningRateDecay(8, 8, 1e-4)

@@ -1,4 +1,4 @@
-"""One rank of the tensor de-dup tests (`global_dedup_tensors`), started by torchrun or mpiexec.
+"""One rank of the tensor de-dup tests (`global_dedup` on tensors), started by torchrun or mpiexec.
 
     python _gpu_dedup_worker.py OUT cpu    # CPU tensors; communicator from get_comm() (gloo/MPI)
     python _gpu_dedup_worker.py OUT cuda   # CUDA tensors on cuda:LOCAL_RANK, NCCL
@@ -27,17 +27,16 @@ WORDS = {case: (1, 2, 4) for case in CASES} | {"coupled": (1,)}
 def variants(device: str) -> list[tuple[str, str, bool]]:
     """(name, impl, rebalance)."""
     if device == "cuda":
-        return [("kernel", "kernel", True), ("kernel-norebalance", "kernel", False),
+        return [("kernel", "auto", True), ("kernel-norebalance", "auto", False),
                 ("torch", "torch", True)]
-    return [("numpy", "numpy", True), ("numpy-norebalance", "numpy", False),
+    return [("numpy", "auto", True), ("numpy-norebalance", "auto", False),
             ("torch", "torch", True)]
 
 
 def run(out: Path, device: str) -> dict:
     import torch
 
-    from cuscikit.parallel import get_comm
-    from cuscikit.parallel.gpu_dedup import global_dedup_tensors
+    from cuscikit.parallel import get_comm, global_dedup
 
     if device == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -52,7 +51,7 @@ def run(out: Path, device: str) -> dict:
             keys = case_keys(case, words, comm.rank, comm.size)
             t = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64)).to(dev)
             for name, impl, rebalance in variants(device):
-                res = global_dedup_tensors(t, comm, samples_per_rank=64, rebalance=rebalance,
+                res = global_dedup(t, comm, samples_per_rank=64, rebalance=rebalance,
                                            impl=impl)
                 assert res.unique.device == t.device and res.index.device == t.device
                 u = np.ascontiguousarray(res.unique.cpu().numpy()).view(np.uint64)

@@ -11,6 +11,8 @@ from _cases import CASES, case_keys, key_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cuscikit.backends.keys import dedup_numpy
+from cuscikit.backends.keys import searchsorted as searchsorted_keys
 from cuscikit.parallel import (
     SerialComm,
     centralised_dedup,
@@ -18,8 +20,7 @@ from cuscikit.parallel import (
     global_dedup,
     simulate_partition,
 )
-from cuscikit.parallel.dedup import balance, regular_samples, searchsorted_keys, split_counts
-from cuscikit.sci.dedup import dedup_numpy
+from cuscikit.parallel.dedup import balance, regular_samples, split_counts
 
 
 def as_int(row) -> int:

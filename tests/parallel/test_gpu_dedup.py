@@ -1,4 +1,4 @@
-"""`global_dedup_tensors`: the regular-sampling de-dup on torch tensors.
+"""`global_dedup` on torch tensors: the same code as on numpy arrays, keys on their device.
 
 In process (one rank, SerialComm): the tensor primitives against their numpy twins. Real ranks:
 2 gloo ranks under torchrun and 2 MPI ranks on CPU tensors (`mpi` marker), and 2 NCCL ranks on
@@ -18,14 +18,8 @@ import pytest
 import torch
 from _cases import CASES, case_keys, check_partition, key_values
 
+from cuscikit.backends.keys import dedup_numpy, searchsorted, sort_unique
 from cuscikit.parallel import SerialComm, global_dedup
-from cuscikit.parallel.dedup import searchsorted_keys
-from cuscikit.parallel.gpu_dedup import (
-    global_dedup_tensors,
-    searchsorted_rows,
-    sort_unique_rows,
-)
-from cuscikit.sci.dedup import dedup_numpy
 
 WORKER = Path(__file__).with_name("_gpu_dedup_worker.py")
 
@@ -44,27 +38,27 @@ def _keys(words: int, n: int = 1500, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("words", [1, 2, 3, 4])
-@pytest.mark.parametrize("impl", ["numpy", "torch"])
+@pytest.mark.parametrize("impl", ["auto", "torch"])
 def test_sort_unique_and_search_match_numpy(words, impl):
     k = _keys(words)
     u, inv, _ = dedup_numpy(k)
-    tu, tinv = sort_unique_rows(_t(k), impl=impl)
+    tu, tinv = sort_unique(_t(k), impl=impl)
     assert np.array_equal(tu.numpy().view(np.uint64), u)
     assert np.array_equal(tinv.numpy(), inv)
     q = _keys(words, 80, seed=1)
     q[::2] = u[np.random.default_rng(2).integers(0, len(u), len(q[::2]))]
     for side in ("left", "right"):
-        got = searchsorted_rows(_t(u), _t(q), side=side).numpy()
-        assert np.array_equal(got, searchsorted_keys(u, q, side=side)), side
+        got = searchsorted(_t(u), _t(q), side=side).numpy()
+        assert np.array_equal(got, searchsorted(u, q, side=side)), side
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("impl", ["numpy", "torch"])
+@pytest.mark.parametrize("impl", ["auto", "torch"])
 def test_one_rank_equals_numpy_global_dedup(case, impl):
     for words in (1, 3) if case != "coupled" else (1,):
         keys = case_keys(case, words, 0, 1)
         ref = global_dedup(keys, SerialComm(), samples_per_rank=64)
-        res = global_dedup_tensors(_t(keys), SerialComm(), samples_per_rank=64, impl=impl)
+        res = global_dedup(_t(keys), SerialComm(), samples_per_rank=64, impl=impl)
         got = res.as_numpy()
         assert np.array_equal(got.unique.reshape(-1, words), ref.unique.reshape(-1, words))
         for name in ("offsets", "owner", "index", "request_counts", "serve_counts"):
@@ -76,11 +70,11 @@ def test_one_rank_equals_numpy_global_dedup(case, impl):
 
 def test_bad_input():
     with pytest.raises(TypeError, match="int64"):
-        global_dedup_tensors(torch.zeros((3, 1), dtype=torch.float64))
+        global_dedup(torch.zeros((3, 1), dtype=torch.float64))
     with pytest.raises(ValueError, match="1..4 words"):
-        global_dedup_tensors(torch.zeros((3, 5), dtype=torch.int64))
+        global_dedup(torch.zeros((3, 5), dtype=torch.int64))
     with pytest.raises(ValueError, match="impl"):
-        sort_unique_rows(torch.zeros((3, 1), dtype=torch.int64), impl="bogus")
+        sort_unique(torch.zeros((3, 1), dtype=torch.int64), impl="bogus")
 
 
 # --- real ranks ----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from _launch import missing as _missing
 from _launch import mpiexec as _mpiexec
 from _launch import torchrun
 
-from cuscikit.sci.dedup import dedup_numpy
+from cuscikit.backends.keys import dedup_numpy
 
 pytestmark = pytest.mark.mpi
 

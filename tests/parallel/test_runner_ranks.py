@@ -1,7 +1,7 @@
 """The Runner on several ranks: the same energies as one rank, per iteration, to 1e-8 Ha.
 
-In-process tests run P ranks as threads (`_threadcomm.py`: uneven shares, more ranks than
-sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun (gloo) and
+In-process tests run P ranks as threads (`cuscikit.parallel.run_ranks`: uneven shares, more
+ranks than sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun (gloo) and
 mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command line under
 mpiexec. References are single-rank runs of the same cases in this process (float64 ansatz,
 seed 0).
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from _launch import env, launch, mpiexec, torchrun
 from _runner_worker import CASES, RESUME, RESUME_SPLIT, make_runner, summary
-from _threadcomm import ThreadComm, _Shared, run_ranks
 
 from cuscikit.cli import main
 from cuscikit.nnqs.checkpoint import CheckpointError
 from cuscikit.nnqs.runner import Callback
 from cuscikit.parallel import CommError, SerialComm
+from cuscikit.parallel.comm import ThreadComm, _ThreadShared, run_ranks
 
 WORKER = Path(__file__).with_name("_runner_worker.py")
 TOL = 1e-8  # Ha, per iteration
@@ -96,9 +96,11 @@ def test_thread_ranks_match_single_rank(P):
     assert (history["unique_max"] - history["unique_min"] <= 1).all()  # exact equal shares
 
 
-def test_gpu_pipeline_refused_with_several_ranks():
-    comm = ThreadComm(_Shared(2, timeout=5), rank=0, size=2)
-    with pytest.raises(ValueError, match="pipeline='gpu' runs on one rank"):
+def test_gpu_pipeline_on_several_ranks_needs_a_cuda_ansatz():
+    """Several ranks run the gpu pipeline like one (tests/parallel/test_runner_multi_gpu.py);
+    with a CPU ansatz it is refused before any collective, on every rank alike."""
+    comm = ThreadComm(_ThreadShared(2, timeout=5), rank=0, size=2)
+    with pytest.raises(ValueError, match="CUDA device"):
         make_runner(dict(CASES["LiH"], pipeline="gpu"), comm)
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from cuscikit import Molecule, SCISpace
+from cuscikit.linalg.davidson import davidson
 from cuscikit.sci.configs import all_determinants, hf_configuration
-from cuscikit.sci.davidson import davidson
 from cuscikit.sci.hamiltonian import Hamiltonian
 from tests.conftest import hubbard_integrals, random_integrals
 

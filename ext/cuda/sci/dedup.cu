@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "api.hpp"
 #include "common.cuh"
 #include "cuscikit/bits.hpp"
 
@@ -200,12 +201,7 @@ void check_sort_args(i64 n, int words) {
 std::size_t sort_unique_workspace(i64 n, int words, bool with_inverse) {
   check_sort_args(n, words);
   if (n == 0) return 0;
-  switch (words) {
-    case 1: return layout<1>(n, with_inverse).total;
-    case 2: return layout<2>(n, with_inverse).total;
-    case 3: return layout<3>(n, with_inverse).total;
-    default: return layout<4>(n, with_inverse).total;
-  }
+  return with_words(words, [&](auto W) { return layout<W.value>(n, with_inverse).total; });
 }
 
 i64 sort_unique(const u64* keys, i64 n, int words, int end_bit, u64* unique, i64* inverse,
@@ -214,12 +210,10 @@ i64 sort_unique(const u64* keys, i64 n, int words, int end_bit, u64* unique, i64
   if (n == 0) return 0;
   if (end_bit < 1 || end_bit > 64 * words) end_bit = 64 * words;
   auto s = as_stream(stream);
-  switch (words) {
-    case 1: return sort_unique_impl<1>(keys, n, end_bit, unique, inverse, workspace, workspace_bytes, s);
-    case 2: return sort_unique_impl<2>(keys, n, end_bit, unique, inverse, workspace, workspace_bytes, s);
-    case 3: return sort_unique_impl<3>(keys, n, end_bit, unique, inverse, workspace, workspace_bytes, s);
-    default: return sort_unique_impl<4>(keys, n, end_bit, unique, inverse, workspace, workspace_bytes, s);
-  }
+  return with_words(words, [&](auto W) {
+    return sort_unique_impl<W.value>(keys, n, end_bit, unique, inverse, workspace, workspace_bytes,
+                                     s);
+  });
 }
 
 void search_keys(const u64* sorted, i64 n_sorted, const u64* queries, i64 n_queries, int words,
@@ -227,13 +221,9 @@ void search_keys(const u64* sorted, i64 n_sorted, const u64* queries, i64 n_quer
   if (n_queries <= 0) return;
   auto s = as_stream(stream);
   const unsigned grid = grid_for(n_queries, 256, 16 * sm_count());
-  switch (words) {
-    case 1: search_kernel<1><<<grid, 256, 0, s>>>(sorted, n_sorted, queries, n_queries, out); break;
-    case 2: search_kernel<2><<<grid, 256, 0, s>>>(sorted, n_sorted, queries, n_queries, out); break;
-    case 3: search_kernel<3><<<grid, 256, 0, s>>>(sorted, n_sorted, queries, n_queries, out); break;
-    case 4: search_kernel<4><<<grid, 256, 0, s>>>(sorted, n_sorted, queries, n_queries, out); break;
-    default: throw std::invalid_argument("keys must have 1..4 words");
-  }
+  with_words(words, [&](auto W) {
+    search_kernel<W.value><<<grid, 256, 0, s>>>(sorted, n_sorted, queries, n_queries, out);
+  });
   CSK_CUDA_LAUNCHED();
 }
 

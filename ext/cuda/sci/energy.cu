@@ -1,6 +1,7 @@
 // Local-energy numerators: one warp per source sums H_xx' psi(x') over its coupled segment.
 // Lanes stride the segment and a fixed shuffle tree reduces them, so the result does not
 // depend on scheduling (no atomics): GPU runs are reproducible.
+#include "api.hpp"
 #include "common.cuh"
 
 namespace csk::gpu {
@@ -57,19 +58,5 @@ void local_energy_sums(const i64* offsets, i64 n, const double* values, const i6
       reinterpret_cast<double2*>(num_coupled), reinterpret_cast<double2*>(num_variational));
   CSK_CUDA_LAUNCHED();
 }
-
-DeviceInfo device_info() {
-  DeviceInfo d;
-  CSK_CUDA_CHECK(cudaGetDevice(&d.device));
-  cudaDeviceProp p{};
-  CSK_CUDA_CHECK(cudaGetDeviceProperties(&p, d.device));
-  d.sm_count = p.multiProcessorCount;
-  d.major = p.major;
-  d.minor = p.minor;
-  CSK_CUDA_CHECK(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
-  return d;
-}
-
-const char* build_arch() { return CSK_CUDA_ARCHS; }
 
 }  // namespace csk::gpu

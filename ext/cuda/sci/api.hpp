@@ -54,14 +54,4 @@ void local_energy_sums(const i64* offsets, i64 n, const double* values, const i6
                        const double* psi, const std::uint8_t* in_space, double* num_coupled,
                        double* num_variational, void* stream);
 
-// Device properties for batch sizing and `cuscikit info`.
-struct DeviceInfo {
-  int device = 0;
-  int sm_count = 0;
-  int major = 0, minor = 0;
-  std::size_t free_bytes = 0, total_bytes = 0;
-};
-DeviceInfo device_info();
-const char* build_arch();
-
 }  // namespace csk::gpu

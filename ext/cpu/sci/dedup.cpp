@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "cuscikit/dispatch.hpp"
 #include "kernels.hpp"
 
 
@@ -105,13 +106,7 @@ inline std::uint64_t hash_key(const std::uint64_t* k, int nw) {
 }  // namespace
 
 UniqueResult unique_keys(const std::uint64_t* keys, std::int64_t n, int nwords) {
-  switch (nwords) {
-    case 1: return unique_impl<1>(keys, n);
-    case 2: return unique_impl<2>(keys, n);
-    case 3: return unique_impl<3>(keys, n);
-    case 4: return unique_impl<4>(keys, n);
-    default: throw std::invalid_argument("keys must have 1 to 4 words");
-  }
+  return with_words(nwords, [&](auto W) { return unique_impl<W.value>(keys, n); });
 }
 
 KeyIndex::KeyIndex(const std::uint64_t* keys, std::int64_t n, int nwords)

@@ -1,18 +1,22 @@
-"""Torch-facing wrappers of the CUDA kernels. Configurations on the GPU are ``int64`` tensors of
-shape (n, words) holding the bits of the ``uint64`` arrays used on the CPU (word words-1 most
-significant); every buffer is allocated through PyTorch's caching allocator, so one pool holds
-all of the pipeline's memory and `torch.cuda.max_memory_allocated` measures its peak.
+"""The selected-CI kernels on a GPU: coupled generation, diagonal elements and local-energy sums.
 
-Each function has a CPU twin it is tested against: `Hamiltonian.coupled` / `.diagonal`,
-`cuscikit.sci.dedup.dedup`, `numpy.searchsorted`-style lookup, and the runner's segment sums.
+Configurations on the GPU are ``int64`` tensors of shape (n, words) holding the bits of the
+``uint64`` arrays used on the CPU (word words-1 most significant; `cuscikit.backends.keys`
+converts and sorts them); every buffer is allocated through PyTorch's caching allocator and
+handed to the typed bindings of ``cuscikit._cuda`` as a tensor, so one pool holds all memory and
+``torch.cuda.max_memory_allocated`` measures its peak.
+
+Each function has a CPU twin it is tested against: `Hamiltonian.coupled` / `.diagonal` and
+the pipeline's host segment sums.
 
 Example:
-    >>> import torch, cuscikit
-    >>> from cuscikit.gpu import ops  # doctest: +SKIP
-    >>> mol = cuscikit.Molecule.load("N2")  # doctest: +SKIP
-    >>> dh = ops.DeviceHamiltonian.from_molecule(mol, "cuda")  # doctest: +SKIP
-    >>> hf = ops.to_device(cuscikit.SCISpace.hf(mol).configs, "cuda")  # doctest: +SKIP
-    >>> offsets, configs, values = ops.coupled(dh, hf)  # doctest: +SKIP
+    >>> import cuscikit
+    >>> from cuscikit.sci import cuda as sci_cuda  # doctest: +SKIP
+    >>> from cuscikit.backends.keys import to_device
+    >>> mol = cuscikit.Molecule.load("N2")
+    >>> dh = sci_cuda.DeviceHamiltonian.from_molecule(mol, "cuda")  # doctest: +SKIP
+    >>> hf = to_device(cuscikit.SCISpace.hf(mol).configs, "cuda")  # doctest: +SKIP
+    >>> offsets, configs, values = sci_cuda.coupled(dh, hf)  # doctest: +SKIP
     >>> int(offsets[-1])  # |C(HF)| for N2/STO-3G  # doctest: +SKIP
 """
 
@@ -21,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cuscikit.gpu import kernels
-from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
+from cuscikit.backends import cuda
+from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian, cached_for
 
 
 def _stream(device: torch.device) -> int:
@@ -40,17 +44,6 @@ def _check_configs(configs: torch.Tensor, words: int | None = None) -> torch.Ten
     return configs.contiguous()
 
 
-def to_device(configs: np.ndarray, device) -> torch.Tensor:
-    """uint64 (n, words) numpy configurations as an int64 CUDA tensor (same bits)."""
-    arr = np.ascontiguousarray(configs, dtype=np.uint64)
-    return torch.from_numpy(arr.view(np.int64)).to(device)
-
-
-def to_numpy(configs: torch.Tensor) -> np.ndarray:
-    """Inverse of `to_device`."""
-    return configs.detach().to("cpu").contiguous().numpy().view(np.uint64)
-
-
 class DeviceHamiltonian:
     """A `Hamiltonian`'s integrals and double-excitation table resident on one GPU.
 
@@ -60,7 +53,7 @@ class DeviceHamiltonian:
     """
 
     def __init__(self, hamiltonian: Hamiltonian, device="cuda"):
-        self._k = kernels()
+        self._k = cuda()
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"DeviceHamiltonian needs a CUDA device, got {self.device}")
@@ -80,12 +73,9 @@ class DeviceHamiltonian:
 
     @classmethod
     def from_molecule(cls, mol, device="cuda", eps: float = DEFAULT_EPS) -> DeviceHamiltonian:
-        """The molecule's Hamiltonian on `device` (cached on the molecule per device and eps)."""
-        cache = mol.__dict__.setdefault("_device_hamiltonians", {})
-        key = (str(torch.device(device)), eps)
-        if key not in cache:
-            cache[key] = cls(Hamiltonian.from_molecule(mol, eps=eps), device)
-        return cache[key]
+        """The molecule's Hamiltonian on `device` (built once per molecule, device and eps)."""
+        key = ("device", str(torch.device(device)), eps)
+        return cached_for(mol, key, lambda: cls(Hamiltonian.from_molecule(mol, eps=eps), device))
 
     @property
     def n_spin_orbitals(self) -> int:
@@ -101,13 +91,11 @@ class DeviceHamiltonian:
             above = np.concatenate([[0], np.cumsum(self._abs_values > eps)])
             cut = above[self._offsets_np[1:]] - above[self._offsets_np[:-1]]
             cut_t = torch.as_tensor(cut.astype(np.int32), device=self.device)
-            t = self._k.Tables(
-                self.norb, self.nwords, self.h1.data_ptr(), self.eri.data_ptr(),
-                float(self.hamiltonian.e_core), self.offsets.data_ptr(),
-                self.targets.data_ptr(), self.values.data_ptr(), cut_t.data_ptr(),
-            )
-            self._tables[eps] = (t, cut_t)  # the tensor keeps the pointer valid
-        return self._tables[eps][0]
+            self._tables[eps] = self._k.Tables(
+                self.h1, self.eri, float(self.hamiltonian.e_core), self.offsets, self.targets,
+                self.values, cut_t,
+            )  # the binding keeps the tensors alive
+        return self._tables[eps]
 
     def n_elec(self, configs: torch.Tensor) -> int:
         if self.nelec is not None:
@@ -121,8 +109,8 @@ def coupled_counts(dh: DeviceHamiltonian, configs: torch.Tensor, eps: float | No
     """|C(x)| per source (int64 tensor), without writing the coupled set."""
     configs = _check_configs(configs, dh.nwords)
     counts = torch.empty(len(configs), dtype=torch.int64, device=configs.device)
-    dh._k.coupled_counts(dh.tables(eps), configs.data_ptr(), len(configs), dh.n_elec(configs),
-                         _eps(dh, eps), counts.data_ptr(), _stream(configs.device))
+    dh._k.coupled_counts(dh.tables(eps), configs, dh.n_elec(configs), _eps(dh, eps), counts,
+                         _stream(configs.device))
     return counts
 
 
@@ -145,9 +133,8 @@ def coupled(dh: DeviceHamiltonian, configs: torch.Tensor, eps: float | None = No
     m = int(offsets[-1])
     out_c = torch.empty((m, dh.nwords), dtype=torch.int64, device=configs.device)
     out_v = torch.empty(m, dtype=torch.float64, device=configs.device)
-    dh._k.coupled_write(dh.tables(eps), configs.data_ptr(), len(configs), dh.n_elec(configs),
-                        _eps(dh, eps), offsets.data_ptr(), out_c.data_ptr(), out_v.data_ptr(),
-                        _stream(configs.device))
+    dh._k.coupled_write(dh.tables(eps), configs, dh.n_elec(configs), _eps(dh, eps), offsets,
+                        out_c, out_v, _stream(configs.device))
     return offsets, out_c, out_v
 
 
@@ -155,53 +142,7 @@ def diagonal(dh: DeviceHamiltonian, configs: torch.Tensor) -> torch.Tensor:
     """<x|H|x> per configuration, E_core included."""
     configs = _check_configs(configs, dh.nwords)
     out = torch.empty(len(configs), dtype=torch.float64, device=configs.device)
-    dh._k.diagonal(dh.tables(), configs.data_ptr(), len(configs), out.data_ptr(),
-                   _stream(configs.device))
-    return out
-
-
-def sort_unique_workspace_bytes(n: int, words: int, return_inverse: bool = False) -> int:
-    """Device bytes `sort_unique` allocates besides its outputs."""
-    return int(kernels().sort_unique_workspace(int(n), int(words), bool(return_inverse)))
-
-
-def sort_unique(keys: torch.Tensor, return_inverse: bool = False, end_bit: int | None = None):
-    """Sorted unique rows of `keys` (n, words), and optionally the inverse index.
-
-    Radix sort (CUB) over the lowest `end_bit` bits of the concatenated key (default: all;
-    configurations of n_so spin orbitals need only n_so), then unique + inverse.
-
-    Returns:
-        unique (u, words) int64; with return_inverse also inverse (n,) int64 such that
-        unique[inverse] == keys.
-    """
-    keys = _check_configs(keys)
-    n, w = keys.shape
-    dev = keys.device
-    inverse = torch.empty(n, dtype=torch.int64, device=dev) if return_inverse else None
-    if n == 0:
-        empty = keys.new_empty((0, w))
-        return (empty, inverse) if return_inverse else empty
-    k = kernels()
-    ws_bytes = k.sort_unique_workspace(n, w, return_inverse)
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
-    unique = torch.empty((n, w), dtype=torch.int64, device=dev)
-    u = k.sort_unique(keys.data_ptr(), n, w, int(end_bit or 64 * w), unique.data_ptr(),
-                      inverse.data_ptr() if return_inverse else 0, ws.data_ptr(), ws_bytes,
-                      _stream(dev))
-    del ws
-    unique = unique[:u].clone() if u < n else unique
-    return (unique, inverse) if return_inverse else unique
-
-
-def search(sorted_keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
-    """Row of each query in `sorted_keys` (unique, ascending as `sort_unique` returns), or -1."""
-    sorted_keys = _check_configs(sorted_keys)
-    queries = _check_configs(queries, sorted_keys.shape[1])
-    out = torch.empty(len(queries), dtype=torch.int64, device=queries.device)
-    kernels().search_keys(sorted_keys.data_ptr(), len(sorted_keys), queries.data_ptr(),
-                          len(queries), sorted_keys.shape[1], out.data_ptr(),
-                          _stream(queries.device))
+    dh._k.diagonal(dh.tables(), configs, out, _stream(configs.device))
     return out
 
 
@@ -218,10 +159,8 @@ def local_energy_sums(offsets: torch.Tensor, values: torch.Tensor, index: torch.
     in_space = in_space.to(torch.uint8).contiguous()
     num_c = torch.empty(n, dtype=torch.complex128, device=dev)
     num_v = torch.empty(n, dtype=torch.complex128, device=dev)
-    kernels().local_energy_sums(
-        offsets.contiguous().data_ptr(), n, values.contiguous().data_ptr(),
-        index.contiguous().data_ptr(), torch.view_as_real(psi).data_ptr(),
-        in_space.data_ptr(), torch.view_as_real(num_c).data_ptr(),
-        torch.view_as_real(num_v).data_ptr(), _stream(dev),
+    cuda().local_energy_sums(
+        offsets.contiguous(), values.contiguous(), index.contiguous(), torch.view_as_real(psi),
+        in_space, torch.view_as_real(num_c), torch.view_as_real(num_v), _stream(dev),
     )
     return num_c, num_v

@@ -12,6 +12,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "api.hpp"
 #include "common.cuh"
 #include "cuscikit/slater_condon.hpp"
 
@@ -201,13 +202,9 @@ void dispatch(const Tables& T, const u64* configs, i64 n, int ne, double eps, i6
               const i64* offsets, u64* out_configs, double* out_values, void* stream) {
   if (ne < 0 || ne > 64 * T.nwords) throw std::invalid_argument("bad electron count");
   auto s = as_stream(stream);
-  switch (T.nwords) {
-    case 1: return launch<1, WRITE>(T, configs, n, ne, eps, counts, offsets, out_configs, out_values, s);
-    case 2: return launch<2, WRITE>(T, configs, n, ne, eps, counts, offsets, out_configs, out_values, s);
-    case 3: return launch<3, WRITE>(T, configs, n, ne, eps, counts, offsets, out_configs, out_values, s);
-    case 4: return launch<4, WRITE>(T, configs, n, ne, eps, counts, offsets, out_configs, out_values, s);
-    default: throw std::invalid_argument("nwords must be 1..4");
-  }
+  with_words(T.nwords, [&](auto W) {
+    launch<W.value, WRITE>(T, configs, n, ne, eps, counts, offsets, out_configs, out_values, s);
+  });
 }
 
 }  // namespace
@@ -226,13 +223,9 @@ void diagonal(const Tables& T, const u64* configs, i64 n, double* out, void* str
   if (n <= 0) return;
   auto s = as_stream(stream);
   const unsigned grid = grid_for(n, 128, 8 * sm_count());
-  switch (T.nwords) {
-    case 1: diagonal_kernel<1><<<grid, 128, 0, s>>>(T, configs, n, out); break;
-    case 2: diagonal_kernel<2><<<grid, 128, 0, s>>>(T, configs, n, out); break;
-    case 3: diagonal_kernel<3><<<grid, 128, 0, s>>>(T, configs, n, out); break;
-    case 4: diagonal_kernel<4><<<grid, 128, 0, s>>>(T, configs, n, out); break;
-    default: throw std::invalid_argument("nwords must be 1..4");
-  }
+  with_words(T.nwords, [&](auto W) {
+    diagonal_kernel<W.value><<<grid, 128, 0, s>>>(T, configs, n, out);
+  });
   CSK_CUDA_LAUNCHED();
 }
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from cuscikit.sci.dedup import KeyIndex, dedup, dedup_numpy
+from cuscikit.backends.keys import KeyIndex, dedup, dedup_numpy
 
 
 @pytest.mark.parametrize("words", [1, 2, 3, 4])

@@ -1,0 +1,114 @@
+"""Memory budgets: one cap per device, and batch sizes derived from what is free.
+
+On a GPU, all of cuscikit's buffers come from PyTorch's caching allocator; `share_pool_with_cupy`
+routes CuPy's allocations there too, so that ``torch.cuda.max_memory_allocated`` measures the
+peak of everything in one place. On the CPU the budget is the host memory the operating system
+reports as available (or a user cap).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def share_pool_with_cupy(device=None) -> None:
+    """Make CuPy allocate through PyTorch's caching allocator (no-op without CuPy)."""
+    try:
+        import cupy
+    except ImportError:
+        return
+    dev = torch.device(device or "cuda")
+
+    def _malloc(nbytes: int):
+        t = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=dev)
+        mem = cupy.cuda.UnownedMemory(t.data_ptr(), int(nbytes), t)
+        return cupy.cuda.MemoryPointer(mem, 0)
+
+    cupy.cuda.set_allocator(_malloc)
+
+
+def host_available_bytes() -> int:
+    """Host memory available to new allocations (Linux: MemAvailable), or a large number where
+    the system does not say.
+
+    Example:
+        >>> host_available_bytes() > 0
+        True
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 1 << 62
+
+
+class MemoryBudget:
+    """How many bytes a solver may hold on `device`.
+
+    Args:
+        device: a CUDA device, or "cpu" (host memory).
+        max_memory: a cap in bytes (None: what the device has). On a GPU, PyTorch's allocator
+            is limited to it as well, so the cap holds even where an estimate is off: an
+            allocation beyond it raises OutOfMemoryError, which the NNQS pipeline answers by
+            shrinking its batches and retrying.
+        headroom: fraction of the budget kept free for the allocator's fragmentation
+            (default 0.1, or 0.25 under a GPU cap, where the allocator cannot grow past it).
+
+    Under a tight GPU cap, fragmentation of the caching allocator's segments is what runs out
+    first; starting the process with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``
+    avoids most of it.
+
+    Example:
+        >>> MemoryBudget("cpu", max_memory=2**30).limit()
+        1073741824
+    """
+
+    def __init__(self, device, max_memory: int | None = None, headroom: float | None = None):
+        self.device = torch.device(device)
+        self.gpu = self.device.type == "cuda"
+        if max_memory is not None:
+            if isinstance(max_memory, float) and not max_memory == max_memory:  # NaN
+                raise ValueError("the memory cap must be a positive number of bytes, got nan")
+            max_memory = int(max_memory)
+            if max_memory <= 0:
+                raise ValueError(f"the memory cap must be positive, got {max_memory}")
+        if self.gpu:
+            _, total = torch.cuda.mem_get_info(self.device)
+            self.total = total
+            if max_memory is not None:
+                if max_memory > total:
+                    raise ValueError(
+                        f"the memory cap {max_memory} exceeds the card's {total} bytes"
+                    )
+                torch.cuda.set_per_process_memory_fraction(max_memory / total, self.device)
+        else:
+            self.total = host_available_bytes()
+        self.cap = max_memory
+        if headroom is None:
+            headroom = 0.25 if (max_memory is not None and self.gpu) else 0.1
+        self.headroom = float(headroom)
+
+    def limit(self) -> int:
+        """Bytes the process may hold in all (the cap, or what the device offers)."""
+        if self.cap is not None:
+            return self.cap
+        if self.gpu:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return free + torch.cuda.memory_reserved(self.device)
+        return host_available_bytes()
+
+    def in_use(self) -> int:
+        """Bytes held now (GPU: PyTorch's allocator; CPU: not tracked, 0)."""
+        return int(torch.cuda.memory_allocated(self.device)) if self.gpu else 0
+
+    def available(self) -> int:
+        """Bytes that may still be allocated now, headroom kept."""
+        return max(0, int(self.limit() * (1.0 - self.headroom)) - self.in_use())

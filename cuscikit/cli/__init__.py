@@ -1,0 +1,87 @@
+"""The `cuscikit` command line: one module per subcommand, registered in `COMMANDS`.
+
+Every command prints a human-readable report; with `--json` the last line of stdout is one JSON
+object, for scripts and batch jobs. Bad input exits with status 2 and a one-line message.
+
+`nnqs` and `demo` run unchanged on several ranks: ``mpirun -n 4 cuscikit nnqs N2`` or
+``torchrun --nproc-per-node 4 -m cuscikit nnqs N2`` (the ranks are found from the launcher's
+environment). Rank 0 alone prints and writes files; a rank that dies makes the others stop with
+a one-line error (exit status 1).
+
+A subcommand is a module of this package with ``register(subparsers)``, which adds its parser
+and sets ``func`` (called with the parsed arguments, returning the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from cuscikit.cli.common import UsageError, error_line
+
+# The subcommand modules, in the order `cuscikit --help` lists them ("nnqs" adds "demo" too).
+COMMANDS = ("nnqs", "info", "fcidump", "fci")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cuscikit import __version__
+
+    p = argparse.ArgumentParser(
+        prog="cuscikit",
+        description="GPU-accelerated configuration interaction: NNQS-SCI, GUGA CI and dSB "
+        "Ising from the command line.",
+    )
+    p.add_argument("--version", action="version", version=f"cuscikit {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"cuscikit.cli.{name}").register(sub)
+    return p
+
+
+def _finish(args, status: int) -> int:
+    """Release the communicator. On several ranks a failure ends this rank at once: under MPI
+    it aborts the job (MPI has no timeouts, a rank left waiting in a collective would hang);
+    under torch.distributed the process exits without tearing down a group whose peers may
+    be gone."""
+    comm = getattr(args, "comm", None)
+    if comm is not None and comm.size > 1 and status != 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if comm.backend == "mpi":
+            comm.comm.Abort(status)
+        os._exit(status)
+    if comm is not None:
+        comm.close()
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cuscikit.parallel.comm import CommError
+
+    args = build_parser().parse_args(argv)
+    try:
+        status = args.func(args)
+    except UsageError as exc:
+        error_line(args, exc)
+        status = 2
+    except (ValueError, OSError) as exc:  # bad files, inconsistent input: one clear line
+        error_line(args, exc)
+        status = 2
+    except CommError as exc:  # another rank died or stopped answering
+        error_line(args, exc)
+        status = 1
+    except Exception:
+        comm = getattr(args, "comm", None)
+        if comm is None or comm.size == 1:
+            raise
+        import traceback
+
+        traceback.print_exc()  # then end every rank instead of leaving them waiting
+        status = 1
+    return _finish(args, status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""What the subcommands share: the one-line error, the report (text and the JSON last line),
+loading a system from a file or a dataset name, byte counts, the communicator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """An error in what the user asked for: reported in one line, exit status 2."""
+
+
+def rank_of(args) -> int:
+    comm = getattr(args, "comm", None)
+    return comm.rank if comm is not None else 0
+
+
+def _finite(obj):
+    """JSON has no NaN or infinity: such numbers become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def emit(args, report: dict, lines: list[str]) -> None:
+    """Print the report's lines and, with --json, the report as the last line (rank 0 only)."""
+    if rank_of(args) != 0:  # on several ranks, rank 0 reports
+        return
+    for line in lines:
+        print(line)
+    if getattr(args, "json", False):
+        print(json.dumps(_finite(report), allow_nan=False))
+
+
+def error_line(args, exc: BaseException) -> None:
+    comm = getattr(args, "comm", None)
+    where = f" (rank {comm.rank} of {comm.size})" if comm is not None and comm.size > 1 else ""
+    print(f"cuscikit {args.command}{where}: error: {exc}", file=sys.stderr)
+
+
+def load_molecule(spec: str):
+    """A Molecule from an FCIDUMP path or a bundled dataset name."""
+    from cuscikit.chem import Molecule
+    from cuscikit.chem.datasets import UnknownDatasetError
+
+    path = Path(spec)
+    if path.exists():
+        return Molecule.from_fcidump(path)
+    try:
+        return Molecule.load(spec)
+    except UnknownDatasetError as exc:
+        raise UsageError(f"{spec!r} is neither a file nor a bundled dataset: {exc}") from None
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: an integer, optionally in scientific notation or with a binary suffix
+    (``8000000000``, ``8e9``, ``16GiB``, ``512MiB``)."""
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    scale = 1
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            text, scale = text[: -len(unit)], factor
+            break
+    try:
+        value = float(text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a byte count: {text!r} (e.g. 8000000000, 8e9, 16GiB)"
+        ) from None
+    if not (math.isfinite(value) and value > 0) or value != int(value):
+        raise argparse.ArgumentTypeError(f"a byte count must be a positive integer, got {text!r}")
+    return int(value)
+
+
+def communicator(args):
+    """The ranks of this run (one process outside a launcher); kept on `args` for reporting."""
+    from cuscikit.parallel import get_comm
+
+    try:
+        comm = get_comm("auto")
+    except ImportError as exc:  # e.g. mpirun without mpi4py
+        raise UsageError(f"started by a launcher, but its engine is missing: {exc}") from None
+    args.comm = comm
+    return comm
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object as the last line of stdout")
