@@ -124,6 +124,9 @@ class SCISpace:
         method: str = "auto",
         tol: float = 1e-11,
         return_vectors: bool = False,
+        guess: np.ndarray | None = None,
+        max_iter: int = 300,
+        residual_tol: float = 1e-6,
     ):
         """Lowest eigenvalue(s) of H restricted to this space (variational CI in the space).
 
@@ -136,6 +139,9 @@ class SCISpace:
             method: "auto", "dense" or "davidson".
             tol: eigenvalue convergence for Davidson.
             return_vectors: also return the (n, nroots) eigenvectors (columns follow `configs`).
+            guess: (n, k) starting vectors for Davidson (columns follow `configs`).
+            max_iter: Davidson iteration limit.
+            residual_tol: Davidson residual norm per root at convergence.
 
         Returns:
             float for nroots == 1, else an array; with return_vectors a pair.
@@ -155,7 +161,8 @@ class SCISpace:
             from cuscikit.linalg.davidson import davidson
 
             nsolve = min(n, max(nroots, 3))
-            res = davidson(H.matmat, H.diagonal(), nsolve, tol=tol)
+            res = davidson(H.matmat, H.diagonal(), nsolve, tol=tol, guess=guess,
+                           max_iter=max_iter, residual_tol=residual_tol)
             if not res.converged:
                 raise RuntimeError(
                     f"Davidson did not converge in {res.iterations} iterations "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cuscikit.lib.callbacks import Callback
+
 CHEMICAL_ACCURACY = 1.6e-3  # Hartree
 
 
@@ -61,15 +63,21 @@ def plot_convergence(
     return ax
 
 
-class LivePlot:
-    """A Runner callback that redraws the convergence plot in a notebook every `every` steps.
+class LivePlot(Callback):
+    """A run callback that redraws the convergence plot in a notebook every `every` steps.
 
     Example:
-        >>> runner.run(200, callbacks=[LivePlot(every=10)])  # doctest: +SKIP
+        >>> from cuscikit import Ansatz, Molecule, Runner
+        >>> mol = Molecule.load("LiH")
+        >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), topk=16)
+        >>> runner.run(2, callbacks=[LivePlot(every=1)], progress=False).iteration
+        2
     """
 
     def __init__(self, every: int = 5, reference: float | None = None, title: str | None = None):
-        self.every, self.reference, self.title = every, reference, title
+        if int(every) != every or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}")
+        self.every, self.reference, self.title = int(every), reference, title
         self._handle = None
         self._fig = None
 
