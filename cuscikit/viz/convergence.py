@@ -103,8 +103,11 @@ class LivePlot(Callback):
         ref = self.reference if self.reference is not None else runner.reference
         plot_convergence(runner.history, reference=ref, ax=ax, title=self.title)
         try:
+            from IPython import get_ipython
             from IPython.display import display
         except ImportError:
+            return
+        if get_ipython() is None:  # not in a notebook or IPython: nothing to display into
             return
         if self._handle is None:
             self._handle = display(self._fig, display_id=True)
