@@ -1,4 +1,4 @@
-"""GPU pipeline measurements for the GPU issue (seed 000, figures 9 and 12), on one GPU.
+"""GPU pipeline measurements on one GPU (the kernels, the de-dup, one iteration, peak memory).
 
 Sections (run any subset; each prints a table, all tables are printed again at the end):
 
@@ -26,20 +26,35 @@ import copy
 import json
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from _common import machine, print_table, random_excitations
 from benchmarks_space import sample_space
-from cuscikit.gpu import kernels, ops
-from cuscikit.gpu.pipeline import GpuPipeline
-from cuscikit.sci.dedup import dedup
 
 from cuscikit import Ansatz, Molecule, Runner, SCISpace
+from cuscikit.backends import cuda as kernels
+from cuscikit.backends import keys
+from cuscikit.backends.keys import dedup
+from cuscikit.backends.memory import MemoryBudget
+from cuscikit.nnqs.pipeline import Pipeline
+from cuscikit.sci import cuda as sci_cuda
 from cuscikit.sci.configs import hf_configuration
+from cuscikit.sci.engines import CudaEngine
 from cuscikit.sci.hamiltonian import Hamiltonian
 
 DEV = torch.device("cuda")
+
+
+# the kernels under the short names the measurements use
+ops = SimpleNamespace(
+    DeviceHamiltonian=sci_cuda.DeviceHamiltonian, coupled=sci_cuda.coupled,
+    coupled_counts=sci_cuda.coupled_counts, search=keys.search, to_device=keys.to_device,
+    to_numpy=keys.to_numpy,
+    sort_unique=lambda k, return_inverse=False, end_bit=None: keys.sort_unique(
+        k, return_inverse=return_inverse, end_bit=end_bit),
+)
 TABLES: list[tuple[str, list, list]] = []
 
 
@@ -163,9 +178,9 @@ def unique_count(mol, S):
 def warm_compiled(runner, configs, batch_size):
     """Compile the runner's inference pass before the timed step: a full batch, then a second
     size so the graph is recompiled once with a symbolic batch (the last, partial batch)."""
-    fn = runner._gpu._infer if runner._gpu is not None else runner._log_psi_nograd
+    fn = runner._pipeline._infer
     x = torch.from_numpy(np.ascontiguousarray(configs).view(np.int64))
-    if runner._gpu is not None:
+    if runner.active_pipeline == "gpu":
         x = x.to(DEV)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -244,15 +259,16 @@ def bench_memory(args):
         for frac in caps:
             torch.cuda.empty_cache()
             cap = None if frac is None else int(theo * frac)
-            pipe = GpuPipeline(mol, ansatz, eps=1e-12, batch_size=args.batch_size,
-                               max_gpu_memory=cap)
+            eng = CudaEngine(Hamiltonian.from_molecule(mol), DEV)
+            pipe = Pipeline(eng, ansatz, batch_size=args.batch_size,
+                            budget=MemoryBudget(DEV, cap))
             torch.cuda.reset_peak_memory_stats()
             t, r = wall(lambda p=pipe, S=S: p.run(S, 1024))
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
             theo = r.peak_theoretical if theo is None else theo
             rows.append([name, 2 * mol.norb, f"{len(S):,}", f"{r.n_coupled:,}",
-                         f"{len(r.unique):,}", "-" if cap is None else f"{cap / 2**30:.2f}",
+                         f"{r.n_unique:,}", "-" if cap is None else f"{cap / 2**30:.2f}",
                          f"{theo / 2**30:.2f}", f"{peak / 2**30:.2f}",
                          f"{peak / theo:.2f}", r.n_batches, f"{r.bytes_staged / 2**30:.2f}",
                          f"{t:.2f}"])

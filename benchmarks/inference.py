@@ -17,9 +17,9 @@ import time
 import torch
 from _common import print_table
 from benchmarks_space import sample_space
-from cuscikit.gpu import ops
 
 from cuscikit import Ansatz, Molecule
+from cuscikit.backends.keys import to_device
 
 DEV = torch.device("cuda")
 
@@ -46,7 +46,7 @@ def main():
     rows = []
     for name in args.systems:
         mol = Molecule.load(name)
-        x = ops.to_device(sample_space(mol, args.n), DEV)
+        x = to_device(sample_space(mol, args.n), DEV)
         a32 = Ansatz.for_molecule(mol, seed=0, device=DEV)
         a64 = copy.deepcopy(a32).to(torch.float64)
         with torch.no_grad():

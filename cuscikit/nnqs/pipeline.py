@@ -126,7 +126,8 @@ class Pipeline:
         self.engine, self.ansatz = engine, ansatz
         self.comm = comm if comm is not None else SerialComm()
         self.batch_size = int(batch_size)
-        self.gpu = engine.name == "cuda"
+        self.tensors = engine.tensors  # torch tensors between stages (else numpy arrays)
+        self.gpu = self.tensors and torch.device(engine.device).type == "cuda"
         if budget is None:
             from cuscikit.backends.memory import MemoryBudget
 
@@ -286,7 +287,7 @@ class Pipeline:
         t0 = time.perf_counter()
         u = len(U)
         logpsi = self._zeros_complex(u)
-        selector = TorchTopK(k) if self.gpu else RunningTopK(k)
+        selector = TorchTopK(k) if self.tensors else RunningTopK(k)
         lp_graph = None
         rows = self._arange(u)
         if 0 < n_loc <= self.batch_size:
@@ -303,7 +304,7 @@ class Pipeline:
                 lp = self._log_psi(U[r], graph=False)
                 logpsi[r] = lp
                 eligible = ~in_space_U[r]
-                if self.gpu:
+                if self.tensors:
                     selector.update(lp.real, r + offset, mask=eligible)
                 else:
                     selector.update(lp.real, index=r + offset, mask=eligible)
@@ -315,7 +316,7 @@ class Pipeline:
         lp_s = lp_L[sloc_in_L]
         s_rows = _host(gd.global_index[sloc_in_L])
         top = selector.indices()
-        if self.gpu:
+        if self.tensors:
             top = top.to(eng.device)
         s_rows_all, s_scores_all, new_rows, new_configs, new_scores = gather_selection(
             _host(top), _host(selector.scores()), eng.to_host(U[top - offset]), k,
@@ -363,7 +364,7 @@ class Pipeline:
         """H_SS entries of a batch of sources: (source row in S, target row in S, value)."""
         eng = self.engine
         inside = in_space_L[idx]
-        if self.gpu:
+        if self.tensors:
             src = torch.repeat_interleave(
                 torch.arange(len(offs) - 1, device=eng.device) + first, offs[1:] - offs[:-1])
         else:
@@ -373,7 +374,7 @@ class Pipeline:
     def _join_pairs(self, pairs: list) -> tuple:
         if pairs:
             return tuple(self.engine.cat(list(c)) for c in zip(*pairs, strict=True))
-        if self.gpu:  # a rank without sources
+        if self.tensors:  # a rank without sources
             dev = self.engine.device
             return (torch.zeros(0, dtype=torch.int64, device=dev),
                     torch.zeros(0, dtype=torch.int64, device=dev),
@@ -392,26 +393,26 @@ class Pipeline:
             yield a, b, tensors
 
     def _zeros_complex(self, n: int):
-        if self.gpu:
+        if self.tensors:
             return torch.zeros(n, dtype=torch.complex128, device=self.engine.device)
         return np.zeros(n, dtype=np.complex128)
 
     def _zeros_bool(self, n: int):
-        if self.gpu:
+        if self.tensors:
             return torch.zeros(n, dtype=torch.bool, device=self.engine.device)
         return np.zeros(n, dtype=bool)
 
     def _arange(self, n: int):
-        if self.gpu:
+        if self.tensors:
             return torch.arange(n, device=self.engine.device)
         return np.arange(n, dtype=np.int64)
 
     def _to_engine(self, lp: torch.Tensor):
         lp = lp.to(torch.complex128)
-        return lp.to(self.engine.device) if self.gpu else lp.to("cpu").numpy()
+        return lp.to(self.engine.device) if self.tensors else lp.to("cpu").numpy()
 
     def _exp(self, x):
-        return torch.exp(x) if self.gpu else np.exp(x)
+        return torch.exp(x) if self.tensors else np.exp(x)
 
 
 def _host(a) -> np.ndarray:

@@ -1,8 +1,10 @@
 """The determinant kernels behind one interface, on the host or on a GPU.
 
 An iteration written against `Engine` runs unchanged on either: `HostEngine` calls the compiled
-C++/OpenMP kernels on numpy arrays, `CudaEngine` the CUDA kernels on torch tensors of one GPU.
-Keys are the configurations (numpy uint64 or torch int64, see `cuscikit.backends.keys`).
+C++/OpenMP kernels on numpy arrays (or, with ``tensors=True``, hands torch CPU tensors between
+them, the array kind of the GPU path, so that CPU-only machines test that path too),
+`CudaEngine` the CUDA kernels on torch tensors of one GPU. Keys are the configurations (numpy
+uint64 or torch int64, see `cuscikit.backends.keys`).
 
 Example:
     >>> from cuscikit import Molecule, SCISpace
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuscikit.backends.keys import KeyIndex, search, to_device, to_numpy
+from cuscikit.backends.keys import KeyIndex, is_tensor, search, to_device, to_numpy
 from cuscikit.sci.hamiltonian import Hamiltonian
 
 
@@ -27,11 +29,13 @@ class Engine:
 
     Attributes:
         device: "cpu" or a torch CUDA device.
+        tensors: arrays between stages are torch tensors (else numpy arrays).
         words: 64-bit words per configuration.
         end_bit: bits that matter per configuration (2 * norb).
     """
 
     name = ""
+    tensors = False
 
     def keys(self, configs):
         """Host configurations as this engine's key array."""
@@ -72,43 +76,67 @@ class Engine:
 
 
 class HostEngine(Engine):
-    """The compiled C++/OpenMP kernels on numpy arrays."""
+    """The compiled C++/OpenMP kernels on numpy arrays (torch CPU tensors with `tensors`)."""
 
     name = "cpu"
     device = "cpu"
 
-    def __init__(self, hamiltonian: Hamiltonian):
+    def __init__(self, hamiltonian: Hamiltonian, tensors: bool = False):
         self.hamiltonian = hamiltonian
         self.words, self.end_bit = hamiltonian.nwords, 2 * hamiltonian.norb
+        self.tensors = bool(tensors)
+
+    def _out(self, a):
+        """A host result as this engine's kind (uint64 keys become int64 tensors)."""
+        if not self.tensors:
+            return a
+        import torch
+
+        a = np.ascontiguousarray(a)
+        return torch.from_numpy(a.view(np.int64) if a.dtype == np.uint64 else a)
+
+    @staticmethod
+    def _in(a) -> np.ndarray:
+        """This engine's array as numpy (int64 key tensors as uint64 keys)."""
+        return to_numpy(a) if is_tensor(a) and a.ndim == 2 else (
+            a.numpy() if is_tensor(a) else a)
 
     def keys(self, configs):
-        return np.ascontiguousarray(configs, dtype=np.uint64)
+        return self._out(np.ascontiguousarray(configs, dtype=np.uint64))
 
     def coupled_counts(self, sources):
-        return self.hamiltonian.coupled_counts(sources)
+        return self.hamiltonian.coupled_counts(self._in(sources))
 
     def coupled(self, sources, counts):
-        cs = self.hamiltonian.coupled(sources)
+        cs = self.hamiltonian.coupled(self._in(sources))
         offsets = np.zeros(len(sources) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return offsets, cs.configs, cs.values
+        return self._out(offsets), self._out(cs.configs), self._out(cs.values)
 
     def diagonal(self, configs):
-        return self.hamiltonian.diagonal(configs)
+        return self._out(self.hamiltonian.diagonal(self._in(configs)))
 
     def locate(self, sorted_unique, queries):
-        return KeyIndex(sorted_unique).find(queries)
+        return self._out(KeyIndex(self._in(sorted_unique)).find(self._in(queries)))
 
     find = locate  # a hash lookup answers -1 for absent keys
 
     def numerators(self, offsets, values, index, psi, in_space):
+        offsets, values, index, psi, in_space = (
+            self._in(a) for a in (offsets, values, index, psi, in_space))
         n = len(offsets) - 1
         source = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
         contrib = values * psi[index]
         inside = in_space[index]
-        return _segment_sum(source, contrib, n), _segment_sum(source[inside], contrib[inside], n)
+        num_c = _segment_sum(source, contrib, n)
+        num_v = _segment_sum(source[inside], contrib[inside], n)
+        return self._out(num_c), self._out(num_v)
 
     def cat(self, arrays):
+        if self.tensors:
+            import torch
+
+            return torch.cat(arrays)
         return np.concatenate(arrays)
 
 
@@ -123,6 +151,7 @@ class CudaEngine(Engine):
     """The CUDA kernels on torch tensors of one GPU (`cuscikit.sci.cuda`)."""
 
     name = "cuda"
+    tensors = True
 
     def __init__(self, hamiltonian: Hamiltonian, device):
         import torch
@@ -167,10 +196,11 @@ class CudaEngine(Engine):
 
 
 def engine(kind: str, molecule, eps: float | None = None, device=None) -> Engine:
-    """The engine of `kind` ("cpu" or "cuda") for a molecule's Hamiltonian screened at `eps`.
+    """The engine of `kind` for a molecule's Hamiltonian screened at `eps`.
 
     Args:
-        kind: "cpu" (compiled host kernels) or "cuda" (CUDA kernels).
+        kind: "cpu" (compiled host kernels on numpy arrays), "cpu-tensors" (the same kernels,
+            torch CPU tensors between stages) or "cuda" (CUDA kernels).
         molecule: a `cuscikit.Molecule`.
         eps: screening threshold of the coupled sets (default: the Hamiltonian's).
         device: the CUDA device (default: the current one).
@@ -178,8 +208,8 @@ def engine(kind: str, molecule, eps: float | None = None, device=None) -> Engine
     from cuscikit.sci.hamiltonian import DEFAULT_EPS
 
     h = Hamiltonian.from_molecule(molecule, eps=DEFAULT_EPS if eps is None else eps)
-    if kind == "cpu":
-        return HostEngine(h)
+    if kind in ("cpu", "cpu-tensors"):
+        return HostEngine(h, tensors=kind == "cpu-tensors")
     if kind == "cuda":
         return CudaEngine(h, device if device is not None else "cuda")
-    raise ValueError(f"unknown engine {kind!r}: use 'cpu' or 'cuda'")
+    raise ValueError(f"unknown engine {kind!r}: use 'cpu', 'cpu-tensors' or 'cuda'")

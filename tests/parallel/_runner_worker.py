@@ -2,6 +2,7 @@
 
     python _runner_worker.py OUT check [CASE,...]  # cases of CASES and/or "resumed" (default: all)
     python _runner_worker.py OUT dead              # rank 1 is killed in iteration 2; rank 0 raises
+    python _runner_worker.py OUT gpu [CASE,...]    # one rank per GPU, gpu pipeline, NCCL
 
 The communicator comes from `get_comm()`. Each rank writes OUT/rank<r>.json: per case the
 energy history, counts and loads, and digests of its model replica and of S (which must agree
@@ -44,11 +45,14 @@ COLUMNS = ("e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_coupled"
 LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
 
 
-def make_runner(case: dict, comm=None) -> Runner:
-    """The Runner of a case (float64 ansatz, seed 0), on one rank when comm is None."""
+def make_runner(case: dict, comm=None, device: str = "cpu") -> Runner:
+    """The Runner of a case (float64 ansatz, seed 0), on one rank when comm is None; on a
+    CUDA device with the gpu pipeline."""
     kw = {k: v for k, v in case.items() if k not in ("system", "iters")}
+    if device != "cpu":
+        kw["pipeline"] = "gpu"
     mol = Molecule.load(case["system"])
-    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device=device)
     return Runner(mol, ansatz, seed=0, comm=comm, **kw)
 
 
@@ -69,13 +73,13 @@ def summary(runner: Runner) -> dict:
     return out
 
 
-def run_check(comm, out: Path, names: list[str]) -> dict:
+def run_check(comm, out: Path, names: list[str], device: str = "cpu") -> dict:
     report: dict = {"cases": {}, "seconds": {}}
     for name, case in CASES.items():
         if name not in names:
             continue
         t0 = time.perf_counter()
-        runner = make_runner(case, comm)
+        runner = make_runner(case, comm, device)
         runner.run(case["iters"], progress=False)
         report["seconds"][name] = time.perf_counter() - t0
         report["cases"][name] = summary(runner)
@@ -118,6 +122,15 @@ def main() -> int:
         if mode == "check":
             names = sys.argv[3].split(",") if len(sys.argv) > 3 else [*CASES, "resumed"]
             report.update(run_check(comm, out, names))
+            report["status"] = "ok"
+        elif mode == "gpu":
+            from cuscikit.parallel.comm import local_rank
+
+            device = f"cuda:{local_rank() % torch.cuda.device_count()}"
+            torch.cuda.set_device(torch.device(device))
+            names = sys.argv[3].split(",") if len(sys.argv) > 3 else list(CASES)
+            report.update(run_check(comm, out, names, device))
+            report["device"] = device
             report["status"] = "ok"
         elif mode == "dead":
             runner = make_runner(CASES["LiH"], comm)

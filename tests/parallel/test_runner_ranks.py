@@ -1,8 +1,8 @@
 """The Runner on several ranks: the same energies as one rank, per iteration, to 1e-8 Ha.
 
 In-process tests run P ranks as threads (`cuscikit.parallel.run_ranks`: uneven shares, more
-ranks than sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun (gloo) and
-mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command line under
+ranks than sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun
+(gloo) and mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command line under
 mpiexec. References are single-rank runs of the same cases in this process (float64 ansatz,
 seed 0).
 """

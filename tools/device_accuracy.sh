@@ -8,7 +8,7 @@
 # replaces ansatz defaults, RUNNER='{"k": v}' runner defaults, LR_DECAY=FROM,LR (or none) the
 # rate's tail decay (a candidate default checked on the whole set; give it its own CKPT).
 # FIRST_ALONE=1 gives the first system GPU 0 to itself.
-#   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash benchmarks/device_accuracy.sh SECONDS SYSTEM...
+#   usage (device tool): [ITERS=N] [TESTS=0] [COMPILE=1] bash tools/device_accuracy.sh SECONDS SYSTEM...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 limit=$1; shift

@@ -1,0 +1,82 @@
+"""The one NNQS-SCI pipeline: the numpy path and the tensor path (the array kind of the GPU
+engine, here on the CPU) give the same stages, on one rank and on several."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuscikit import Ansatz, Molecule, SCISpace  # noqa: E402
+from cuscikit.nnqs.pipeline import Pipeline  # noqa: E402
+from cuscikit.parallel.comm import run_ranks  # noqa: E402
+from cuscikit.sci.engines import engine  # noqa: E402
+
+
+def _host(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _space(mol, n):
+    from cuscikit.backends.keys import dedup
+    from cuscikit.sci.hamiltonian import Hamiltonian
+
+    H = Hamiltonian.from_molecule(mol)
+    S = SCISpace.hf(mol).configs
+    while len(S) < n:
+        S = dedup(np.concatenate([S, H.coupled(S[:200]).configs]))[0]
+    return S[np.sort(np.random.default_rng(0).choice(len(S), n, replace=False))]
+
+
+def _stages(mol, ansatz, kind, S, comm=None, **kw):
+    return Pipeline(engine(kind, mol), ansatz, comm=comm, want_pairs=True, **kw).run(S, 24)
+
+
+FIELDS = ("psi_s", "eloc_coupled", "eloc_variational", "hdiag")
+
+
+def _same(a, b, exact=True):
+    assert (a.n_unique, a.n_coupled, a.share) == (b.n_unique, b.n_coupled, b.share)
+    np.testing.assert_array_equal(a.new_configs, b.new_configs)
+    np.testing.assert_array_equal(a.keep_rows, b.keep_rows)
+    for f in FIELDS:
+        if exact:
+            np.testing.assert_array_equal(_host(getattr(a, f)), _host(getattr(b, f)), err_msg=f)
+        else:
+            np.testing.assert_allclose(_host(getattr(a, f)), _host(getattr(b, f)), rtol=1e-12,
+                                       atol=1e-12, err_msg=f)
+    for x, y in zip(a.space_pairs, b.space_pairs, strict=True):
+        np.testing.assert_array_equal(_host(x), _host(y))
+
+
+@pytest.mark.parametrize("name, n, batch", [("LiH", 60, 16384), ("H2O", 150, 40)])
+def test_numpy_and_tensor_paths_agree(name, n, batch):
+    mol = Molecule.load(name)
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    S = _space(mol, n)
+    a = _stages(mol, ansatz, "cpu", S, batch_size=batch)
+    b = _stages(mol, ansatz, "cpu-tensors", S, batch_size=batch)
+    _same(a, b, exact=False)  # complex division rounds differently in torch and numpy
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_tensor_path_on_thread_ranks_equals_one_rank(P):
+    """Every rank's share of the stages, over the tensor path's global de-dup and routing,
+    equals the single-rank stages restricted to that share."""
+    mol = Molecule.load("H2O")
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    S = _space(mol, 120)
+    one = _stages(mol, ansatz, "cpu", S)
+    parts = run_ranks(P, lambda comm: _stages(mol, ansatz, "cpu-tensors", S, comm=comm))
+    assert all(p.n_unique == one.n_unique for p in parts)
+    assert sum(p.n_coupled for p in parts) == one.n_coupled
+    for p in parts:
+        lo, hi = p.share
+        np.testing.assert_array_equal(p.new_configs, one.new_configs)
+        np.testing.assert_array_equal(p.keep_rows, one.keep_rows)
+        for f in FIELDS:
+            np.testing.assert_allclose(_host(getattr(p, f)), _host(getattr(one, f))[lo:hi],
+                                       rtol=1e-12, atol=1e-12, err_msg=f)
+    src = np.concatenate([_host(p.space_pairs[0]) for p in parts])
+    np.testing.assert_array_equal(src, _host(one.space_pairs[0]))
