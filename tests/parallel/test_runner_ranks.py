@@ -2,9 +2,9 @@
 
 In-process tests run P ranks as threads (`cuscikit.parallel.run_ranks`: uneven shares, more
 ranks than sources, bad input, a failing rank); the `mpi` tests start real ranks with torchrun
-(gloo) and mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command line under
-mpiexec. References are single-rank runs of the same cases in this process (float64 ansatz,
-seed 0).
+(gloo) and mpiexec (mpi4py), 2 and 4 of them, through `_runner_worker.py`, and the command
+line under mpiexec. References are single-rank runs of the same cases in this process
+(float64 ansatz, seed 0).
 """
 
 from __future__ import annotations
