@@ -74,6 +74,8 @@ class MemoryBudget:
     def __init__(self, device, max_memory: int | None = None, headroom: float | None = None):
         self.device = torch.device(device)
         self.gpu = self.device.type == "cuda"
+        if self.gpu and self.device.index is None:  # "cuda": the current device, by number
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if max_memory is not None:
             if isinstance(max_memory, float) and not max_memory == max_memory:  # NaN
                 raise ValueError("the memory cap must be a positive number of bytes, got nan")

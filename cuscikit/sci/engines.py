@@ -160,6 +160,8 @@ class CudaEngine(Engine):
 
         self.torch = torch
         self.device = torch.device(device)
+        if self.device.index is None:  # "cuda": the current device, by number
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.hamiltonian = hamiltonian
         self.dh = DeviceHamiltonian(hamiltonian, self.device)
         self.words, self.end_bit = hamiltonian.nwords, 2 * hamiltonian.norb

@@ -43,7 +43,9 @@ def test_host_staging_gives_the_same_iteration():
     dev = _runner(mol, "cuda", pipeline="gpu", staging="device").run(8, progress=False).history
     host = _runner(mol, "cuda", pipeline="gpu", staging="host").run(8, progress=False).history
     assert (host["bytes_staged"] > 0).all() and (dev["bytes_staged"] == 0).all()
-    np.testing.assert_array_equal(host["e_coupled"].to_numpy(), dev["e_coupled"].to_numpy())
+    # equal up to the reductions' rounding (their order may follow the buffers' alignment)
+    np.testing.assert_allclose(host["e_coupled"].to_numpy(), dev["e_coupled"].to_numpy(),
+                               rtol=0, atol=1e-12)
 
 
 def _big_space(mol, n):
