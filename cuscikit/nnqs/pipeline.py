@@ -278,8 +278,8 @@ class Pipeline:
         U = gd.unique
         offset = int(gd.offsets[comm.rank])
         sloc_in_L = eng.locate(L, S_loc)
-        in_space_L = eng.find(S, L) >= 0  # S is replicated: no messages needed
-        in_space_U = eng.find(S, U) >= 0
+        in_space_U = eng.find(S, U) >= 0  # S is replicated: the owners know membership
+        in_space_L = gd.fetch(in_space_U, comm)
         times["dedup"] += self._clock(t0)
 
         # Stage 2: ln psi over U_r with a running top-K over U_r \ S.
@@ -314,7 +314,7 @@ class Pipeline:
         t0 = time.perf_counter()
         lp_L = gd.fetch(logpsi, comm)
         lp_s = lp_L[sloc_in_L]
-        s_rows = _host(gd.global_index[sloc_in_L])
+        s_rows = _host(gd.global_rows(sloc_in_L))
         top = selector.indices()
         if self.tensors:
             top = top.to(eng.device)

@@ -294,6 +294,10 @@ class GlobalDedup:
     Routing (used by `fetch`): this rank asked owner d for ``request_counts[d]`` distinct keys;
     the answers arrive in request order and ``request_inverse`` picks each input key's answer.
     It answers requester d with ``serve_counts[d]`` rows of `unique`, ``serve_index`` in order.
+
+    ``identity`` marks the one-rank result of keys that were already sorted and unique: the
+    input is the slice, so `owner`, `index` and the routing arrays are None (not built) and
+    `fetch` returns the values themselves.
     """
 
     unique: object
@@ -305,10 +309,13 @@ class GlobalDedup:
     request_counts: np.ndarray = field(repr=False)
     serve_index: object = field(repr=False)
     serve_counts: np.ndarray = field(repr=False)
+    identity: bool = False
 
     @property
     def global_index(self):
         """int64 (n,): each input key's row in the concatenation of all slices."""
+        if self.identity:
+            return self._on(self.unique, np.arange(len(self.unique), dtype=np.int64))
         if is_tensor(self.owner):
             import torch
 
@@ -332,12 +339,20 @@ class GlobalDedup:
                 f"fetch needs one value per key of this rank's slice ({len(self.unique)}), "
                 f"got {values.shape[0]}"
             )
+        if self.identity:
+            return values
         if comm.size == 1:
             return values[self._on(values, self.index)]
         recv, rc = comm.alltoallv(values[self._on(values, self.serve_index)], self.serve_counts)
         if not np.array_equal(np.asarray(rc), self.request_counts):  # pragma: no cover
             raise RuntimeError("fetch: answers do not match the requests (different comm?)")
         return recv[self._on(recv, self.request_inverse)]
+
+    def global_rows(self, positions):
+        """Global rows (in the concatenation of all slices) of input keys at `positions`."""
+        if self.identity:
+            return positions
+        return self.global_index[self._on(self.owner, positions)]
 
     @staticmethod
     def _on(like, index):
@@ -352,11 +367,15 @@ class GlobalDedup:
         """The same result with host arrays (uint64 keys)."""
         from cuscikit.backends.keys import to_numpy
 
+        def host(a):
+            return None if a is None else _host(a)
+
         return GlobalDedup(
-            unique=to_numpy(self.unique), offsets=self.offsets, owner=_host(self.owner),
-            index=_host(self.index), metrics=self.metrics,
-            request_inverse=_host(self.request_inverse), request_counts=self.request_counts,
-            serve_index=_host(self.serve_index), serve_counts=self.serve_counts,
+            unique=to_numpy(self.unique), offsets=self.offsets, owner=host(self.owner),
+            index=host(self.index), metrics=self.metrics,
+            request_inverse=host(self.request_inverse), request_counts=self.request_counts,
+            serve_index=host(self.serve_index), serve_counts=self.serve_counts,
+            identity=self.identity,
         )
 
 
@@ -527,6 +546,17 @@ def global_dedup(
     keys = _agree_words(keys, comm, ops)
     w = keys.shape[1]
     clock.lap()
+
+    if P == 1 and sorted_unique:  # the input is the slice: nothing to sort or route
+        u = len(keys)
+        stats = [u, u, u, u, clock.total(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
+                           samples_per_rank=samples_per_rank, rebalanced=rebalance)
+        return GlobalDedup(
+            unique=keys, offsets=np.array([0, u], dtype=np.int64), owner=None, index=None,
+            metrics=metrics, request_inverse=None, request_counts=np.array([u], np.int64),
+            serve_index=None, serve_counts=np.array([u], np.int64), identity=True,
+        )
 
     # 1. local sort + unique
     if sorted_unique:
