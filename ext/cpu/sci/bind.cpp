@@ -3,8 +3,8 @@
 // bindings check them again and release the GIL around the work.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
 #include <memory>
@@ -88,7 +88,8 @@ void bind_sci(nb::module_& m) {
       .def_prop_ro("e_core", &csk::Hamiltonian::e_core)
       .def_prop_ro("table_eps", &csk::Hamiltonian::table_eps)
       .def_prop_ro("max_single_size", &csk::Hamiltonian::max_single_size)
-      .def_prop_ro("max_double_size", [](const csk::Hamiltonian& H) { return H.doubles().max_size; })
+      .def_prop_ro("max_double_size",
+                   [](const csk::Hamiltonian& H) { return H.doubles().max_size; })
       .def_prop_ro("n_double_entries",
                    [](const csk::Hamiltonian& H) { return H.doubles().offsets.back(); })
       .def("double_table", [](const csk::Hamiltonian& H) {
@@ -144,7 +145,8 @@ void bind_sci(nb::module_& m) {
       s = csk::coupled_configurations(H, c.data(), c.shape(0), eps);
     }
     const size_t m = s.values.size, w = H.nwords();
-    return nb::make_tuple(to_numpy(std::move(s.source), {m}), to_numpy(std::move(s.configs), {m, w}),
+    return nb::make_tuple(to_numpy(std::move(s.source), {m}),
+                          to_numpy(std::move(s.configs), {m, w}),
                           to_numpy(std::move(s.values), {m}));
   });
 
@@ -213,8 +215,8 @@ void bind_sci(nb::module_& m) {
             self->nwords = static_cast<int>(keys.shape(1));
             self->keys.assign(keys.data(), keys.data() + keys.size());
             nb::gil_scoped_release nogil;
-            self->index = std::make_unique<csk::KeyIndex>(self->keys.data(), keys.shape(0),
-                                                          self->nwords);
+            self->index =
+                std::make_unique<csk::KeyIndex>(self->keys.data(), keys.shape(0), self->nwords);
           },
           "keys"_a)
       .def_prop_ro("has_duplicates", [](const PyKeyIndex& s) { return s.index->has_duplicates(); })

@@ -139,8 +139,8 @@ void matrix_elements(const Hamiltonian& Hm, const std::uint64_t* bra, const std:
   for (std::int64_t r = 0; r < n; ++r) out[r] = matrix_element(H, bra + r * nw, ket + r * nw, nw);
 }
 
-void coupled_counts(const Hamiltonian& Hm, const std::uint64_t* configs, std::int64_t n,
-                    double eps, std::int64_t* out) {
+void coupled_counts(const Hamiltonian& Hm, const std::uint64_t* configs, std::int64_t n, double eps,
+                    std::int64_t* out) {
   check_eps(Hm, eps);
   const HamiltonianView H = Hm.view();
   const int nw = Hm.nwords();
@@ -214,7 +214,8 @@ CsrMatrix hamiltonian_csr_impl(const Hamiltonian& Hm, const std::uint64_t* space
 #pragma omp for schedule(dynamic, kChunk)
     for (std::int64_t r = 0; r < n; ++r) {
       row.clear();
-      visit_row(r, [&](std::int64_t k, double v) { row.emplace_back(static_cast<std::int32_t>(k), v); });
+      visit_row(
+          r, [&](std::int64_t k, double v) { row.emplace_back(static_cast<std::int32_t>(k), v); });
       std::sort(row.begin(), row.end());
       std::int64_t o = m.indptr[r];
       for (auto& e : row) {
@@ -233,7 +234,8 @@ CsrMatrix hamiltonian_csr(const Hamiltonian& Hm, const std::uint64_t* space, std
   check_eps(Hm, eps);
   if (sector) return hamiltonian_csr_impl(Hm, space, n, eps, upper, *sector);
   KeyIndex index(space, n, Hm.nwords());
-  if (index.has_duplicates()) throw std::invalid_argument("the space holds duplicate configurations");
+  if (index.has_duplicates())
+    throw std::invalid_argument("the space holds duplicate configurations");
   return hamiltonian_csr_impl(Hm, space, n, eps, upper, index);
 }
 

@@ -8,7 +8,6 @@
 #include "cuscikit/dispatch.hpp"
 #include "kernels.hpp"
 
-
 namespace csk {
 
 namespace {

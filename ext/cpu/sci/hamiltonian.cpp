@@ -9,7 +9,11 @@ namespace csk {
 
 Hamiltonian::Hamiltonian(int norb, std::vector<double> h1, std::vector<double> eri, double e_core,
                          double table_eps)
-    : norb_(norb), h1_(std::move(h1)), eri_(std::move(eri)), e_core_(e_core), table_eps_(table_eps) {
+    : norb_(norb),
+      h1_(std::move(h1)),
+      eri_(std::move(eri)),
+      e_core_(e_core),
+      table_eps_(table_eps) {
   if (norb <= 0 || 2 * norb > 64 * kMaxWords)
     throw std::invalid_argument("norb must be in 1.." + std::to_string(32 * kMaxWords));
   const std::size_t n2 = static_cast<std::size_t>(norb) * norb;

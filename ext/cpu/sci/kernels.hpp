@@ -17,7 +17,7 @@ struct Buffer {
 };
 
 struct CoupledSet {
-  Buffer<std::int64_t> source;   // index of the source configuration
+  Buffer<std::int64_t> source;    // index of the source configuration
   Buffer<std::uint64_t> configs;  // [m, nwords]
   Buffer<double> values;          // H_{x' x}
 };
@@ -29,9 +29,9 @@ struct CsrMatrix {
 };
 
 struct UniqueResult {
-  std::vector<std::uint64_t> keys;      // [u, nwords], sorted
-  std::vector<std::int64_t> inverse;    // [n]
-  std::vector<std::int64_t> counts;     // [u]
+  std::vector<std::uint64_t> keys;    // [u, nwords], sorted
+  std::vector<std::int64_t> inverse;  // [n]
+  std::vector<std::int64_t> counts;   // [u]
 };
 
 // Open-addressing hash index over the rows of a key array (which must outlive it).

@@ -26,8 +26,8 @@ struct Tables {
 };
 
 // |C(x)| for each of n sources (n_elec electrons each), written to counts.
-void coupled_counts(const Tables& T, const u64* configs, i64 n, int n_elec, double eps,
-                    i64* counts, void* stream);
+void coupled_counts(const Tables& T, const u64* configs, i64 n, int n_elec, double eps, i64* counts,
+                    void* stream);
 // Writes C(x) for each source into [offsets[s], offsets[s] + counts[s]) of out_configs (rows of
 // nwords) and out_values. Within a source: singles (occupied i, then spatial target), then
 // doubles (occupied pairs in CPU order, table order): the CPU table walk's order.

@@ -42,9 +42,9 @@ using Configs = DeviceMatrix<const std::int64_t>;  // uint64 bits in int64 tenso
 const u64* bits(const Configs& c) { return reinterpret_cast<const u64*>(c.data()); }
 
 void check_configs(const PyTables& T, const Configs& c, const char* what) {
-  require(static_cast<int>(c.shape(1)) == T.t.nwords,
-          std::string(what) + " must have " + std::to_string(T.t.nwords) +
-              " words per configuration");
+  require(
+      static_cast<int>(c.shape(1)) == T.t.nwords,
+      std::string(what) + " must have " + std::to_string(T.t.nwords) + " words per configuration");
   common_device(what, c, T.h1);
 }
 
@@ -69,7 +69,13 @@ void bind_sci(nb::module_& m) {
             new (self) PyTables{
                 csk::gpu::Tables{static_cast<int>(norb), nwords, h1.data(), eri.data(), e_core,
                                  offsets.data(), targets.data(), values.data(), cut.data()},
-                h1, eri, offsets, targets, values, cut, dev};
+                h1,
+                eri,
+                offsets,
+                targets,
+                values,
+                cut,
+                dev};
           },
           "h1"_a, "eri"_a, "e_core"_a, "offsets"_a, "targets"_a, "values"_a, "cut"_a)
       .def_prop_ro("norb", [](const PyTables& s) { return s.t.norb; })
@@ -100,12 +106,12 @@ void bind_sci(nb::module_& m) {
                 "out_configs has the wrong number of words");
         common_device("coupled_write", configs, offsets, out_configs, out_values);
         nb::gil_scoped_release release;
-        csk::gpu::coupled_write(T.t, bits(configs), static_cast<i64>(configs.shape(0)), n_elec,
-                                eps, offsets.data(), reinterpret_cast<u64*>(out_configs.data()),
+        csk::gpu::coupled_write(T.t, bits(configs), static_cast<i64>(configs.shape(0)), n_elec, eps,
+                                offsets.data(), reinterpret_cast<u64*>(out_configs.data()),
                                 out_values.data(), stream_of(stream));
       },
-      "tables"_a, "configs"_a, "n_elec"_a, "eps"_a, "offsets"_a, "out_configs"_a,
-      "out_values"_a, "stream"_a);
+      "tables"_a, "configs"_a, "n_elec"_a, "eps"_a, "offsets"_a, "out_configs"_a, "out_values"_a,
+      "stream"_a);
   m.def(
       "diagonal",
       [](const PyTables& T, Configs configs, DeviceVector<double> out, std::uintptr_t stream) {
@@ -144,8 +150,8 @@ void bind_sci(nb::module_& m) {
         common_device("search_keys", sorted, queries, out);
         nb::gil_scoped_release release;
         csk::gpu::search_keys(bits(sorted), static_cast<i64>(sorted.shape(0)), bits(queries),
-                              static_cast<i64>(queries.shape(0)),
-                              static_cast<int>(sorted.shape(1)), out.data(), stream_of(stream));
+                              static_cast<i64>(queries.shape(0)), static_cast<int>(sorted.shape(1)),
+                              out.data(), stream_of(stream));
       },
       "sorted"_a, "queries"_a, "out"_a, "stream"_a);
   m.def(

@@ -33,8 +33,8 @@ struct SourceState {
 // Fills pair_start[0..npo] (exclusive prefix of cut over occupied pairs, in CPU order
 // p = u(u-1)/2 + v for occ[v] < occ[u]) and pair_ij[p] = i | j << 16. Returns the total.
 template <class Scan>
-__device__ int build_pairs(const Tables& T, const int* occ, int npo, int* pair_start,
-                           int* pair_ij, typename Scan::TempStorage& tmp) {
+__device__ int build_pairs(const Tables& T, const int* occ, int npo, int* pair_start, int* pair_ij,
+                           typename Scan::TempStorage& tmp) {
   int running = 0;
   for (int base = 0; base < npo; base += kBlock) {
     const int p = base + threadIdx.x;
@@ -67,9 +67,9 @@ __device__ __forceinline__ u64 bit_in_word(int k, int w) {
 
 // Evaluates virtual candidate v of the source: returns validity; with WRITE also y and value.
 template <int NW, bool WRITE>
-__device__ bool candidate(const Tables& T, const HamiltonianView& H, const u64* x,
-                          const int* occ, int ne, int n_single, int npo, const int* pair_start,
-                          const int* pair_ij, double eps, int v, u64* y, double* value) {
+__device__ bool candidate(const Tables& T, const HamiltonianView& H, const u64* x, const int* occ,
+                          int ne, int n_single, int npo, const int* pair_start, const int* pair_ij,
+                          double eps, int v, u64* y, double* value) {
   if (v < n_single) {
     const int u = v / T.norb, k = v - u * T.norb;
     const int i = occ[u], a = 2 * k + (i & 1);
@@ -87,7 +87,10 @@ __device__ bool candidate(const Tables& T, const HamiltonianView& H, const u64* 
   int lo = 0, hi = npo;  // the last pair whose range starts at or before d
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (pair_start[mid] <= d) lo = mid; else hi = mid;
+    if (pair_start[mid] <= d)
+      lo = mid;
+    else
+      hi = mid;
   }
   const int i = pair_ij[lo] & 0xFFFF, j = pair_ij[lo] >> 16;
   const i64 k = T.offsets[static_cast<i64>(j) * (j - 1) / 2 + i] + (d - pair_start[lo]);
@@ -133,8 +136,8 @@ __global__ void __launch_bounds__(kBlock)
     if (!WRITE) {
       int mine = 0;
       for (int v = threadIdx.x; v < n_virtual; v += kBlock)
-        mine += candidate<NW, false>(T, H, x, st.occ, ne, n_single, npo, pair_start, pair_ij,
-                                     eps, v, nullptr, nullptr);
+        mine += candidate<NW, false>(T, H, x, st.occ, ne, n_single, npo, pair_start, pair_ij, eps,
+                                     v, nullptr, nullptr);
       const int total = Reduce(tmp.reduce).Sum(mine);
       if (threadIdx.x == 0) counts[s] = total;
     } else {
@@ -143,9 +146,8 @@ __global__ void __launch_bounds__(kBlock)
         u64 y[NW];
         double h = 0.0;
         const int v = base + threadIdx.x;
-        const bool ok = v < n_virtual &&
-                        candidate<NW, true>(T, H, x, st.occ, ne, n_single, npo, pair_start,
-                                            pair_ij, eps, v, y, &h);
+        const bool ok = v < n_virtual && candidate<NW, true>(T, H, x, st.occ, ne, n_single, npo,
+                                                             pair_start, pair_ij, eps, v, y, &h);
         int pos, total;
         Scan(tmp.scan).ExclusiveSum(ok ? 1 : 0, pos, total);
         if (ok) {
@@ -190,10 +192,11 @@ void launch(const Tables& T, const u64* configs, i64 n, int ne, double eps, i64*
   int per_sm = 0;
   CSK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, dyn));
   if (per_sm < 1)
-    throw std::runtime_error("coupled generation: too many electrons for one block's shared memory");
+    throw std::runtime_error(
+        "coupled generation: too many electrons for one block's shared memory");
   const i64 blocks = std::min<i64>(n, static_cast<i64>(per_sm) * sm_count());
   kernel<<<static_cast<unsigned>(blocks), kBlock, dyn, stream>>>(T, configs, n, ne, eps, counts,
-                                                                  offsets, out_configs, out_values);
+                                                                 offsets, out_configs, out_values);
   CSK_CUDA_LAUNCHED();
 }
 
@@ -209,8 +212,8 @@ void dispatch(const Tables& T, const u64* configs, i64 n, int ne, double eps, i6
 
 }  // namespace
 
-void coupled_counts(const Tables& T, const u64* configs, i64 n, int n_elec, double eps,
-                    i64* counts, void* stream) {
+void coupled_counts(const Tables& T, const u64* configs, i64 n, int n_elec, double eps, i64* counts,
+                    void* stream) {
   dispatch<false>(T, configs, n, n_elec, eps, counts, nullptr, nullptr, nullptr, stream);
 }
 
@@ -223,9 +226,8 @@ void diagonal(const Tables& T, const u64* configs, i64 n, double* out, void* str
   if (n <= 0) return;
   auto s = as_stream(stream);
   const unsigned grid = grid_for(n, 128, 8 * sm_count());
-  with_words(T.nwords, [&](auto W) {
-    diagonal_kernel<W.value><<<grid, 128, 0, s>>>(T, configs, n, out);
-  });
+  with_words(T.nwords,
+             [&](auto W) { diagonal_kernel<W.value><<<grid, 128, 0, s>>>(T, configs, n, out); });
   CSK_CUDA_LAUNCHED();
 }
 

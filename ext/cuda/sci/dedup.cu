@@ -23,17 +23,17 @@ struct Key {
 // CUB sorts a multi-word key through a decomposer; the leftmost tuple element is the most
 // significant, so word NW-1 comes first.
 struct Decompose2 {
-  __host__ __device__ ::cuda::std::tuple<u64&, u64&> operator()(Key<2>& k) const {
+  __host__ __device__::cuda::std::tuple<u64&, u64&> operator()(Key<2>& k) const {
     return {k.w[1], k.w[0]};
   }
 };
 struct Decompose3 {
-  __host__ __device__ ::cuda::std::tuple<u64&, u64&, u64&> operator()(Key<3>& k) const {
+  __host__ __device__::cuda::std::tuple<u64&, u64&, u64&> operator()(Key<3>& k) const {
     return {k.w[2], k.w[1], k.w[0]};
   }
 };
 struct Decompose4 {
-  __host__ __device__ ::cuda::std::tuple<u64&, u64&, u64&, u64&> operator()(Key<4>& k) const {
+  __host__ __device__::cuda::std::tuple<u64&, u64&, u64&, u64&> operator()(Key<4>& k) const {
     return {k.w[3], k.w[2], k.w[1], k.w[0]};
   }
 };
@@ -45,8 +45,8 @@ cudaError_t radix_sort(void* tmp, std::size_t& bytes, const u64* keys_in, u64* k
   if constexpr (NW == 1) {
     if (vals_in == nullptr)
       return cub::DeviceRadixSort::SortKeys(tmp, bytes, keys_in, keys_out, n, 0, end_bit, s);
-    return cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_out, vals_in, vals_out, n,
-                                           0, end_bit, s);
+    return cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_out, vals_in, vals_out, n, 0,
+                                           end_bit, s);
   } else {
     using K = Key<NW>;
     using D = std::conditional_t<NW == 2, Decompose2,
@@ -114,7 +114,10 @@ __global__ void search_kernel(const u64* __restrict__ sorted, i64 n_sorted,
         const u64 a = sorted[mid * NW + w];
         if (c == 0) c = a < key[w] ? -1 : (a > key[w] ? 1 : 0);
       }
-      if (c < 0) lo = mid + 1; else hi = mid;
+      if (c < 0)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     bool found = lo < n_sorted;
     if (found) {
@@ -171,8 +174,8 @@ i64 sort_unique_impl(const u64* keys, i64 n, int end_bit, u64* unique, i64* inve
     CSK_CUDA_LAUNCHED();
   }
   std::size_t cub_bytes = L.total - L.cub;
-  CSK_CUDA_CHECK(radix_sort<NW>(base + L.cub, cub_bytes, keys, sorted, perm_in, perm_out, n,
-                                end_bit, s));
+  CSK_CUDA_CHECK(
+      radix_sort<NW>(base + L.cub, cub_bytes, keys, sorted, perm_in, perm_out, n, end_bit, s));
   head_flags<NW><<<grid_for(n, 256, grid), 256, 0, s>>>(sorted, n, ids);
   CSK_CUDA_LAUNCHED();
   // The flags are scanned in place; CUB's scan storage reuses the sort's (the sort is done).
@@ -180,12 +183,12 @@ i64 sort_unique_impl(const u64* keys, i64 n, int end_bit, u64* unique, i64* inve
   CSK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, ids, ids, n, s));
   if (scan_bytes > L.total - L.cub) throw std::runtime_error("sort_unique: scan storage");
   CSK_CUDA_CHECK(cub::DeviceScan::InclusiveSum(base + L.cub, scan_bytes, ids, ids, n, s));
-  scatter_unique<NW><<<grid_for(n, 256, grid), 256, 0, s>>>(sorted, ids, perm_out, n, unique,
-                                                             inverse);
+  scatter_unique<NW>
+      <<<grid_for(n, 256, grid), 256, 0, s>>>(sorted, ids, perm_out, n, unique, inverse);
   CSK_CUDA_LAUNCHED();
   std::uint32_t n_unique = 0;
-  CSK_CUDA_CHECK(cudaMemcpyAsync(&n_unique, ids + (n - 1), sizeof(n_unique),
-                                 cudaMemcpyDeviceToHost, s));
+  CSK_CUDA_CHECK(
+      cudaMemcpyAsync(&n_unique, ids + (n - 1), sizeof(n_unique), cudaMemcpyDeviceToHost, s));
   CSK_CUDA_CHECK(cudaStreamSynchronize(s));
   return static_cast<i64>(n_unique);
 }
