@@ -1,9 +1,9 @@
 """Every tracked notebook runs top to bottom at small sizes (environment variables shrink them).
 
 Notebooks that start ipyparallel MPI engines need ipyparallel and mpiexec (skipped without them,
-except under CI, where the test extras install Open MPI from PyPI); each runs with its own IPython directory, so
-that any cluster it leaves running (a failed cell skips the notebook's own shutdown cell) is
-found and stopped here.
+except under CI, where the test extras install Open MPI from PyPI); each runs with its own
+IPython directory, so that any cluster it leaves running (a failed cell skips the notebook's own
+shutdown cell) is found and stopped here.
 """
 
 import os

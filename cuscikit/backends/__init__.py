@@ -19,6 +19,7 @@ from cuscikit.backends.loader import (
     core,
     cuda,
     cuda_available,
+    cuda_build,
     resolve_device,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "core",
     "cuda",
     "cuda_available",
+    "cuda_build",
     "resolve_device",
 ]
 

@@ -32,6 +32,7 @@ from cuscikit.backends.loader import core, cuda
 __all__ = [
     "KeyIndex",
     "as_keys",
+    "as_tensor_keys",
     "dedup",
     "dedup_numpy",
     "is_tensor",
@@ -60,7 +61,9 @@ def as_keys(keys) -> np.ndarray:
     return arr
 
 
-def _as_tensor_keys(keys):
+def as_tensor_keys(keys):
+    """Device keys as a contiguous int64 (n, words) tensor (uint64 tensors are viewed as int64;
+    1-D input: one word per key)."""
     import torch
 
     if keys.dtype == torch.uint64:
@@ -224,7 +227,7 @@ def sort_unique(keys, return_inverse: bool = True, end_bit: int | None = None,
         return (u, inv) if return_inverse else u
     import torch
 
-    keys = _as_tensor_keys(keys)
+    keys = as_tensor_keys(keys)
     if impl == "torch":
         u, inv = _sort_unique_torch(keys)
     elif keys.is_cuda:
@@ -265,7 +268,7 @@ def searchsorted(sorted_keys, queries, side: str = "left"):
     if tensor:
         import torch
 
-        a, q = _as_tensor_keys(sorted_keys), _as_tensor_keys(queries).to(sorted_keys.device)
+        a, q = as_tensor_keys(sorted_keys), as_tensor_keys(queries).to(sorted_keys.device)
         where, full = torch.where, (lambda n, v: torch.full((n,), v, dtype=torch.int64,
                                                             device=a.device))
     else:
@@ -309,7 +312,7 @@ def search(sorted_keys, queries):
     if is_tensor(sorted_keys) and sorted_keys.is_cuda:
         import torch
 
-        s, q = _as_tensor_keys(sorted_keys), _as_tensor_keys(queries)
+        s, q = as_tensor_keys(sorted_keys), as_tensor_keys(queries)
         if s.shape[1] != q.shape[1]:
             raise ValueError(f"queries have {q.shape[1]} words, keys have {s.shape[1]}")
         out = torch.empty(len(q), dtype=torch.int64, device=q.device)
@@ -320,7 +323,7 @@ def search(sorted_keys, queries):
     if is_tensor(sorted_keys):
         import torch
 
-        s, q = _as_tensor_keys(sorted_keys), _as_tensor_keys(queries)
+        s, q = as_tensor_keys(sorted_keys), as_tensor_keys(queries)
         hit = torch.zeros(len(q), dtype=torch.bool, device=q.device)
         inside = pos < n
         hit[inside] = (s[pos[inside]] == q[inside]).all(dim=1)

@@ -61,6 +61,21 @@ def cuda() -> ModuleType:
     return _cuda
 
 
+def cuda_build() -> str | None:
+    """The architectures the CUDA kernels were built for (e.g. "90"), or None when the package
+    was built without them; loads no GPU state.
+
+    Example:
+        >>> cuda_build() is None or cuda_build().isdigit()
+        True
+    """
+    try:
+        from cuscikit import _cuda
+    except ImportError:
+        return None
+    return str(_cuda.build_arch())
+
+
 def cuda_available() -> bool:
     """True when the CUDA kernels can run here.
 

@@ -19,7 +19,7 @@ def run(args) -> int:
     import scipy
 
     import cuscikit
-    from cuscikit.backends import core
+    from cuscikit.backends import core, cuda_build
 
     info: dict = {
         "cuscikit": cuscikit.__version__,
@@ -44,12 +44,8 @@ def run(args) -> int:
                 p = torch.cuda.get_device_properties(d)
                 gpus.append(f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor})")
     info["gpus"] = gpus
-    try:  # built only where nvcc and a driver were present at install time
-        from cuscikit import _cuda
-
-        info["cuda_kernels"] = f"built for sm_{_cuda.build_arch()}"
-    except ImportError:
-        info["cuda_kernels"] = None
+    arch = cuda_build()  # built only where nvcc and a driver were present at install time
+    info["cuda_kernels"] = f"built for sm_{arch}" if arch else None
     lines = [f"cuscikit {info['cuscikit']}  (python {info['python']}, {info['platform']})"]
     for mod in ("numpy", "scipy", "torch", "cupy", "pyscf", "mpi4py"):
         lines.append(f"  {mod:8s} {info[mod] or 'not installed'}")

@@ -90,10 +90,11 @@ class Solver:
         )
 
     def set(self, **options) -> Solver:
-        """Set options by keyword (unknown names raise AttributeError); returns the solver."""
-        known = self._known()
+        """Set options by keyword (anything else, a method say, raises AttributeError);
+        returns the solver."""
+        allowed = set(self.option_names()) | self._declared_keys()
         for name, value in options.items():
-            if name not in known or name.startswith("_"):
+            if name not in allowed:
                 raise self._unknown_error(name)
             setattr(self, name, value)
         return self

@@ -394,9 +394,9 @@ class _Ops:
 
     def keys(self, keys):
         if self.torch:
-            from cuscikit.backends.keys import _as_tensor_keys
+            from cuscikit.backends.keys import as_tensor_keys
 
-            return _as_tensor_keys(keys)
+            return as_tensor_keys(keys)
         return as_keys(keys)
 
     def empty_keys(self, w: int):

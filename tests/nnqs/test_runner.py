@@ -342,3 +342,42 @@ def test_learning_rate_decay_schedule_and_exact_resume(tmp_path):
     assert not np.array_equal(plain["e_tot"].to_numpy(), full["e_tot"].to_numpy())
     with pytest.raises(ValueError, match="start < end"):
         LearningRateDecay(8, 8, 1e-4)
+
+
+def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path):
+    """SIGINT (a notebook's interrupt) during iteration 3: the run ends after it, the
+    checkpoint holds iteration 3, and the run resumes from it as if never stopped."""
+    import os
+    import signal
+
+    class CtrlC(Callback):
+        def on_step_end(self, runner, row):
+            if runner.iteration == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return False
+
+    ck = tmp_path / "ck.h5"
+    r = make_runner(seed=4)
+    r.run(8, [CtrlC()], progress=False, checkpoint=str(ck), checkpoint_every=5)
+    assert r.status.status == "interrupted" and r.iteration == 3
+    again = make_runner(seed=4).load(ck)
+    assert again.iteration == 3
+    full = make_runner(seed=4).run(5, progress=False).history
+    resumed = again.run(2, progress=False).history
+    np.testing.assert_array_equal(full["e_tot"], resumed["e_tot"])
+
+
+def test_runner_options_are_checked_like_a_solvers():
+    r = make_runner()
+    r.topk_ = 5  # misspelt
+    with pytest.raises(AttributeError, match="did you mean 'topk'"):
+        r.step()
+    with pytest.raises(AttributeError, match="no option 'learning_rate'"):
+        make_runner(learning_rate=1e-3)
+    r = make_runner()
+    r.lr = 5e-4  # a new base rate applies at once
+    r.step()
+    assert r.optimizer.param_groups[0]["lr"] == 5e-4
+    r.eps = 1e-10  # a structural option after the run started is refused
+    with pytest.raises(ValueError, match="fixed once a run has started"):
+        r.step()
