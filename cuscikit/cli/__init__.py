@@ -1,7 +1,10 @@
 """The `cuscikit` command line: one module per subcommand, registered in `COMMANDS`.
 
 Every command prints a human-readable report; with `--json` the last line of stdout is one JSON
-object, for scripts and batch jobs. Bad input exits with status 2 and a one-line message.
+object with a ``"status"`` ("ok", "stopped" or "error"), for scripts and batch jobs, whatever
+happens. Exit statuses (`cuscikit.cli.common`): 0 done, 2 bad input (a one-line message before
+any work), 3 stopped early but resumable (non-finite energies, SIGINT or SIGTERM: the checkpoint
+holds the last good iteration), 1 a failure while running, 130 Ctrl-C outside a run.
 
 `nnqs` and `demo` run unchanged on several ranks: ``mpirun -n 4 cuscikit nnqs N2`` or
 ``torchrun --nproc-per-node 4 -m cuscikit nnqs N2`` (the ranks are found from the launcher's
@@ -19,16 +22,36 @@ import importlib
 import os
 import sys
 
-from cuscikit.cli.common import UsageError, error_line
+from cuscikit.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    UsageError,
+    emit_error,
+)
 
 # The subcommand modules, in the order `cuscikit --help` lists them ("nnqs" adds "demo" too).
 COMMANDS = ("nnqs", "info", "fcidump", "fci")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus the JSON error line when the command line asked for --json."""
+
+    json_requested = False
+
+    def error(self, message: str):
+        if _Parser.json_requested:
+            import json
+
+            print(json.dumps({"status": "error", "command": self.prog.split()[-1],
+                              "error": message, "error_type": "UsageError"}), flush=True)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cuscikit import __version__
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="cuscikit",
         description="GPU-accelerated configuration interaction: NNQS-SCI, GUGA CI and dSB "
         "Ising from the command line.",
@@ -60,26 +83,32 @@ def _finish(args, status: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     from cuscikit.parallel.comm import CommError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _Parser.json_requested = "--json" in argv
     args = build_parser().parse_args(argv)
     try:
         status = args.func(args)
     except UsageError as exc:
-        error_line(args, exc)
-        status = 2
-    except (ValueError, OSError) as exc:  # bad files, inconsistent input: one clear line
-        error_line(args, exc)
-        status = 2
+        emit_error(args, exc)
+        status = EXIT_USAGE
+    except (ValueError, OSError, MemoryError) as exc:  # bad files, too big: one clear line
+        emit_error(args, exc)
+        status = EXIT_USAGE
     except CommError as exc:  # another rank died or stopped answering
-        error_line(args, exc)
-        status = 1
-    except Exception:
+        emit_error(args, exc)
+        status = EXIT_FAILED
+    except KeyboardInterrupt:
+        emit_error(args, KeyboardInterrupt("interrupted (Ctrl-C)"), status="stopped")
+        status = EXIT_INTERRUPTED
+    except Exception as exc:
         comm = getattr(args, "comm", None)
         if comm is None or comm.size == 1:
+            emit_error(args, exc)
             raise
         import traceback
 
         traceback.print_exc()  # then end every rank instead of leaving them waiting
-        status = 1
+        status = EXIT_FAILED
     return _finish(args, status)
 
 

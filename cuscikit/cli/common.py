@@ -14,6 +14,60 @@ class UsageError(Exception):
     """An error in what the user asked for: reported in one line, exit status 2."""
 
 
+# Exit statuses: every command ends with one of these (and, with --json, a last stdout line
+# {"status": "ok" | "stopped" | "error", ...}).
+EXIT_OK = 0
+EXIT_FAILED = 1  # a failure while running (another rank died, an unexpected error)
+EXIT_USAGE = 2  # bad input, reported before any work
+EXIT_STOPPED = 3  # the run stopped early (non-finite energies, a signal); it can be resumed
+EXIT_INTERRUPTED = 130  # Ctrl-C outside an iteration loop
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a float that is neither NaN nor infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, got 0")
+    return value
+
+
+def writable_folder(path: str | Path) -> Path:
+    """Create `path` if needed and check that files can be written there (before any work)."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, suffix=".probe")
+    except OSError as exc:
+        raise UsageError(f"cannot write to {path}: {exc.strerror or exc}") from None
+    import os
+
+    os.close(fd)
+    os.remove(probe)
+    return path
+
+
 def rank_of(args) -> int:
     comm = getattr(args, "comm", None)
     return comm.rank if comm is not None else 0
@@ -31,13 +85,26 @@ def _finite(obj):
 
 
 def emit(args, report: dict, lines: list[str]) -> None:
-    """Print the report's lines and, with --json, the report as the last line (rank 0 only)."""
+    """Print the report's lines and, with --json, the report as the last line (rank 0 only);
+    the JSON carries ``"status"`` ("ok" unless the report says otherwise)."""
     if rank_of(args) != 0:  # on several ranks, rank 0 reports
         return
     for line in lines:
         print(line)
     if getattr(args, "json", False):
-        print(json.dumps(_finite(report), allow_nan=False))
+        print(json.dumps(_finite({"status": "ok", **report}), allow_nan=False), flush=True)
+    args.reported = True
+
+
+def emit_error(args, exc: BaseException, status: str = "error") -> None:
+    """The one-line error on stderr and, with --json, ``{"status": ..., "error": ...}`` as the
+    last stdout line (rank 0 only)."""
+    error_line(args, exc)
+    if getattr(args, "json", False) and rank_of(args) == 0 and not getattr(args, "reported",
+                                                                           False):
+        report = {"status": status, "command": getattr(args, "command", None),
+                  "error": str(exc) or type(exc).__name__, "error_type": type(exc).__name__}
+        print(json.dumps(_finite(report), allow_nan=False), flush=True)
 
 
 def error_line(args, exc: BaseException) -> None:

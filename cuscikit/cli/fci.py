@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from cuscikit.cli.common import UsageError, add_json, emit, load_molecule
+from cuscikit.cli.common import (
+    UsageError,
+    add_json,
+    emit,
+    finite_float,
+    load_molecule,
+    positive_int,
+)
 
 
 def register(sub) -> None:
@@ -14,8 +21,8 @@ def register(sub) -> None:
         description="Exact (FCI) energies in the determinant space of a system.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("system", help="FCIDUMP path or bundled dataset name (e.g. N2, LiH)")
-    s.add_argument("--nroots", type=int, default=1, help="number of lowest roots")
-    s.add_argument("--max-det", type=float, default=5e6, help="refuse larger FCI spaces")
+    s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
+    s.add_argument("--max-det", type=finite_float, default=5e6, help="refuse larger FCI spaces")
     add_json(s)
     s.set_defaults(func=run)
 

@@ -6,7 +6,20 @@ import argparse
 import time
 from pathlib import Path
 
-from cuscikit.cli.common import UsageError, communicator, emit, load_molecule, parse_bytes
+from cuscikit.cli.common import (
+    EXIT_OK,
+    EXIT_STOPPED,
+    UsageError,
+    add_json,
+    communicator,
+    emit,
+    finite_float,
+    load_molecule,
+    non_negative_int,
+    parse_bytes,
+    positive_int,
+    writable_folder,
+)
 
 # Plain numbers, so that building the parser does not import PyTorch.
 from cuscikit.nnqs.defaults import (
@@ -58,20 +71,22 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
     from cuscikit.nnqs import Ansatz, Runner
 
-    if args.iters < 0:
-        raise UsageError(f"--iters must be non-negative, got {args.iters}")
-    if args.topk < 1:
-        raise UsageError(f"--topk must be at least 1, got {args.topk}")
-    if not args.lr_final > 0:
-        raise UsageError(f"--lr-final must be positive, got {args.lr_final}")
+    if not 0 < args.lr_final <= 10:
+        raise UsageError(f"--lr-final must lie in (0, 10], got {args.lr_final}")
     if not 0 <= args.lr_decay_from < 1:
         raise UsageError(f"--lr-decay-from must be in [0, 1), got {args.lr_decay_from}")
-    if args.inner_steps < 0:
-        raise UsageError(f"--inner-steps must be non-negative, got {args.inner_steps}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but no CUDA GPU is available")
+    if args.resume and not Path(args.resume).is_file():
+        raise UsageError(f"--resume {args.resume}: no such file")
+    if out_dir is not None:  # before iteration 1, not after the last one
+        writable_folder(out_dir)
+    if args.checkpoint:
+        from cuscikit.nnqs.checkpoint import check_writable
+
+        check_writable(args.checkpoint)
     comm = communicator(args)
     if args.device == "cuda" and comm.size > 1:  # one GPU per rank of this host
         from cuscikit.parallel.comm import local_rank
@@ -94,6 +109,9 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         inner_steps=args.inner_steps,
         comm=comm,
     )
+    # the rate schedule travels with the checkpoint; a resume under another one is warned about
+    runner.schedule = ("constant" if args.constant_lr else
+                       f"decay from {args.lr_decay_from} of {args.iters} to {args.lr_final}")
     if args.resume:
         runner.load(args.resume)
     t0 = time.perf_counter()
@@ -115,7 +133,10 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     if h.empty:
         raise UsageError("no iteration ran (is --iters above the resumed iteration?)")
     last = h.iloc[-1]
+    st = runner.status
     report = {
+        "status": "ok" if st is None or st.ok else "stopped",
+        "stop_reason": None if st is None or st.ok else st.reason,
         "system": mol.name,
         "e_tot": float(last["e_coupled"]),
         "e_variational": float(last["e_variational"]),
@@ -129,6 +150,9 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "seed": args.seed,
         "e_reference": runner.reference,
     }
+    if report["status"] != "ok" and args.checkpoint:
+        report["resume"] = (f"the checkpoint {args.checkpoint} holds iteration "
+                            f"{runner.iteration}: continue with --resume {args.checkpoint}")
     if runner.reference is not None:
         report["error"] = report["e_tot"] - runner.reference
         report["error_variational"] = report["e_variational"] - runner.reference
@@ -149,7 +173,10 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
 
 def _report_lines(report: dict) -> list[str]:
-    lines = [
+    lines = [] if report["status"] == "ok" else [
+        f"NNQS-SCI stopped early: {report['stop_reason']}"
+        + (f"; {report['resume']}" if report.get("resume") else "")]
+    lines += [
         f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
         f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}"
         + (f" x {report['ranks']} ranks" if report.get("ranks", 1) > 1 else ""),
@@ -173,7 +200,7 @@ def cmd_nnqs(args) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else None
     report = _nnqs_run(mol, args, out_dir=out_dir)
     emit(args, report, _report_lines(report))
-    return 0
+    return EXIT_OK if report["status"] == "ok" else EXIT_STOPPED
 
 
 def cmd_demo(args) -> int:
@@ -185,25 +212,30 @@ def cmd_demo(args) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     report = _nnqs_run(mol, args, out_dir=Path(args.output_dir))
     emit(args, report, _report_lines(report))
-    return 0
+    return EXIT_OK if report["status"] == "ok" else EXIT_STOPPED
 
 
 def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
 
-    s.add_argument("--iters", type=int, default=iters, help="total iterations")
-    s.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="configurations added per step")
-    s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled")
-    s.add_argument("--max-space", type=int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
-    s.add_argument("--inner-steps", type=int, default=DEFAULT_INNER_STEPS,
+    s.add_argument("--iters", type=non_negative_int, default=iters,
+                   help="total iterations (a resumed run continues up to this count)")
+    s.add_argument("--topk", type=positive_int, default=DEFAULT_TOPK,
+                   help="configurations added per step")
+    s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled",
+                   help="the energy the loss follows (both are reported)")
+    s.add_argument("--max-space", type=positive_int, default=DEFAULT_MAX_SPACE,
+                   help="cap on |S|")
+    s.add_argument("--inner-steps", type=non_negative_int, default=DEFAULT_INNER_STEPS,
                    help="extra optimiser steps per iteration on the energy within S")
-    s.add_argument("--lr-final", type=float, default=DEFAULT_LR_FINAL, metavar="LR",
+    s.add_argument("--lr-final", type=finite_float, default=DEFAULT_LR_FINAL, metavar="LR",
                    help="the learning rate falls geometrically to LR at the last iteration")
-    s.add_argument("--lr-decay-from", type=float, default=DEFAULT_LR_DECAY_FROM,
+    s.add_argument("--lr-decay-from", type=finite_float, default=DEFAULT_LR_DECAY_FROM,
                    metavar="FRACTION", help="the fall starts after this fraction of --iters")
     s.add_argument("--constant-lr", action="store_true",
                    help="keep the learning rate constant (no fall at the end)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    s.add_argument("--seed", type=int, default=0, help="random-number seed of the run")
+    s.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="floating type of the network")
     s.add_argument(
         "--pipeline",
         choices=("auto", "gpu", "baseline"),
@@ -224,7 +256,9 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         help="torch.compile the inference over the unique set (about 2x faster on an H200 "
         "after a few seconds of compilation)",
     )
-    s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps")
-    s.add_argument("--checkpoint-every", type=int, default=10)
+    s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps, "
+                   "and when the run stops early (checked writable before iteration 1)")
+    s.add_argument("--checkpoint-every", type=positive_int, default=10,
+                   help="iterations between checkpoints")
     s.add_argument("--resume", help="continue from this checkpoint")
-    s.add_argument("--json", action="store_true")
+    add_json(s)

@@ -224,7 +224,8 @@ class RunLoop:
         finally:
             if bar is not None:
                 bar.close()
-        if self.checkpoint is not None and done and saved_at != driver.iteration:
+        if self.checkpoint is not None and saved_at != driver.iteration and (
+                done or status != "ok"):  # a stop saves the consistent state it kept
             self.checkpoint()
         for cb in self.callbacks:
             cb.on_run_end(driver)

@@ -1,8 +1,25 @@
 """HDF5 checkpoints of a Runner: model, optimiser state, S, RNG states and history.
 
-Layout: attributes on the root (format, version, iteration, settings, molecule fingerprint);
-groups `model/` (one dataset per parameter or buffer), `optimizer/state` (torch's serialised
-AdamW state), `space/configs`, `rng/`, `history/` (one dataset per column).
+Layout: attributes on the root (format, version, iteration, settings, molecule fingerprint,
+run conditions); groups `model/` (one dataset per parameter or buffer), `optimizer/state`
+(torch's serialised AdamW state), `space/configs`, `rng/`, `history/` (one dataset per column).
+
+What a reader may rely on:
+
+- **Integrity.** Every dataset carries the sha256 of its bytes (attribute ``sha256``), checked
+  on load: one flipped bit is an error, not a different energy. The invariants are checked too:
+  the iteration equals the history's length, weights and optimiser moments are finite, the
+  configurations belong to the molecule's sector.
+- **Atomic, never worse.** A file is written to a temporary next to it and renamed over the
+  target, so a crash leaves the previous file; a state with non-finite weights or moments is
+  never written over a checkpoint (it goes to ``<name>.nonfinite.h5`` beside it, and
+  `NonFiniteStateError` says so). Temporaries left by a killed run are removed at the next
+  start.
+- **Load changes nothing until everything checked out**: the file is read and validated into
+  temporaries, then assigned.
+- **One writer.** `CheckpointLock` makes a second run that would write the same path stop with a
+  clear error (a stale lock of a dead process is taken over).
+- Files of version 1 (before the checksums) still load, with their invariants checked.
 """
 
 from __future__ import annotations
@@ -12,16 +29,23 @@ import io
 import json
 import os
 import tempfile
+import warnings
 
 import numpy as np
 import torch
 
 FORMAT = "cuscikit-nnqs-checkpoint"
-VERSION = 1
+VERSION = 2
+_READABLE = (1, 2)
 
 
 class CheckpointError(ValueError):
     """The checkpoint is unreadable, corrupted, or belongs to another molecule or ansatz."""
+
+
+class NonFiniteStateError(CheckpointError):
+    """The runner's weights or optimiser moments are not finite: nothing was written over the
+    checkpoint (the state went to a file named ``*.nonfinite.h5`` beside it)."""
 
 
 def molecule_fingerprint(molecule) -> str:
@@ -69,6 +93,18 @@ def saved_settings(path: str | os.PathLike) -> dict:
     return _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
 
 
+def saved_conditions(path: str | os.PathLike) -> dict:
+    """The run conditions a checkpoint recorded (seed, threads, learning-rate schedule, base
+    rate), so that a resumed run can say what differs."""
+    import h5py
+
+    try:
+        with h5py.File(os.fspath(path), "r") as f:
+            return json.loads(f.attrs.get("conditions", "{}"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable or corrupted checkpoint ({exc})") from exc
+
+
 def _settings(runner) -> dict:
     return {
         "topk": runner.topk,
@@ -78,6 +114,17 @@ def _settings(runner) -> dict:
         "seed": runner.seed,
         "batch_size": runner.batch_size,
         "inner_steps": runner.inner_steps,
+    }
+
+
+def conditions(runner) -> dict:
+    """What else shapes a run's numbers: the seed, the thread count, the base rate and the
+    rate schedule (`runner.schedule`, set by whoever drives the run, e.g. the command line)."""
+    return {
+        "seed": runner.seed,
+        "threads": torch.get_num_threads(),
+        "lr": runner.optimizer.defaults["lr"],
+        "schedule": getattr(runner, "schedule", None),
     }
 
 
@@ -98,51 +145,207 @@ def check_writable(path: str | os.PathLike) -> None:
     os.remove(probe)
 
 
-def save_checkpoint(runner, path: str | os.PathLike) -> None:
-    """Write the runner's state atomically (a temporary file renamed over `path`)."""
+def _tmp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}."
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
+    """Remove temporaries that a killed writer of `path` left beside it; returns their names."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    prefix = _tmp_prefix(path)
+    gone = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            try:
+                os.remove(os.path.join(folder, name))
+                gone.append(name)
+            except OSError:
+                pass
+    return gone
+
+
+class CheckpointLock:
+    """An exclusive claim on a checkpoint path for the life of a run (``<path>.lock`` holding
+    the writer's pid); a lock whose process is gone is taken over.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "run.h5")
+        >>> with CheckpointLock(path):
+        ...     CheckpointLock(path).acquire()
+        Traceback (most recent call last):
+            ...
+        cuscikit.nnqs.checkpoint.CheckpointError: ... another run (pid ...) writes ...
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path) + ".lock"
+        self.held = False
+
+    def acquire(self) -> CheckpointLock:
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pid = self._owner()
+                if pid is not None and _alive(pid):  # this process too: another runner
+                    raise CheckpointError(
+                        f"{self.path[:-5]}: another run (pid {pid}) writes this checkpoint; "
+                        f"wait for it, or remove {self.path} if that process is gone"
+                    ) from None
+                try:  # stale (its process died): take it over
+                    os.remove(self.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self.held = True
+            return self
+        raise CheckpointError(f"{self.path}: could not take the checkpoint lock")
+
+    def _owner(self) -> int | None:
+        try:
+            with open(self.path) as f:
+                return int(f.read().strip() or -1)
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+            self.held = False
+
+    def __enter__(self) -> CheckpointLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _digest(data) -> str:
+    arr = np.asarray(data)
+    return hashlib.sha256(arr.tobytes() if arr.dtype != object else bytes(arr)).hexdigest()
+
+
+def _finite_state(runner) -> bool:
+    """Weights, buffers and optimiser moments are all finite."""
+    for t in runner.ansatz.state_dict().values():
+        if t.is_floating_point() or t.is_complex():
+            if not bool(torch.isfinite(t).all()):
+                return False
+    for state in runner.optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
+                if not bool(torch.isfinite(v).all()):
+                    return False
+    return True
+
+
+def _write(runner, target: str) -> None:
+    """Write the runner's state to `target` (a fresh file), every dataset with its checksum."""
     import h5py
 
+    with h5py.File(target, "w") as f:
+
+        def put(name: str, data) -> None:
+            ds = f.create_dataset(name, data=data)
+            ds.attrs["sha256"] = _digest(ds[()])
+
+        f.attrs["format"] = FORMAT
+        f.attrs["version"] = VERSION
+        f.attrs["iteration"] = runner.iteration
+        f.attrs["settings"] = json.dumps(_settings(runner))
+        f.attrs["conditions"] = json.dumps(conditions(runner), default=str)
+        f.attrs["molecule"] = molecule_fingerprint(runner.molecule)
+        f.attrs["ansatz_class"] = type(runner.ansatz).__name__
+        cfg = getattr(runner.ansatz, "config", None)
+        if cfg is not None:
+            f.attrs["ansatz_config"] = json.dumps(cfg, default=str)
+        f.create_group("model")
+        for name, tensor in runner.ansatz.state_dict().items():
+            put(f"model/{name}", tensor.detach().cpu().numpy())
+        buf = io.BytesIO()
+        torch.save(runner.optimizer.state_dict(), buf)
+        put("optimizer/state", np.void(buf.getvalue()))
+        put("space/configs", runner.space.configs)
+        put("rng/torch_cpu", torch.get_rng_state().numpy())
+        if torch.cuda.is_available():
+            put("rng/torch_cuda", torch.cuda.get_rng_state().numpy())
+        f["rng"].attrs["numpy"] = json.dumps(runner.rng.bit_generator.state)
+        h = f.create_group("history")
+        history = runner.history
+        for col in history.columns:
+            put(f"history/{col}", history[col].to_numpy())
+        h.attrs["columns"] = json.dumps(list(history.columns))
+
+
+def save_checkpoint(runner, path: str | os.PathLike) -> None:
+    """Write the runner's state atomically (a temporary beside `path`, renamed over it).
+
+    Raises:
+        NonFiniteStateError: the weights or optimiser moments are not finite; `path` is left
+            as it was and the state is written to ``<path stem>.nonfinite.h5`` for inspection.
+    """
     path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".h5.tmp", dir=d)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not _finite_state(runner):
+        stem = path[:-3] if path.endswith(".h5") else path
+        aside = stem + ".nonfinite.h5"
+        _atomic(runner, aside, folder)
+        raise NonFiniteStateError(
+            f"{path}: the runner's weights or optimiser moments are not finite; the checkpoint "
+            f"keeps its last good state, the bad one was written to {aside}"
+        )
+    _atomic(runner, path, folder)
+
+
+def _atomic(runner, path: str, folder: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=folder)
     os.close(fd)
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["version"] = VERSION
-            f.attrs["iteration"] = runner.iteration
-            f.attrs["settings"] = json.dumps(_settings(runner))
-            f.attrs["molecule"] = molecule_fingerprint(runner.molecule)
-            f.attrs["ansatz_class"] = type(runner.ansatz).__name__
-            cfg = getattr(runner.ansatz, "config", None)
-            if cfg is not None:
-                f.attrs["ansatz_config"] = json.dumps(cfg, default=str)
-            g = f.create_group("model")
-            for name, tensor in runner.ansatz.state_dict().items():
-                g.create_dataset(name, data=tensor.detach().cpu().numpy())
-            buf = io.BytesIO()
-            torch.save(runner.optimizer.state_dict(), buf)
-            f.create_dataset("optimizer/state", data=np.void(buf.getvalue()))
-            f.create_dataset("space/configs", data=runner.space.configs)
-            f.create_dataset("rng/torch_cpu", data=torch.get_rng_state().numpy())
-            if torch.cuda.is_available():
-                f.create_dataset("rng/torch_cuda", data=torch.cuda.get_rng_state().numpy())
-            f["rng"].attrs["numpy"] = json.dumps(runner.rng.bit_generator.state)
-            h = f.create_group("history")
-            for col in runner.history.columns:
-                h.create_dataset(col, data=runner.history[col].to_numpy())
-            h.attrs["columns"] = json.dumps(list(runner.history.columns))
+        _write(runner, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
+def _read_verified(f, name: str, version: int):
+    ds = f[name]
+    data = ds[()]
+    if version >= 2:
+        want = ds.attrs.get("sha256")
+        if want is None or _digest(data) != want:
+            raise CheckpointError(f"dataset {name} fails its checksum (the file is damaged)")
+    return data
+
+
 def load_checkpoint(runner, path: str | os.PathLike) -> None:
-    """Restore a checkpoint into `runner`, after checking that it fits: same molecule, same
-    ansatz parameters. Nothing is changed if any check fails."""
+    """Restore a checkpoint into `runner`, after checking that it fits and is intact: same
+    molecule, same ansatz parameters, every checksum and invariant. Nothing is changed if any
+    check fails."""
     import h5py
 
+    from cuscikit.sci.configs import check_configurations
     from cuscikit.sci.space import SCISpace
 
     path = os.fspath(path)
@@ -152,32 +355,58 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         with h5py.File(path, "r") as f:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"{path}: not a cuscikit NNQS checkpoint")
-            if int(f.attrs["version"]) != VERSION:
-                raise CheckpointError(f"{path}: checkpoint version {f.attrs['version']}")
+            version = int(f.attrs["version"])
+            if version not in _READABLE:
+                raise CheckpointError(f"{path}: checkpoint version {version}")
             if f.attrs["molecule"] != molecule_fingerprint(runner.molecule):
                 raise CheckpointError(
                     f"{path}: the checkpoint belongs to another molecule (the integrals differ)"
                 )
-            state = {k: torch.from_numpy(np.array(v)) for k, v in f["model"].items()}
-            opt_bytes = f["optimizer/state"][()].tobytes()
-            configs = np.array(f["space/configs"])
-            rng_cpu = torch.from_numpy(np.array(f["rng/torch_cpu"]))
+
+            def read(name):
+                return _read_verified(f, name, version)
+
+            state = {k: torch.from_numpy(np.array(read(f"model/{k}"))) for k in f["model"]}
+            opt_bytes = read("optimizer/state").tobytes()
+            configs = np.array(read("space/configs"))
+            rng_cpu = torch.from_numpy(np.array(read("rng/torch_cpu")))
             rng_cuda = (
-                torch.from_numpy(np.array(f["rng/torch_cuda"])) if "rng/torch_cuda" in f else None
+                torch.from_numpy(np.array(read("rng/torch_cuda"))) if "rng/torch_cuda" in f
+                else None
             )
             np_state = json.loads(f["rng"].attrs["numpy"])
             cols = json.loads(f["history"].attrs["columns"])
-            history = {c: np.array(f["history"][c]) for c in cols}
+            history = {c: np.array(read(f"history/{c}")) for c in cols}
             iteration = int(f.attrs["iteration"])
             settings = json.loads(f.attrs["settings"])
-    except CheckpointError:
-        raise
+            saved_cond = json.loads(f.attrs.get("conditions", "{}"))
+    except CheckpointError as exc:
+        if str(exc).startswith(path):
+            raise
+        raise CheckpointError(f"{path}: {exc}") from None
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{path}: unreadable or corrupted checkpoint ({exc})") from exc
 
+    # --- invariants, all before anything is assigned
+    n_rows = len(next(iter(history.values()))) if history else 0
+    if any(len(v) != n_rows for v in history.values()):
+        raise CheckpointError(f"{path}: history columns differ in length")
+    if iteration < 0 or iteration != n_rows:
+        raise CheckpointError(
+            f"{path}: iteration {iteration} does not match the {n_rows} rows of its history"
+        )
+    if "iteration" in history and n_rows and not np.array_equal(
+            history["iteration"], np.arange(1, n_rows + 1)):
+        raise CheckpointError(f"{path}: the history's iteration column is not 1..{n_rows}")
+    for k, v in history.items():
+        if v.dtype.kind == "f" and k.startswith(("e_", "loss")) and not np.isfinite(v).all():
+            raise CheckpointError(f"{path}: history column {k} holds non-finite values")
     own = runner.ansatz.state_dict()
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
         raise CheckpointError(f"{path}: the checkpoint's ansatz has other parameters or shapes")
+    for k, t in state.items():
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: parameter {k} is not finite")
     settings = _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
     for key in ("estimator", "topk", "max_space", "eps", "inner_steps"):
         if settings[key] != _settings(runner)[key]:
@@ -191,14 +420,43 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         opt_state = torch.load(io.BytesIO(opt_bytes), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure here means a damaged file
         raise CheckpointError(f"{path}: the optimiser state is corrupted ({exc})") from exc
+    for st in opt_state.get("state", {}).values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(
+                    torch.isfinite(v).all()):
+                raise CheckpointError(f"{path}: the optimiser moments are not finite")
+    try:
+        configs = check_configurations(configs, runner.molecule.norb, runner.molecule.nelec)
+        space = SCISpace(runner.molecule, configs, eps=runner.eps)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: its configurations do not fit the molecule ({exc})") \
+            from None
+    if len(space) != len(configs):
+        raise CheckpointError(f"{path}: its space holds duplicate configurations")
 
-    runner.ansatz.load_state_dict(state)
-    runner.optimizer.load_state_dict(opt_state)
-    runner.space = SCISpace(runner.molecule, configs, eps=runner.eps)
+    # --- everything checked: assign (the model and optimiser through copies first)
+    model_backup = {k: v.detach().clone() for k, v in runner.ansatz.state_dict().items()}
+    try:
+        runner.ansatz.load_state_dict(state)
+        runner.optimizer.load_state_dict(opt_state)
+    except Exception as exc:  # noqa: BLE001 - restore, then report
+        runner.ansatz.load_state_dict(model_backup)
+        raise CheckpointError(f"{path}: the state does not load into this runner ({exc})") \
+            from exc
+    runner.space = space
     torch.set_rng_state(rng_cpu)
     if rng_cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng_cuda)
     runner.rng.bit_generator.state = np_state
-    n_rows = len(next(iter(history.values()))) if history else 0
     runner._rows = [{c: history[c][k].item() for c in cols} for k in range(n_rows)]
     runner.iteration = iteration
+    if version < 2:
+        warnings.warn(f"{path}: a checkpoint of version 1 (no checksums); invariants checked",
+                      stacklevel=3)
+    now = conditions(runner)
+    differ = {k: (saved_cond[k], now[k]) for k in saved_cond
+              if k in now and saved_cond[k] != now[k] and k != "lr"}
+    if differ:
+        what = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
+        warnings.warn(f"{path}: resumed under other run conditions ({what}); the continued "
+                      "run may differ from an uninterrupted one", stacklevel=3)

@@ -26,8 +26,9 @@ On rank r of P (P = 1 is the single-process run):
    in L (hash lookup on the host, binary search on the GPU) and its H_xx' psi(x') summed per
    source, over all of C(x) (coupled estimator) and over C(x) within S (variational estimator).
 
-A GPU stage that runs out of memory is repeated with smaller batches (single-process runs; on
-several ranks the error ends the iteration on every rank alike).
+A GPU stage that runs out of memory is repeated with smaller batches in single-process runs; on
+several ranks the error ends the failing rank's run, and the others stop at their next
+collective (`cuscikit.parallel.CommError` under torch.distributed; mpiexec ends the job).
 """
 
 from __future__ import annotations

@@ -74,8 +74,8 @@ class LearningRateDecay(Callback):
     def __init__(self, start: int, end: int, final_lr: float):
         if not 0 <= start < end:
             raise ValueError(f"need 0 <= start < end, got start={start}, end={end}")
-        if not final_lr > 0:
-            raise ValueError(f"final_lr must be positive, got {final_lr}")
+        if not (math.isfinite(final_lr) and 0 < final_lr < 3e38):
+            raise ValueError(f"final_lr must be a positive finite rate, got {final_lr}")
         self.start, self.end, self.final_lr = int(start), int(end), float(final_lr)
 
     @classmethod
@@ -199,7 +199,7 @@ class Runner(Solver):
 
     _keys = {
         "molecule", "ansatz", "space", "comm", "device", "rank", "hamiltonian", "optimizer",
-        "iteration", "rng", "status",
+        "iteration", "rng", "status", "schedule",
     }
     # options that shape the machinery built at construction
     _structural = ("eps", "batch_size", "pipeline", "max_gpu_memory", "staging",
@@ -269,7 +269,7 @@ class Runner(Solver):
             raise ValueError(f"unknown pipeline {self.pipeline!r}: use one of {PIPELINES}")
         for name in ("lr", "adam_eps"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 < v < 3e38):
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay!r}")
@@ -445,20 +445,20 @@ class Runner(Solver):
             loss += float(part.detach())
         return loss
 
-    def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
-        """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de
-        detached) over `configs`, batch by batch unless `lp_graph` holds ln psi of all of them
-        with its graph; returns L."""
-        loss = 0.0
-        for lo in range(0, len(configs), self.batch_size):
-            hi = min(lo + self.batch_size, len(configs))
-            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(configs[lo:hi])
-            lp = lp.to(torch.complex128)
-            dev = lp.device
-            part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * de[lo:hi].to(dev))).real.sum()
-            part.backward()
-            loss += float(part.detach())
-        return loss
+    def _snapshot(self) -> tuple[dict, dict]:
+        """Copies of the weights and of the optimiser state (a step can be undone)."""
+        import copy
+
+        model = {k: v.detach().clone() for k, v in self.ansatz.state_dict().items()}
+        return model, copy.deepcopy(self.optimizer.state_dict())
+
+    def _restore(self, snapshot: tuple[dict, dict]) -> None:
+        model, opt = snapshot
+        self.ansatz.load_state_dict(model)
+        self.optimizer.load_state_dict(opt)
+
+    def _finite_weights(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.ansatz.parameters())
 
     def step(self) -> dict:
         """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
@@ -503,9 +503,16 @@ class Runner(Solver):
                 f"iteration {self.iteration + 1}: non-finite loss {loss_val} or energies "
                 f"({e_c}, {e_v}); the step was not applied"
             )
+        before = self._snapshot()
         self.optimizer.step()
         if self.inner_steps:
             self._inner(S, r.hdiag, r.space_pairs, r.share)
+        if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
+            self._restore(before)
+            raise NonFiniteLossError(
+                f"iteration {self.iteration + 1}: the optimiser step made the weights "
+                "non-finite; the last good weights and optimiser state were kept"
+            )
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
@@ -583,10 +590,17 @@ class Runner(Solver):
         writes the checkpoint, and a stop on any rank stops all of them.
         """
         self._sync_options()
+        lock = None
         if checkpoint is not None and self.rank == 0:
-            from cuscikit.nnqs.checkpoint import check_writable
+            from cuscikit.nnqs.checkpoint import (
+                CheckpointLock,
+                check_writable,
+                remove_stale_temporaries,
+            )
 
             check_writable(checkpoint)
+            lock = CheckpointLock(checkpoint).acquire()  # one writer per file
+            remove_stale_temporaries(checkpoint)  # left by a killed run
         log = new_logger(self)
 
         def postfix(row: dict) -> dict:
@@ -603,7 +617,11 @@ class Runner(Solver):
             if self.distributed else None,
             announce=lambda msg: log.note("NNQS-SCI: %s", msg) if self.rank == 0 else None,
         )
-        self.status = loop.run(n_iter)
+        try:
+            self.status = loop.run(n_iter)
+        finally:
+            if lock is not None:
+                lock.release()
         if self.status.status != "ok" and self.rank == 0:
             log.note("NNQS-SCI stopped after iteration %d: %s", self.iteration,
                      self.status.reason)
