@@ -1,11 +1,12 @@
-"""Load balance and throughput of the global de-dup (seed 000, section 4.1; issue 5).
+"""Load balance and throughput of the global de-dup (the NNQS-SCI paper's section 4.1;
+docs/dedup.md).
 
 Coupled sets of the bundled molecules (N2, C2, LiF / STO-3G, N2 / cc-pVDZ, and Cr2 / SV for
 2-word keys): the sources (random low-rank excitations of HF, as in coupled_cpu.py) are split
 into P contiguous, near-equal chunks; each rank generates the coupled configurations of its
 chunk and the ranks de-duplicate them together. Three methods:
 
-    sampling             regular sampling as in ALGORITHMS.md (weighted samples), no rebalancing
+    sampling             regular sampling as in docs/dedup.md (weighted samples), no rebalancing
     sampling+rebalance   the same plus the rebalancing alltoallv (the default of global_dedup)
     centralised          gather to rank 0, unique there, scatter equal slices back
 

@@ -8,7 +8,7 @@ Usage::
 Each system: PySCF RHF (or ROHF) converged with every strategy of ``Molecule(thorough_scf=True)``
 in point-group symmetry, all electrons, all orbitals, canonical RHF orbitals. Reference energy:
 PySCF FCI (``direct_spin1``, 3 roots, lowest) when the FCI space has at most ``FCI_MAX_DETS``
-determinants; otherwise the literature value of ALGORITHMS.md, checked against PySCF CCSD(T).
+determinants; otherwise a literature value (docs/conventions.md), checked against PySCF CCSD(T).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from cuscikit.chem.molecule import Molecule, aufbau_energy  # noqa: E402
 from cuscikit.lib.datasets import record  # noqa: E402
 
 FCI_MAX_DETS = 2_000_000
-ALGO = "ALGORITHMS.md (NNQS benchmark literature)"
-NNQS_GEOM = "ALGORITHMS.md 'Reference systems' (NNQS benchmark-set geometry)"
+ALGO = "literature FCI value of the NNQS benchmark set (docs/conventions.md)"
+NNQS_GEOM = "NNQS STO-3G benchmark-set geometry (docs/conventions.md)"
 
 # Ethylene oxide: gas-phase microwave r_s structure (C. Hirose, Bull. Chem. Soc. Jpn. 47, 1311
 # (1974)): r(CC) 1.466, r(CO) 1.431, r(CH) 1.085 A, angle HCH 116.6 deg, CH2 plane tilted so
@@ -99,15 +99,15 @@ SYSTEMS: dict[str, dict] = {
             ("H", (0.6068, -0.2383, -0.7169)),
         ],
         basis="cc-pvdz",
-        geom="the STO-3G H2O geometry of ALGORITHMS.md",
-        literature=(-76.2424840428, "FCI", "ALGORITHMS.md (literature FCI)"),
+        geom="the geometry of the bundled STO-3G H2O",
+        literature=(-76.2424840428, "FCI", "literature FCI value (docs/conventions.md)"),
     ),
     "N2/cc-pVDZ": dict(
         atom=[("N", (0, 0, BOHR_N2 / 2)), ("N", (0, 0, -BOHR_N2 / 2))],
         unit="Bohr",
         basis="cc-pvdz",
         geom=f"R(N-N) = {BOHR_N2} bohr, the geometry of the CDFCI reference",
-        literature=(-109.2821727, "CDFCI", "ALGORITHMS.md (CDFCI, all-electron, R = 2.118 bohr)"),
+        literature=(-109.2821727, "CDFCI", "literature CDFCI value, all-electron, R = 2.118 bohr (docs/conventions.md)"),
     ),
     "C2/cc-pVDZ": dict(
         atom=[("C", (0, 0, 0.63)), ("C", (0, 0, -0.63))],
@@ -136,7 +136,7 @@ SYSTEMS: dict[str, dict] = {
         atom=[("Cr", (0, 0, 0.75)), ("Cr", (0, 0, -0.75))],
         basis="Ahlrichs VDZ",
         geom="R(Cr-Cr) = 1.50 A",
-        literature=(-2086.44456, "SHCI", "ALGORITHMS.md (SHCI literature value)"),
+        literature=(-2086.44456, "SHCI", "literature SHCI value (docs/conventions.md)"),
     ),
 }
 
@@ -199,8 +199,8 @@ def make(name: str) -> dict:
         if lit is None:
             reference = {"energy": None, "method": None, "source": None}
             notes.append(
-                "no exact or literature reference energy for this system and geometry in "
-                "ALGORITHMS.md; the CCSD(T) energy in checks is only a sanity value"
+                "no exact or literature reference energy is bundled for this system and "
+                "geometry; the CCSD(T) energy in checks is only a sanity value"
             )
         else:
             reference = {"energy": lit[0], "method": lit[1], "source": lit[2]}

@@ -383,7 +383,7 @@ class Molecule:
         """Exact (FCI) ground-state energy through PySCF's ``fci.direct_spin1``.
 
         Several roots are always solved (at least 3) and the lowest taken: a single-root
-        Davidson from the HF guess can land on an excited state (C2, see ALGORITHMS.md).
+        Davidson from the HF guess can land on an excited state (C2/STO-3G; docs/conventions.md).
 
         Args:
             nroots: number of roots to solve (raised to 3 if lower).

@@ -7,7 +7,7 @@ DEFAULT_REFERENCE_BIAS = 5.0
 """Extra logit for the Hartree-Fock token at each position of a fresh ansatz."""
 
 DEFAULT_LR = 1e-3
-"""AdamW learning rate. ALGORITHMS.md quotes the paper's 3e-4; at 3e-4 the fresh-start runs on
+"""AdamW learning rate. The published method uses 3e-4; at 3e-4 the fresh-start runs on
 the small benchmark set need several times more iterations to reach chemical accuracy (see the
 closing notes of the NNQS issue), so the default is 1e-3 and 3e-4 stays one argument away."""
 
@@ -28,7 +28,7 @@ forward and backward pass over S, no inference over the coupled set: for Li2O (|
 an H200 the optimiser stage, the iteration's backward pass and four inner steps, took 0.12 s of
 the 0.70 s of an iteration, the inference over the coupled set 0.57 s. On a CPU
 and a small system, where the coupled set is not much larger than S, a step costs about as much
-as a plain iteration; `inner_steps=0` gives the plain method of ALGORITHMS.md."""
+as a plain iteration; `inner_steps=0` gives the published plain method (docs/nnqs_sci.md)."""
 
 DEFAULT_LR_FINAL = 1e-4
 """The AdamW rate falls geometrically to this at the last iteration of a run (the command line

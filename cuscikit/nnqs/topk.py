@@ -1,4 +1,5 @@
-"""Hierarchical top-K: per-batch top-K merged into a running global set (seed 000, stage 2)."""
+"""Hierarchical top-K: per-batch top-K merged into a running global set (stage 2 of the iteration;
+docs/nnqs_sci.md)."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_checkpoint_from_before_the_inner_steps(tmp_path):
     r = make_runner(topk=8, inner_steps=0)
     r.run(2, progress=False)
     r.save(path)
-    with h5py.File(path, "r+") as f:  # as the files of stop 11 and before
+    with h5py.File(path, "r+") as f:  # as files written before the inner_steps setting existed
         settings = json.loads(f.attrs["settings"])
         del settings["inner_steps"]
         f.attrs["settings"] = json.dumps(settings)

@@ -1,4 +1,5 @@
-// The CPU-side Hamiltonian: integrals plus the excitation tables of seed 000 section 4.2.1.
+// The CPU-side Hamiltonian: integrals plus the excitation tables (the NNQS-SCI paper's section
+// 4.2.1; docs/nnqs_sci.md).
 #pragma once
 #include <cstdint>
 #include <vector>

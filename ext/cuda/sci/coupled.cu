@@ -1,4 +1,5 @@
-// Coupled-configuration generation on the GPU (seed 000, Algorithm 1).
+// Coupled-configuration generation on the GPU (the NNQS-SCI paper's Algorithm 1;
+// docs/nnqs_sci.md).
 //
 // One block per source (a persistent, grid-stride loop over sources). The block's threads run
 // over a virtual space of candidate excitations: singles (occupied i x same-spin target), then,
