@@ -6,7 +6,14 @@ from cuscikit.chem.datasets import (
     dataset_metadata,
     list_datasets,
 )
-from cuscikit.chem.fcidump import FCIDump, FCIDumpError, read_fcidump, restore_eri, write_fcidump
+from cuscikit.chem.fcidump import (
+    FCIDump,
+    FCIDumpError,
+    FCIDumpWarning,
+    read_fcidump,
+    restore_eri,
+    write_fcidump,
+)
 from cuscikit.chem.molecule import Molecule
 
 __all__ = [
@@ -15,6 +22,7 @@ __all__ = [
     "write_fcidump",
     "FCIDump",
     "FCIDumpError",
+    "FCIDumpWarning",
     "restore_eri",
     "list_datasets",
     "dataset_metadata",
