@@ -14,6 +14,7 @@ from cuscikit.chem.fcidump import (
     restore_eri,
     write_fcidump,
 )
+from cuscikit.chem.geometry import parse_geometry
 from cuscikit.chem.molecule import Molecule
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "FCIDump",
     "FCIDumpError",
     "FCIDumpWarning",
+    "parse_geometry",
     "restore_eri",
     "list_datasets",
     "dataset_metadata",

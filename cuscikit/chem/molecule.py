@@ -1,7 +1,8 @@
 """``Molecule``: the integrals a CI solver needs, from atoms (PySCF), an FCIDUMP or a dataset.
 
 PySCF is imported only inside the code paths that start from atoms or run the reference FCI;
-a Molecule loaded from an FCIDUMP or a bundled dataset works without it.
+a Molecule loaded from an FCIDUMP or a bundled dataset works without it. Geometries are parsed
+as plain numbers before PySCF sees them (:mod:`cuscikit.chem.geometry`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cuscikit.chem.fcidump import read_fcidump, write_fcidump
+from cuscikit.chem.geometry import check_geometry, normalize_unit, nuclear_charge, parse_geometry
 from cuscikit.chem.integrals import MAX_ORBITALS, restore_eri
 
 __all__ = ["Molecule", "MAX_ORBITALS", "aufbau_energy"]
@@ -134,11 +136,13 @@ class Molecule:
     restricting to an active space (CASCI-style effective integrals).
 
     Args:
-        atom: geometry in PySCF's format (string or list of ``(symbol, (x, y, z))``).
+        atom: geometry in PySCF's formats (``"H 0 0 0; H 0 0 0.74"``, newlines, commas, a
+            numeric Z-matrix, a list of ``(symbol, (x, y, z))``, an ``.xyz`` file name), parsed
+            as plain numbers before PySCF sees it (:func:`cuscikit.chem.geometry.parse_geometry`).
         basis: basis name or PySCF basis dict; names PySCF lacks come from basis_set_exchange.
-        charge: total charge.
-        spin: ``n_alpha - n_beta`` (2S).
-        unit: ``"Angstrom"`` or ``"Bohr"``.
+        charge: total charge (an integer).
+        spin: ``n_alpha - n_beta`` (2S, an integer).
+        unit: ``"Angstrom"`` or ``"Bohr"`` (also ``Ang``, ``A``, ``AU``, ``B``); others refused.
         frozen_core: False, True (PySCF's ``chemcore``), or the number of frozen orbitals.
         cas: ``(n_electrons, n_orbitals)`` active space above the inactive core, or None.
         symmetry: use point-group symmetry in the SCF (orbital irreps go to ``orbsym``).
@@ -150,6 +154,12 @@ class Molecule:
     Attributes:
         norb, nelec, h1e, eri, e_core, e_hf, e_scf, name, orbsym, metadata, mol, scf, mo_coeff,
         ncore, e_fci (after :meth:`fci`).
+
+    Raises:
+        ValueError: one line, before any SCF: a geometry field that is not a plain number, an
+            unknown element, no atoms, two atoms at one point, a unit other than Angstrom or
+            Bohr, a charge or spin that no electron count fits, a bad frozen core or active
+            space, too many orbitals.
 
     Example:
         >>> mol = Molecule("Li 0 0 0; H 0 0 1.6")  # doctest: +SKIP
@@ -171,8 +181,10 @@ class Molecule:
         verbose: int = 0,
         thorough_scf: bool = False,
     ) -> None:
-        from pyscf import gto
-
+        unit = normalize_unit(unit)
+        atoms = parse_geometry(atom)
+        check_geometry(atoms, unit)
+        charge, spin = _check_charge_spin(atoms, charge, spin)
         if isinstance(frozen_core, bool) or frozen_core is None:
             pass
         elif not isinstance(frozen_core, (int, np.integer)) or frozen_core < 0:
@@ -182,21 +194,29 @@ class Molecule:
         if cas is not None:
             if len(cas) != 2 or any(int(x) != x or x < 0 for x in cas):
                 raise ValueError(f"cas must be (n_electrons, n_orbitals), got {cas!r}")
+        from pyscf import gto
+
         mol = gto.Mole()
-        mol.atom = atom
+        mol.atom = atoms  # plain floats: PySCF has nothing left to evaluate
         mol.unit = unit
         mol.charge = charge
         mol.spin = spin
         mol.symmetry = symmetry
         mol.verbose = verbose
-        if isinstance(basis, str) and not _pyscf_knows_basis(basis, atom, unit):
-            basis = _bse_basis(basis, atom, unit)
+        if isinstance(basis, str) and not _pyscf_knows_basis(basis, atoms, unit):
+            basis = _bse_basis(basis, atoms, unit)
         mol.basis = basis
         try:
             mol.build(parse_arg=False)
-        except RuntimeError as exc:
-            if "spin" in str(exc).lower() or "electron" in str(exc).lower():
-                raise ValueError(f"charge={charge}, spin={spin}: {exc}") from None
+        except (RuntimeError, AssertionError) as exc:  # PySCF asserts on some electron counts
+            if (
+                isinstance(exc, AssertionError)
+                or "spin" in str(exc).lower()
+                or ("electron" in str(exc).lower())
+            ):
+                raise ValueError(
+                    f"charge={charge}, spin={spin}: no electron count fits ({exc or 'PySCF'})"
+                ) from None
             raise ValueError(f"cannot build the molecule: {exc}") from exc
         except (KeyError, ValueError, OSError) as exc:
             raise ValueError(f"cannot build the molecule: {exc}") from exc
@@ -431,10 +451,28 @@ def _formula(mol: Any) -> str:
     return "".join(f"{s}{n if n > 1 else ''}" for s, n in counts.items())
 
 
+def _check_charge_spin(atoms: list, charge: Any, spin: Any) -> tuple[int, int]:
+    """Integer charge and spin that some electron count fits (all-electron count; an ECP
+    removes electrons in pairs, which PySCF's own check then covers)."""
+    for name, val in (("charge", charge), ("spin", spin)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, not {val!r}")
+    charge, spin = int(charge), int(spin)
+    nel = sum(nuclear_charge(label) for label, _ in atoms) - charge
+    if nel < 0:
+        raise ValueError(f"charge={charge} removes more electrons than the atoms have")
+    if abs(spin) > nel or (nel - spin) % 2:
+        raise ValueError(
+            f"charge={charge}, spin={spin}: {nel} electrons cannot have 2S = n_alpha - n_beta = "
+            f"{spin} (2S must have the parity of the electron count and not exceed it)"
+        )
+    return charge, spin
+
+
 def _elements(atom: Any, unit: str) -> list[str]:
     from pyscf import gto
 
-    return sorted({gto.mole._std_symbol(a[0]) for a in gto.format_atom(atom, unit=unit)})
+    return sorted({gto.mole._std_symbol(label) for label, _ in parse_geometry(atom)})
 
 
 def _pyscf_knows_basis(name: str, atom: Any, unit: str) -> bool:

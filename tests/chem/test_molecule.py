@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cuscikit.chem import Molecule, read_fcidump
+from cuscikit.chem import Molecule, parse_geometry, read_fcidump, restore_eri
 from cuscikit.chem.molecule import _bse_basis, _pyscf_knows_basis, aufbau_energy
 
 pyscf = pytest.importorskip("pyscf")
@@ -112,8 +112,6 @@ def test_aufbau_matches_pyscf_energy_on_random_integrals() -> None:
     ci = np.zeros((10, 10))  # C(5,3), C(5,2): the first string is the aufbau one
     ci[0, 0] = 1.0
     ref = fci.direct_spin1.energy(h, g, ci, n, (na, nb))
-    from cuscikit.chem import restore_eri
-
     assert abs(aufbau_energy(h, restore_eri(g, n, 8), (na, nb)) - ref) < 1e-11
 
 
@@ -177,3 +175,86 @@ def test_import_without_pyscf() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "6"
+
+
+# ------------------------------------------------------------------ geometry and input checks
+
+PAYLOAD = "__import__('os').system('touch${IFS}PWNED')"
+
+
+@pytest.mark.parametrize(
+    "atom",
+    [
+        f"H 0 0 0; H 0 0 0.74+{PAYLOAD}",
+        f"H 0 0 0\nH 0 0 {PAYLOAD}",
+        [("H", (0, 0, 0)), ("H", ("0", "0", f"0.74+{PAYLOAD}"))],
+        f"H\nH 1 0.74+{PAYLOAD}",
+    ],
+)
+def test_geometry_strings_never_run_code(atom, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is not a plain number"):
+        Molecule(atom)
+    for helper in (_pyscf_knows_basis, _bse_basis):
+        try:
+            helper("sto-3g", atom, "Angstrom")
+        except ValueError:
+            pass
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_cli_geometry_never_runs_code(tmp_path: Path) -> None:
+    atom = f"H 0 0 0; H 0 0 0.74+{PAYLOAD}"
+    out = subprocess.run(
+        [sys.executable, "-m", "cuscikit", "fcidump", "--atom", atom, "-o", "F"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "is not a plain number" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "F").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(atom=""), "no atoms"),
+        (dict(atom="H 0 0; H 0 0 0.74"), "expected 'symbol x y z'"),
+        (dict(atom="H 0 0 0; H 0 0 0.74 1"), "got 5 fields"),
+        (dict(atom="Qq 0 0 0; H 0 0 0.74"), "unknown element"),
+        (dict(atom="H 0 0 0; H 0 0 nan"), "not a plain number"),
+        (dict(atom="H 0 0 0; H 0 0 0"), "atoms 1 \\(H\\) and 2 \\(H\\) are 0 Angstrom apart"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", unit="furlong"), "unit must be 'Angstrom' or 'Bohr'"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", unit=0.52917721092), "unit must be"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=5), "charge=5 removes more electrons"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=4), "2 electrons cannot have 2S"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=1), "parity"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=1.5), "charge must be an integer"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=float("nan")), "charge must be an integer"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=True), "spin must be an integer"),
+    ],
+)
+def test_bad_molecule_input_is_one_line_valueerror(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        Molecule(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_geometry_formats_and_units_agree_with_pyscf() -> None:
+    h2 = "H 0 0 0; H 0.1 0.2 0.7"
+    ref = scf.RHF(gto.M(atom=h2, basis="sto-3g", verbose=0)).run(conv_tol=1e-12).e_tot
+    bohr = [(s, tuple(x / 0.52917721092 for x in c)) for s, c in parse_geometry(h2)]
+    for atom, unit in [
+        (h2.replace("; ", "\n"), "Angstrom"),
+        (h2.replace(" ", ", ").replace(";,", ";"), "ang"),
+        (parse_geometry(h2), "A"),
+        (bohr, "Bohr"),
+        (bohr, "au"),
+    ]:
+        m = Molecule(atom, unit=unit)
+        assert abs(m.e_scf - ref) < 1e-9, (atom, unit)
+        assert m.unit in ("Angstrom", "Bohr")
+    zmat = "O\nH 1 0.96\nH 1 0.96 2 104.5"
+    ref = scf.RHF(gto.M(atom=zmat, basis="sto-3g", verbose=0)).run(conv_tol=1e-12).e_tot
+    assert abs(Molecule(zmat).e_scf - ref) < 1e-9
