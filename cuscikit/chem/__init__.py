@@ -15,7 +15,7 @@ from cuscikit.chem.fcidump import (
     write_fcidump,
 )
 from cuscikit.chem.geometry import parse_geometry
-from cuscikit.chem.molecule import Molecule
+from cuscikit.chem.molecule import Molecule, SymmetryWarning
 
 __all__ = [
     "Molecule",
@@ -24,6 +24,7 @@ __all__ = [
     "FCIDump",
     "FCIDumpError",
     "FCIDumpWarning",
+    "SymmetryWarning",
     "parse_geometry",
     "restore_eri",
     "list_datasets",

@@ -411,6 +411,29 @@ def test_file_cut_at_a_line_boundary_warns(tmp_path: Path, keep: str) -> None:
     assert m.e_core == 0.0
 
 
+def test_complete_file_reads_without_warnings() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = Molecule.load("LiH")
+    assert m.isym == 1
+
+
+def test_isym_is_kept_and_written_back(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    write_fcidump(tmp_path / "F", h, g, 2, orbsym=[1, 2, 2], isym=2)
+    text = (tmp_path / "F").read_text()
+    assert "ISYM=2," in text
+    assert read_fcidump(tmp_path / "F").isym == 2
+    with pytest.warns(UserWarning, match="ISYM=2 \\(with ORBSYM\\).*lowest state of any symm"):
+        m = Molecule.from_fcidump(tmp_path / "F")
+    assert m.isym == 2 and m.orbsym == (1, 2, 2)
+    with pytest.warns(UserWarning, match="ISYM=2"):
+        m.to_fcidump(tmp_path / "G")
+        m2 = Molecule.from_fcidump(tmp_path / "G")
+    assert read_fcidump(tmp_path / "G").isym == 2 and m2.isym == 2
+    assert "ISYM=2," in (tmp_path / "G").read_text()
+
+
 def test_write_refuses_what_the_reader_refuses(tmp_path: Path) -> None:
     h, g = random_integrals(3)
     bad = g.copy()
