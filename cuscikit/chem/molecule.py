@@ -394,7 +394,7 @@ class Molecule:
 
         Example:
             >>> m = Molecule.load("LiH")  # doctest: +SKIP
-            >>> m.norb, m.nelec
+            >>> m.norb, m.nelec  # doctest: +SKIP
             (6, (2, 2))
         """
         from cuscikit.chem.datasets import dataset_fcidump_path, dataset_metadata
