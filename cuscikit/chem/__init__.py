@@ -6,8 +6,16 @@ from cuscikit.chem.datasets import (
     dataset_metadata,
     list_datasets,
 )
-from cuscikit.chem.fcidump import FCIDump, FCIDumpError, read_fcidump, restore_eri, write_fcidump
-from cuscikit.chem.molecule import Molecule
+from cuscikit.chem.fcidump import (
+    FCIDump,
+    FCIDumpError,
+    FCIDumpWarning,
+    read_fcidump,
+    restore_eri,
+    write_fcidump,
+)
+from cuscikit.chem.geometry import parse_geometry
+from cuscikit.chem.molecule import Molecule, SymmetryWarning
 
 __all__ = [
     "Molecule",
@@ -15,6 +23,9 @@ __all__ = [
     "write_fcidump",
     "FCIDump",
     "FCIDumpError",
+    "FCIDumpWarning",
+    "SymmetryWarning",
+    "parse_geometry",
     "restore_eri",
     "list_datasets",
     "dataset_metadata",

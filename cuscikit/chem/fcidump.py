@@ -17,20 +17,37 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import math
 import os
 import re
+import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from cuscikit.chem.integrals import eri_pair_index, n_pairs, restore_eri
+from cuscikit.chem.integrals import (
+    MAX_ABS_INTEGRAL,
+    MAX_ORBITALS,
+    IntegralError,
+    check_integral_value,
+    conflict_message,
+    eri_pair_index,
+    n_pairs,
+    restore_eri,
+    validate_integrals,
+    values_agree,
+)
 
 __all__ = [
     "FCIDump",
     "FCIDumpError",
+    "FCIDumpWarning",
+    "check_symmetry_labels",
     "read_fcidump",
     "write_fcidump",
     "restore_eri",
@@ -38,12 +55,14 @@ __all__ = [
 ]
 
 _GZIP_MAGIC = b"\x1f\x8b"
-# Integral tolerance for two listings of the same (symmetry-equivalent) integral to agree.
-_DUPLICATE_TOL = 1e-8
 
 
 class FCIDumpError(ValueError):
     """A malformed or inconsistent FCIDUMP file; the message names the file and the problem."""
+
+
+class FCIDumpWarning(UserWarning):
+    """A readable FCIDUMP that looks incomplete (no core energy, no one-electron integrals)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,53 +113,110 @@ class FCIDump:
 # Reading
 # --------------------------------------------------------------------------------------------
 
-_NUM = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eEdD][+-]?\d+)?"
+MAX_HEADER_BYTES = 64 << 10
+"""The &FCI namelist (with any blank lines before it) must end within this many bytes; a
+128-orbital header with ORBSYM takes well under 2 KiB."""
+
+MAX_LINE_BYTES = 4096
+"""The longest line accepted; an integral line takes under 100 characters in every dialect."""
+
+_BLOCK_BYTES = 1 << 18  # the reader holds one block of text (plus one partial line) at a time
+_MAX_INT_DIGITS = 18  # header integers and repeat counts: more digits is no count we can use
+
+# Numbers: one grammar, each character consumed by exactly one part, so a failing match costs
+# time linear in the line (the line is also bounded by MAX_LINE_BYTES).
+_NUM = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eEdD][+-]?\d+)?"
 _INT = r"[+-]?\d+"
+_SEP = r"[ \t,]+"
 _LINE_RE = re.compile(
-    rf"^[ \t]*({_NUM})[ \t,]+({_INT})[ \t,]+({_INT})[ \t,]+({_INT})[ \t,]+({_INT})[ \t,]*$"
+    rf"[ \t]*({_NUM}){_SEP}({_INT}){_SEP}({_INT}){_SEP}({_INT}){_SEP}({_INT})[ \t,]*\r?".encode()
 )
+_NUM_RE = re.compile(_NUM)
 _HEADER_START_RE = re.compile(r"^\s*[&$]FCI\b", re.IGNORECASE)
 _HEADER_END_RE = re.compile(r"[&$]END\b|/", re.IGNORECASE)
 _KEY_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=")
-_INT_RE = re.compile(rf"^{_INT}$")
-_NONFINITE_RE = re.compile(r"^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
+_INT_RE = re.compile(_INT)
+_NONFINITE_RE = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
 _INT_KEYS = ("NORB", "NELEC", "MS2", "ISYM", "IUHF", "IPUHF")
+_D_TO_E = bytes.maketrans(b"Dd", b"Ee")
 
 
-def _load_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise FCIDumpError(f"{path}: cannot read FCIDUMP file ({exc})") from exc
-    if raw[:2] == _GZIP_MAGIC:
+class _Source:
+    """An FCIDUMP opened for streaming: plain text or gzip (from the magic bytes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
         try:
-            raw = gzip.decompress(raw)
+            raw = open(path, "rb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise FCIDumpError(f"{path}: cannot read FCIDUMP file ({exc})") from exc
+        try:
+            magic = raw.peek(2)[:2]
+        except OSError as exc:
+            raw.close()
+            raise FCIDumpError(f"{path}: cannot read FCIDUMP file ({exc})") from exc
+        self._raw = raw
+        self.gzip = magic == _GZIP_MAGIC
+        self._stream = gzip.GzipFile(fileobj=raw, mode="rb") if self.gzip else raw
+        # A .gz name on plain text is refused once the text turns out not to be blank.
+        self.misnamed = not self.gzip and path.suffix == ".gz"
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._stream.read(n)
         except (EOFError, OSError, zlib.error) as exc:
-            raise FCIDumpError(
-                f"{path}: corrupt or truncated gzip stream ({type(exc).__name__}: {exc})"
-            ) from exc
-    elif path.suffix == ".gz" and raw.strip():
-        raise FCIDumpError(f"{path}: name ends in .gz but the content is not gzip data")
-    if not raw.strip():
-        raise FCIDumpError(f"{path}: empty FCIDUMP file")
-    if b"\x00" in raw:
-        raise FCIDumpError(f"{path}: binary data (NUL bytes) in FCIDUMP text")
-    # latin-1 never fails to decode; stray bytes then fail the strict number grammar below.
-    return raw.decode("latin-1")
+            if self.gzip:
+                raise FCIDumpError(
+                    f"{self.path}: corrupt or truncated gzip stream ({type(exc).__name__}: {exc})"
+                ) from exc
+            raise FCIDumpError(f"{self.path}: cannot read FCIDUMP file ({exc})") from exc
+
+    def close(self) -> None:
+        self._stream.close()
+        self._raw.close()
+
+    def lines(self) -> Iterator[tuple[int, list[bytes]]]:
+        """Blocks of lines ``(number of the first, [line without its newline, ...])``.
+
+        Memory stays at one block: a NUL byte or a line longer than MAX_LINE_BYTES ends the
+        reading at once, so neither /dev/zero nor a file without newlines is read to its end.
+        """
+        where, carry, lineno = self.path, b"", 1
+        while True:
+            chunk = self.read(_BLOCK_BYTES)
+            if not chunk:
+                break
+            nul = chunk.find(b"\x00")
+            if nul >= 0:
+                n = lineno + chunk.count(b"\n", 0, nul)
+                raise FCIDumpError(f"{where}:{n}: binary data (NUL bytes) in FCIDUMP text")
+            parts = (carry + chunk).split(b"\n")
+            carry = parts.pop()
+            longest = max((len(x) for x in parts), default=0)
+            if longest > MAX_LINE_BYTES or len(carry) > MAX_LINE_BYTES:
+                k = next((n for n, x in enumerate(parts) if len(x) > MAX_LINE_BYTES), len(parts))
+                raise FCIDumpError(
+                    f"{where}:{lineno + k}: line longer than {MAX_LINE_BYTES} characters "
+                    "(an FCIDUMP line holds one integral or one part of the namelist)"
+                )
+            if parts:
+                yield lineno, parts
+                lineno += len(parts)
+        if carry:
+            yield lineno, [carry]
 
 
-def _parse_float(tok: str, where: str) -> float:
-    if _NONFINITE_RE.match(tok):
-        raise FCIDumpError(f"{where}: NaN/inf value {tok!r}")
-    if not re.fullmatch(_NUM, tok):
-        raise FCIDumpError(f"{where}: non-numeric value {tok!r}")
-    val = float(tok.replace("D", "E").replace("d", "e"))
-    if not math.isfinite(val):
-        raise FCIDumpError(f"{where}: value {tok!r} overflows to inf")
-    return val
+def _parse_int(tok: str, key: str, where: str) -> int:
+    if not _INT_RE.fullmatch(tok):
+        raise FCIDumpError(f"{where}: non-integer value {tok[:40]!r} for {key}")
+    if len(tok.lstrip("+-")) > _MAX_INT_DIGITS:
+        raise FCIDumpError(f"{where}: value {tok[:40]!r}... for {key} is too large")
+    return int(tok)
 
 
 def _parse_int_list(key: str, text: str, where: str) -> list[int]:
+    """Integers separated by commas or blanks, with Fortran repeats ``n*v``; the expanded list
+    may hold at most MAX_ORBITALS values (ORBSYM has NORB entries), checked before expanding."""
     out: list[int] = []
     for tok in re.split(r"[\s,]+", text.strip().strip(",")):
         if not tok:
@@ -148,25 +224,21 @@ def _parse_int_list(key: str, text: str, where: str) -> list[int]:
         count = 1
         if "*" in tok:  # Fortran repeat count, e.g. ORBSYM=4*1
             rep, _, tok = tok.partition("*")
-            if not rep.isdigit():
-                raise FCIDumpError(f"{where}: bad repeat count in {key}={text.strip()!r}")
+            if not rep.isdigit() or len(rep) > _MAX_INT_DIGITS:
+                raise FCIDumpError(f"{where}: bad repeat count in {key}={text.strip()[:60]!r}")
             count = int(rep)
-        if not _INT_RE.match(tok):
-            raise FCIDumpError(f"{where}: non-integer value {tok!r} for {key}")
-        out.extend([int(tok)] * count)
+        value = _parse_int(tok, key, where)
+        if len(out) + count > MAX_ORBITALS:
+            raise FCIDumpError(
+                f"{where}: {key} lists more than {MAX_ORBITALS} values (the orbital limit)"
+                + (f": repeat count {count}" if count > 1 else "")
+            )
+        out.extend([value] * count)
     return out
 
 
-def _parse_header(text: str, where: str) -> tuple[dict, int]:
-    """Parse the namelist; return (keys, offset of the first character after the terminator)."""
-    m = _HEADER_START_RE.match(text)
-    if not m:
-        first = text.strip().splitlines()[0][:40] if text.strip() else ""
-        raise FCIDumpError(f"{where}: missing &FCI namelist header (file starts with {first!r})")
-    end = _HEADER_END_RE.search(text, m.end())
-    if not end:
-        raise FCIDumpError(f"{where}: &FCI namelist is not terminated by &END or /")
-    body = text[m.end() : end.start()]
+def _parse_header_text(body: str, where: str) -> dict:
+    """The keys of the namelist text between ``&FCI`` and its terminator."""
     keys = list(_KEY_RE.finditer(body))
     lead = body[: keys[0].start()] if keys else body
     if lead.strip(" \t\r\n,"):
@@ -181,13 +253,63 @@ def _parse_header(text: str, where: str) -> tuple[dict, int]:
         if key in _INT_KEYS:
             vals = _parse_int_list(key, val, where)
             if len(vals) != 1:
-                raise FCIDumpError(f"{where}: {key} needs one integer, got {val.strip()!r}")
+                raise FCIDumpError(f"{where}: {key} needs one integer, got {val.strip()[:40]!r}")
             header[key] = vals[0]
         elif key == "ORBSYM":
             header[key] = _parse_int_list(key, val, where)
         else:
             header[key] = val.strip().strip(",").strip()
-    return header, end.end()
+    return header
+
+
+def _read_header(
+    blocks: Iterator[tuple[int, list[bytes]]], src: _Source
+) -> tuple[dict, int, list[bytes]]:
+    """Consume the namelist; return (keys, number of the first body line, the rest of its block).
+
+    At most MAX_HEADER_BYTES are read looking for the terminator."""
+    where = str(src.path)
+    parts: list[str] = []
+    started, nbytes = False, 0
+    for lineno, lines in blocks:
+        for k, raw in enumerate(lines):
+            nbytes += len(raw) + 1
+            if nbytes > MAX_HEADER_BYTES:
+                what = "is not terminated by &END or /" if started else "header is missing"
+                raise FCIDumpError(
+                    f"{where}: &FCI namelist {what} in the first {MAX_HEADER_BYTES} bytes"
+                )
+            line = raw.decode("latin-1")
+            pos = 0
+            if not started:
+                if not line.strip():
+                    continue
+                if src.misnamed:
+                    raise FCIDumpError(
+                        f"{where}: name ends in .gz but the content is not gzip data"
+                    )
+                m = _HEADER_START_RE.match(line)
+                if not m:
+                    raise FCIDumpError(
+                        f"{where}: missing &FCI namelist header (file starts with "
+                        f"{line.strip()[:40]!r})"
+                    )
+                started, pos = True, m.end()
+            end = _HEADER_END_RE.search(line, pos)
+            if end is None:
+                parts.append(line[pos:])
+                continue
+            parts.append(line[pos : end.start()])
+            tail = line[end.end() :]
+            if tail.strip():
+                raise FCIDumpError(
+                    f"{where}: unexpected text {tail.strip()[:40]!r} after the namelist terminator"
+                )
+            header = _parse_header_text("\n".join(parts), where)
+            return header, lineno + k + 1, lines[k + 1 :]
+    if not started:
+        raise FCIDumpError(f"{where}: empty FCIDUMP file")
+    raise FCIDumpError(f"{where}: &FCI namelist is not terminated by &END or /")
 
 
 def _validate_header(h: dict, where: str) -> tuple[int, int, int, tuple[int, ...] | None, int]:
@@ -197,6 +319,11 @@ def _validate_header(h: dict, where: str) -> tuple[int, int, int, tuple[int, ...
     norb, nelec = h["NORB"], h["NELEC"]
     if norb < 1:
         raise FCIDumpError(f"{where}: NORB={norb} must be a positive integer")
+    if norb > MAX_ORBITALS:
+        raise FCIDumpError(
+            f"{where}: NORB={norb} exceeds the limit of {MAX_ORBITALS} orbitals "
+            f"({2 * MAX_ORBITALS} spin orbitals); use a frozen core or an active space"
+        )
     if nelec < 0:
         raise FCIDumpError(f"{where}: NELEC={nelec} is negative")
     if nelec > 2 * norb:
@@ -227,17 +354,215 @@ def _validate_header(h: dict, where: str) -> tuple[int, int, int, tuple[int, ...
     return norb, nelec, ms2, orbsym, isym
 
 
-def _diagnose_line(line: str, where: str, norb: int) -> FCIDumpError:
+def check_symmetry_labels(orbsym: Any, isym: Any, norb: int) -> tuple[int, ...] | None:
+    """ORBSYM and ISYM as the reader accepts them: ``norb`` non-negative integer irreps (or
+    None) and a non-negative integer ISYM; raises ValueError otherwise.
+
+    Example:
+        >>> check_symmetry_labels([1, 2], 1, 2)
+        (1, 2)
+    """
+    if isinstance(isym, bool) or not isinstance(isym, (int, np.integer)) or isym < 0:
+        raise ValueError(f"isym must be a non-negative integer irrep label, not {isym!r}")
+    if orbsym is None:
+        return None
+    try:
+        labels = [int(x) for x in orbsym]
+        exact = all(int(x) == x and not isinstance(x, bool) for x in orbsym)
+    except (TypeError, ValueError):
+        raise ValueError(f"orbsym must be a sequence of integer irreps, not {orbsym!r}") from None
+    if not exact:
+        raise ValueError(f"orbsym must hold integer irreps, got {list(orbsym)!r}")
+    if len(labels) != norb:
+        raise ValueError(f"orbsym has {len(labels)} entries, norb={norb}")
+    if labels and min(labels) < 0:
+        raise ValueError("negative irrep in orbsym")
+    return tuple(labels)
+
+
+def _diagnose_line(line: str, where: str) -> FCIDumpError:
     toks = line.replace(",", " ").split()
     if len(toks) != 5:
         return FCIDumpError(f"{where}: expected 'value i j k l' (5 fields), got {len(toks)}")
-    _parse_float(toks[0], where)
+    v = toks[0]
+    if _NONFINITE_RE.fullmatch(v):
+        return FCIDumpError(f"{where}: NaN/inf value {v!r}")
+    if not _NUM_RE.fullmatch(v):
+        return FCIDumpError(f"{where}: non-numeric value {v[:40]!r}")
     for t in toks[1:]:
-        if not _INT_RE.match(t):
-            if _NONFINITE_RE.match(t) or re.fullmatch(_NUM, t):
-                return FCIDumpError(f"{where}: orbital index {t!r} is not an integer")
-            return FCIDumpError(f"{where}: non-numeric orbital index {t!r}")
+        if not _INT_RE.fullmatch(t):
+            if _NONFINITE_RE.fullmatch(t) or _NUM_RE.fullmatch(t):
+                return FCIDumpError(f"{where}: orbital index {t[:40]!r} is not an integer")
+            return FCIDumpError(f"{where}: non-numeric orbital index {t[:40]!r}")
     return FCIDumpError(f"{where}: cannot parse integral line {line.strip()[:60]!r}")
+
+
+def _pair(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Packed pair index of 1-based orbital indices."""
+    hi, lo = np.maximum(i, j) - 1, np.minimum(i, j) - 1
+    return hi * (hi + 1) // 2 + lo
+
+
+class _Body:
+    """Integral lines, parsed one block at a time into the packed arrays.
+
+    Entries not yet seen are NaN (no integral can be NaN), so a value met again in a later block
+    is compared with the stored one without keeping the lines.
+    """
+
+    def __init__(self, norb: int, where: str) -> None:
+        self.norb, self.where = norb, where
+        npair = n_pairs(norb)
+        self.eri = np.full(n_pairs(npair), np.nan)
+        self.h1 = np.full(npair, np.nan)
+        self.core: tuple[float, int] | None = None  # (value, line)
+        self.n_h1 = self.n_eri = self.n_other = 0
+        # Every distinct index tuple once, plus room for blank lines: more lines than that
+        # repeat an entry over and over, and a stream that never ends is cut off here.
+        self.max_lines = (norb + 1) ** 4 + 4096
+        self.n_lines = 0
+
+    def parse(self, lineno: int, lines: list[bytes]) -> None:
+        if self.n_lines + len(lines) > self.max_lines:
+            raise FCIDumpError(
+                f"{self.where}:{lineno + self.max_lines - self.n_lines}: more than "
+                f"{self.max_lines} lines after the namelist, more than NORB={self.norb} allows "
+                "(each index tuple once, plus 4096 blank lines)"
+            )
+        self.n_lines += len(lines)
+        norb, where = self.norb, self.where
+        ev: list[float] = []
+        eidx: list[tuple[int, int, int, int]] = []
+        eln: list[int] = []
+        hv: list[float] = []
+        hidx: list[tuple[int, int]] = []
+        hln: list[int] = []
+        match = _LINE_RE.fullmatch
+        for n, raw in enumerate(lines, lineno):
+            m = match(raw)
+            if m is None:
+                if raw.strip():
+                    raise _diagnose_line(raw.decode("latin-1"), f"{where}:{n}")
+                continue
+            v, a, b, c, d = m.groups()
+            i, j, k, ll = int(a), int(b), int(c), int(d)
+            if not (0 <= i <= norb and 0 <= j <= norb and 0 <= k <= norb and 0 <= ll <= norb):
+                raise FCIDumpError(
+                    f"{where}:{n}: integral index {(i, j, k, ll)} out of range 0..NORB={norb}"
+                )
+            val = float(v.translate(_D_TO_E))
+            if not -MAX_ABS_INTEGRAL <= val <= MAX_ABS_INTEGRAL:
+                if math.isinf(val):
+                    raise FCIDumpError(f"{where}:{n}: value {v.decode()!r} overflows to inf")
+                try:
+                    check_integral_value(val, f"{where}:{n}")
+                except IntegralError as exc:
+                    raise FCIDumpError(str(exc)) from None
+            if i and j and k and ll:
+                ev.append(val)
+                eidx.append((i, j, k, ll))
+                eln.append(n)
+            elif k or ll:
+                raise self._pattern(n, (i, j, k, ll))
+            elif i and j:
+                hv.append(val)
+                hidx.append((i, j))
+                hln.append(n)
+            elif i:  # i 0 0 0: an orbital energy (Molpro), read and ignored
+                self.n_other += 1
+            elif j:
+                raise self._pattern(n, (i, j, k, ll))
+            elif self.core is None:
+                self.core = (val, n)
+            elif not values_agree(self.core[0], val):
+                raise FCIDumpError(
+                    conflict_message(
+                        f"{where}:{n}",
+                        "core energy (0 0 0 0)",
+                        f"on line {self.core[1]}",
+                        self.core[0],
+                        val,
+                    )
+                )
+        if ev:
+            g = np.array(eidx, dtype=np.int64)
+            ij, kl = _pair(g[:, 0], g[:, 1]), _pair(g[:, 2], g[:, 3])
+            hi, lo = np.maximum(ij, kl), np.minimum(ij, kl)
+            self.n_eri += len(ev)
+            self._scatter(self.eri, hi * (hi + 1) // 2 + lo, ev, eln, "(ij|kl)")
+        if hv:
+            g = np.array(hidx, dtype=np.int64)
+            self.n_h1 += len(hv)
+            self._scatter(self.h1, _pair(g[:, 0], g[:, 1]), hv, hln, "h_ij")
+
+    def _pattern(self, n: int, idx: tuple[int, int, int, int]) -> FCIDumpError:
+        return FCIDumpError(
+            f"{self.where}:{n}: invalid index pattern {idx} (expected i j k l, i j 0 0, "
+            "i 0 0 0 or 0 0 0 0)"
+        )
+
+    def _scatter(self, out: np.ndarray, pos: np.ndarray, val: list, lines: list, what: str) -> None:
+        """out[pos] = val, raising when one position receives values that disagree."""
+        vals, lns = np.array(val, dtype=np.float64), np.array(lines, dtype=np.int64)
+        order = np.argsort(pos, kind="stable")
+        ps, vs, ls = pos[order], vals[order], lns[order]
+        same = ps[1:] == ps[:-1]
+        if same.any():
+            clash = np.nonzero(same & ~values_agree(vs[1:], vs[:-1]))[0]
+            if clash.size:
+                c = clash[0]
+                raise FCIDumpError(
+                    conflict_message(
+                        f"{self.where}:{ls[c + 1]}", what, f"on line {ls[c]}", vs[c], vs[c + 1]
+                    )
+                )
+        old = out[ps]
+        clash = np.nonzero(~np.isnan(old) & ~values_agree(old, vs))[0]
+        if clash.size:
+            c = clash[np.argmin(ls[clash])]
+            self.clash = (what, int(ps[c]), int(ls[c]), float(old[c]), float(vs[c]))
+            raise _EarlierConflict
+        out[ps] = vs  # of equal positions, the last listed is stored
+
+
+class _EarlierConflict(Exception):
+    """A value conflicts with one stored from an earlier block (its line is found afterwards)."""
+
+
+def _pair1(i: int, j: int) -> int:
+    hi, lo = max(i, j) - 1, min(i, j) - 1
+    return hi * (hi + 1) // 2 + lo
+
+
+def _earlier_line(path: Path, what: str, pos: int, before: int) -> int | None:
+    """The first line before ``before`` that lists the integral at packed position ``pos``
+    (read again from the start: only an error needs it)."""
+    if not path.is_file():
+        return None  # a pipe cannot be read again
+    src = _Source(path)
+    try:
+        blocks = src.lines()
+        _, first, rest = _read_header(blocks, src)
+        for lineno, lines in itertools.chain([(first, rest)], blocks):
+            for n, raw in enumerate(lines, lineno):
+                if n >= before:
+                    return None
+                m = _LINE_RE.fullmatch(raw)
+                if m is None:
+                    continue
+                i, j, k, ll = (int(x) for x in m.groups()[1:])
+                if what == "h_ij" and i and j and not k and not ll:
+                    p = _pair1(i, j)
+                elif what == "(ij|kl)" and i and j and k and ll:
+                    ij, kl = _pair1(i, j), _pair1(k, ll)
+                    p = max(ij, kl) * (max(ij, kl) + 1) // 2 + min(ij, kl)
+                else:
+                    continue
+                if p == pos:
+                    return n
+    finally:
+        src.close()
+    return None
 
 
 def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
@@ -246,12 +571,19 @@ def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
     Accepts the PySCF, Molpro and Psi4 dialects: ``&END``, ``$END`` or ``/`` terminators, keys
     in any case and spread over several lines, Fortran ``D`` exponents, ``n*v`` repeats in
     ORBSYM. Any one of the 8 equivalent index orders of an integral may be listed; listing
-    several is allowed if their values agree.
+    several is allowed if their values agree to :data:`~cuscikit.chem.integrals.SYMMETRY_TOL`.
+
+    The file is read as a stream, one block at a time, and the header's limits (NORB at most
+    :data:`~cuscikit.chem.integrals.MAX_ORBITALS`, repeat counts, NELEC and MS2) are checked
+    before any integral is read, so memory is that of the integral arrays whatever the file
+    holds. Every value must be finite and at most
+    :data:`~cuscikit.chem.integrals.MAX_ABS_INTEGRAL` in magnitude. ``docs/fcidump.md`` lists
+    the limits and their reasons.
 
     Args:
         path: file to read.
-        max_bytes: refuse files whose packed ERI array would exceed this size (guards against
-            a corrupt NORB allocating all memory); default 4 GiB (NORB up to about 230).
+        max_bytes: refuse files whose packed ERI array would exceed this size; the default
+            (4 GiB) is above the 128-orbital limit's 272 MB.
 
     Returns:
         An :class:`FCIDump` with 8-fold packed ERIs and a symmetric ``h1e``.
@@ -260,116 +592,62 @@ def read_fcidump(path: str | os.PathLike, max_bytes: int = 4 << 30) -> FCIDump:
         FCIDumpError: the file is missing, empty, not valid gzip, or malformed; the message
             names the file, the line (where relevant) and the problem.
 
+    Warns:
+        FCIDumpWarning: no core-energy line (``0 0 0 0``) or no one-electron integrals: the
+            signs of a file cut short (writers put these last).
+
     Example:
         >>> d = read_fcidump("datasets/lih_sto3g.fcidump.gz")  # doctest: +SKIP
-        >>> d.norb, d.nelec
+        >>> d.norb, d.nelec  # doctest: +SKIP
         (6, 4)
     """
     path = Path(path)
-    text = _load_text(path)
-    header, body_start = _parse_header(text, str(path))
-    norb, nelec, ms2, orbsym, isym = _validate_header(header, str(path))
-    need = 8 * n_pairs(n_pairs(norb))
-    if need > max_bytes:
-        raise FCIDumpError(
-            f"{path}: NORB={norb} needs {need / 2**30:.1f} GiB for the packed two-electron "
-            f"integrals, more than max_bytes={max_bytes / 2**30:.1f} GiB"
-        )
-
-    rest = text[body_start:]
-    first_nl = rest.find("\n")
-    tail = rest if first_nl < 0 else rest[:first_nl]
-    if tail.strip():
-        raise FCIDumpError(
-            f"{path}: unexpected text {tail.strip()[:40]!r} after the namelist terminator"
-        )
-    line0 = text.count("\n", 0, body_start) + 2  # 1-based number of the first body line
-    lines = [] if first_nl < 0 else rest[first_nl + 1 :].split("\n")
-
-    vals: list[float] = []
-    idx: list[tuple[int, int, int, int]] = []
-    linenos: list[int] = []
-    for n, line in enumerate(lines):
-        m = _LINE_RE.match(line.rstrip("\r"))
-        if m is None:
-            if not line.strip():
-                continue
-            raise _diagnose_line(line, f"{path}:{line0 + n}", norb)
-        where = f"{path}:{line0 + n}"
-        v, i, j, k, ll = m.groups()
-        vals.append(_parse_float(v, where))
-        idx.append((int(i), int(j), int(k), int(ll)))
-        linenos.append(line0 + n)
-
-    if not vals:
-        raise FCIDumpError(f"{path}: no integrals after the &FCI namelist (truncated file?)")
-    v_arr = np.array(vals, dtype=np.float64)
-    ijkl = np.array(idx, dtype=np.int64).reshape(-1, 4)
-    ln_arr = np.array(linenos, dtype=np.int64)
-
-    bad = np.nonzero(((ijkl < 0) | (ijkl > norb)).any(axis=1))[0]
-    if bad.size:
-        b = bad[0]
-        raise FCIDumpError(
-            f"{path}:{ln_arr[b]}: integral index {tuple(ijkl[b].tolist())} out of range "
-            f"0..NORB={norb}"
-        )
-    nz = ijkl != 0
-    is_eri = nz.all(axis=1)
-    is_h1 = nz[:, 0] & nz[:, 1] & ~nz[:, 2] & ~nz[:, 3]
-    is_core = ~nz.any(axis=1)
-    is_orbe = nz[:, 0] & ~nz[:, 1:].any(axis=1)  # Molpro orbital energies, ignored
-    bad = np.nonzero(~(is_eri | is_h1 | is_core | is_orbe))[0]
-    if bad.size:
-        b = bad[0]
-        raise FCIDumpError(
-            f"{path}:{ln_arr[b]}: invalid index pattern {tuple(ijkl[b].tolist())} (expected "
-            "i j k l, i j 0 0, i 0 0 0 or 0 0 0 0)"
-        )
-
-    npair = n_pairs(norb)
-    g = ijkl - 1
-    ij = np.maximum(g[:, 0], g[:, 1]) * (np.maximum(g[:, 0], g[:, 1]) + 1) // 2 + np.minimum(
-        g[:, 0], g[:, 1]
-    )
-    kl = np.maximum(g[:, 2], g[:, 3]) * (np.maximum(g[:, 2], g[:, 3]) + 1) // 2 + np.minimum(
-        g[:, 2], g[:, 3]
-    )
-    hi, lo = np.maximum(ij, kl), np.minimum(ij, kl)
-    eri_pos = hi * (hi + 1) // 2 + lo
-    eri = np.zeros(n_pairs(npair), dtype=np.float64)
-    _scatter_checked(eri, eri_pos[is_eri], v_arr[is_eri], ln_arr[is_eri], path, "(ij|kl)")
-
-    h1 = np.zeros(npair, dtype=np.float64)
-    _scatter_checked(h1, ij[is_h1], v_arr[is_h1], ln_arr[is_h1], path, "h_ij")
-    h1e = h1[eri_pair_index(norb)]
-
-    core = v_arr[is_core]
-    if core.size > 1 and np.ptp(core) > _DUPLICATE_TOL:
-        raise FCIDumpError(f"{path}: conflicting core energies (0 0 0 0 lines) {core[:2]}")
-    e_core = float(core[0]) if core.size else 0.0
-    return FCIDump(norb, nelec, ms2, h1e, eri, e_core, orbsym, isym)
-
-
-def _scatter_checked(
-    out: np.ndarray, pos: np.ndarray, val: np.ndarray, lines: np.ndarray, path: Path, what: str
-) -> None:
-    """out[pos] = val, raising when one position receives values that disagree."""
-    if pos.size == 0:
-        return
-    order = np.argsort(pos, kind="stable")
-    ps, vs = pos[order], val[order]
-    same = ps[1:] == ps[:-1]
-    if same.any():
-        diff = np.abs(vs[1:] - vs[:-1]) > _DUPLICATE_TOL * np.maximum(1.0, np.abs(vs[1:]))
-        clash = np.nonzero(same & diff)[0]
-        if clash.size:
-            c = clash[0]
+    where = str(path)
+    src = _Source(path)
+    try:
+        blocks = src.lines()
+        header, first, rest = _read_header(blocks, src)
+        norb, nelec, ms2, orbsym, isym = _validate_header(header, where)
+        need = 8 * n_pairs(n_pairs(norb))
+        if need > max_bytes:
             raise FCIDumpError(
-                f"{path}:{lines[order][c + 1]}: {what} conflicts with the symmetry-equivalent "
-                f"entry on line {lines[order][c]} ({float(vs[c])!r} vs {float(vs[c + 1])!r})"
+                f"{path}: NORB={norb} needs {need / 2**30:.1f} GiB for the packed two-electron "
+                f"integrals, more than max_bytes={max_bytes / 2**30:.1f} GiB"
             )
-    out[ps] = vs
+        body = _Body(norb, where)
+        try:
+            for lineno, lines in itertools.chain([(first, rest)], blocks):
+                body.parse(lineno, lines)
+        except _EarlierConflict:
+            what, pos, line, a, b = body.clash
+            earlier = _earlier_line(path, what, pos, line)
+            other = f"on line {earlier}" if earlier else "on an earlier line"
+            raise FCIDumpError(conflict_message(f"{where}:{line}", what, other, a, b)) from None
+    finally:
+        src.close()
+
+    if body.n_eri + body.n_h1 + body.n_other == 0 and body.core is None:
+        raise FCIDumpError(f"{path}: no integrals after the &FCI namelist (truncated file?)")
+    if body.core is None:
+        warnings.warn(
+            f"{path}: no core-energy line (0 0 0 0), E_core = 0 assumed; writers put it last, "
+            "so a file cut short loses it first",
+            FCIDumpWarning,
+            stacklevel=2,
+        )
+    if body.n_h1 == 0:
+        warnings.warn(
+            f"{path}: no one-electron integrals (i j 0 0 lines), h = 0 assumed; a file cut "
+            "short loses them after the core energy",
+            FCIDumpWarning,
+            stacklevel=2,
+        )
+    eri, h1 = body.eri, body.h1
+    eri[np.isnan(eri)] = 0.0
+    h1[np.isnan(h1)] = 0.0
+    h1e = h1[eri_pair_index(norb)]
+    e_core = body.core[0] if body.core is not None else 0.0
+    return FCIDump(norb, nelec, ms2, h1e, eri, e_core, orbsym, isym)
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,6 +684,11 @@ def write_fcidump(
         tol: integrals with ``|value| <= tol`` are omitted.
         isym: state irrep written as ISYM.
 
+    Raises:
+        ValueError: the integrals fail the reader's checks (shape, symmetry within
+            :data:`~cuscikit.chem.integrals.SYMMETRY_TOL`, finiteness, magnitude), or the
+            electron count, ``orbsym`` or ``isym`` are inconsistent.
+
     Returns:
         None.
 
@@ -414,12 +697,11 @@ def write_fcidump(
         >>> h = np.diag([-1.0, -0.5]); g = np.zeros((2, 2, 2, 2)); g[0, 0, 0, 0] = 0.6
         >>> p = os.path.join(tempfile.mkdtemp(), "FCIDUMP")
         >>> write_fcidump(p, h, g, 2)
-        >>> read_fcidump(p).h1e[0, 0]
+        >>> float(read_fcidump(p).h1e[0, 0])
         -1.0
     """
-    h1e = np.asarray(h1e, dtype=np.float64)
-    if h1e.ndim != 2 or h1e.shape[0] != h1e.shape[1]:
-        raise ValueError(f"h1e must be square, got shape {h1e.shape}")
+    # The reader's checks, so that what is written can be read back.
+    h1e, eri8, e_core = validate_integrals(h1e, eri, e_core)
     norb = h1e.shape[0]
     if isinstance(nelec, (tuple, list)):
         na, nb = (int(x) for x in nelec)
@@ -427,15 +709,7 @@ def write_fcidump(
     nelec = int(nelec)
     if nelec < 0 or nelec > 2 * norb or abs(ms2) > nelec or (nelec - ms2) % 2:
         raise ValueError(f"inconsistent nelec={nelec}, ms2={ms2} for norb={norb}")
-    if not np.allclose(h1e, h1e.T, atol=1e-10):
-        raise ValueError("h1e is not symmetric")
-    if orbsym is not None and len(orbsym) != norb:
-        raise ValueError(f"orbsym has {len(orbsym)} entries, norb={norb}")
-    if not math.isfinite(e_core) or not np.isfinite(h1e).all():
-        raise ValueError("non-finite value in h1e or e_core")
-    eri8 = restore_eri(eri, norb, 8)
-    if not np.isfinite(eri8).all():
-        raise ValueError("non-finite value in eri")
+    orbsym = check_symmetry_labels(orbsym, isym, norb)
 
     npair = n_pairs(norb)
     ti, tj = np.tril_indices(norb)  # pair p -> (i, j), i >= j, in packed order
@@ -446,7 +720,7 @@ def write_fcidump(
     buf = io.StringIO()
     sym = ",".join(str(int(s)) for s in orbsym) if orbsym is not None else "1," * norb
     buf.write(f" &FCI NORB={norb:4d},NELEC={nelec:2d},MS2={int(ms2)},\n")
-    buf.write(f"  ORBSYM={sym.rstrip(',')},\n  ISYM={int(isym)},\n &END\n")
+    buf.write(f"  ORBSYM={sym.rstrip(',')},\n  ISYM={isym},\n &END\n")
     rows = zip(
         ev.tolist(),
         (ti[pi] + 1).tolist(),

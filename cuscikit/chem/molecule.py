@@ -1,22 +1,31 @@
 """``Molecule``: the integrals a CI solver needs, from atoms (PySCF), an FCIDUMP or a dataset.
 
 PySCF is imported only inside the code paths that start from atoms or run the reference FCI;
-a Molecule loaded from an FCIDUMP or a bundled dataset works without it.
+a Molecule loaded from an FCIDUMP or a bundled dataset works without it. Every way in checks its
+input before any work: geometries are parsed as plain numbers (:mod:`cuscikit.chem.geometry`),
+integrals pass the FCIDUMP reader's checks (:func:`cuscikit.chem.integrals.validate_integrals`).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from math import comb
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cuscikit.chem.fcidump import read_fcidump, write_fcidump
-from cuscikit.chem.integrals import MAX_ORBITALS, restore_eri
+from cuscikit.chem.fcidump import check_symmetry_labels, read_fcidump, write_fcidump
+from cuscikit.chem.geometry import check_geometry, normalize_unit, nuclear_charge, parse_geometry
+from cuscikit.chem.integrals import MAX_ORBITALS, restore_eri, validate_integrals
 
-__all__ = ["Molecule", "MAX_ORBITALS", "aufbau_energy"]
+__all__ = ["Molecule", "MAX_ORBITALS", "SymmetryWarning", "aufbau_energy"]
+
+
+class SymmetryWarning(UserWarning):
+    """The integrals ask for a state symmetry (ISYM) that cuscikit's solvers do not impose."""
 
 
 # PySCF irrep id -> Molpro irrep number (as pyscf.tools.fcidump.ORBSYM_MAP)
@@ -80,25 +89,20 @@ def aufbau_energy(
     return float(e + e_core)
 
 
-def _validate_integrals(h1e: Any, eri: Any, nelec: Any) -> tuple[np.ndarray, np.ndarray, tuple]:
+def _validate_integrals(
+    h1e: Any, eri: Any, nelec: Any, e_core: Any = 0.0
+) -> tuple[np.ndarray, np.ndarray, tuple, float]:
+    """Electron count and orbital limit first (cheap), then the FCIDUMP reader's checks."""
     h1e = np.asarray(h1e, dtype=np.float64)
     if h1e.ndim != 2 or h1e.shape[0] != h1e.shape[1]:
         raise ValueError(f"h1e must be a square (norb, norb) matrix, got shape {h1e.shape}")
-    norb = h1e.shape[0]
-    nelec = _validate_nelec(nelec, norb)
-    if not np.isfinite(h1e).all():
-        raise ValueError("h1e contains NaN or inf")
-    if not np.allclose(h1e, h1e.T, rtol=0, atol=1e-10):
-        dev = np.abs(h1e - h1e.T).max()
-        raise ValueError(f"h1e is not symmetric (max |h - h^T| = {dev:.3g})")
-    h1e = 0.5 * (h1e + h1e.T)  # exact symmetry (integral transforms leave rounding noise)
+    nelec = _validate_nelec(nelec, h1e.shape[0])
     try:
-        eri8 = restore_eri(eri, norb, 8)
-    except ValueError as exc:
-        raise ValueError(f"eri does not match h1e (norb={norb}): {exc}") from None
-    if not np.isfinite(eri8).all():
-        raise ValueError("eri contains NaN or inf")
-    return h1e, eri8, nelec
+        e_core = float(e_core)
+    except (TypeError, ValueError):
+        raise ValueError(f"e_core must be a number, not {e_core!r}") from None
+    h1e, eri8, e_core = validate_integrals(h1e, eri, e_core)
+    return h1e, eri8, nelec, e_core
 
 
 def _validate_nelec(nelec: Any, norb: int) -> tuple[int, int]:
@@ -134,11 +138,13 @@ class Molecule:
     restricting to an active space (CASCI-style effective integrals).
 
     Args:
-        atom: geometry in PySCF's format (string or list of ``(symbol, (x, y, z))``).
+        atom: geometry in PySCF's formats (``"H 0 0 0; H 0 0 0.74"``, newlines, commas, a
+            numeric Z-matrix, a list of ``(symbol, (x, y, z))``, an ``.xyz`` file name), parsed
+            as plain numbers before PySCF sees it (:func:`cuscikit.chem.geometry.parse_geometry`).
         basis: basis name or PySCF basis dict; names PySCF lacks come from basis_set_exchange.
-        charge: total charge.
-        spin: ``n_alpha - n_beta`` (2S).
-        unit: ``"Angstrom"`` or ``"Bohr"``.
+        charge: total charge (an integer).
+        spin: ``n_alpha - n_beta`` (2S, an integer).
+        unit: ``"Angstrom"`` or ``"Bohr"`` (also ``Ang``, ``A``, ``AU``, ``B``); others refused.
         frozen_core: False, True (PySCF's ``chemcore``), or the number of frozen orbitals.
         cas: ``(n_electrons, n_orbitals)`` active space above the inactive core, or None.
         symmetry: use point-group symmetry in the SCF (orbital irreps go to ``orbsym``).
@@ -148,8 +154,16 @@ class Molecule:
             used for the bundled datasets). Otherwise stop at the first stable solution.
 
     Attributes:
-        norb, nelec, h1e, eri, e_core, e_hf, e_scf, name, orbsym, metadata, mol, scf, mo_coeff,
-        ncore, e_fci (after :meth:`fci`).
+        norb, nelec, h1e, eri, e_core, e_hf, e_scf, name, orbsym, isym, metadata, mol, scf,
+        mo_coeff, ncore, e_fci (after :meth:`fci`). ``isym`` is the state irrep an FCIDUMP asked
+        for (``ISYM``, 1 otherwise); the solvers do not restrict to it (see
+        :meth:`from_integrals`).
+
+    Raises:
+        ValueError: one line, before any SCF: a geometry field that is not a plain number, an
+            unknown element, no atoms, two atoms at one point, a unit other than Angstrom or
+            Bohr, a charge or spin that no electron count fits, a bad frozen core or active
+            space, too many orbitals.
 
     Example:
         >>> mol = Molecule("Li 0 0 0; H 0 0 1.6")  # doctest: +SKIP
@@ -171,8 +185,10 @@ class Molecule:
         verbose: int = 0,
         thorough_scf: bool = False,
     ) -> None:
-        from pyscf import gto
-
+        unit = normalize_unit(unit)
+        atoms = parse_geometry(atom)
+        check_geometry(atoms, unit)
+        charge, spin = _check_charge_spin(atoms, charge, spin)
         if isinstance(frozen_core, bool) or frozen_core is None:
             pass
         elif not isinstance(frozen_core, (int, np.integer)) or frozen_core < 0:
@@ -182,21 +198,29 @@ class Molecule:
         if cas is not None:
             if len(cas) != 2 or any(int(x) != x or x < 0 for x in cas):
                 raise ValueError(f"cas must be (n_electrons, n_orbitals), got {cas!r}")
+        from pyscf import gto
+
         mol = gto.Mole()
-        mol.atom = atom
+        mol.atom = atoms  # plain floats: PySCF has nothing left to evaluate
         mol.unit = unit
         mol.charge = charge
         mol.spin = spin
         mol.symmetry = symmetry
         mol.verbose = verbose
-        if isinstance(basis, str) and not _pyscf_knows_basis(basis, atom, unit):
-            basis = _bse_basis(basis, atom, unit)
+        if isinstance(basis, str) and not _pyscf_knows_basis(basis, atoms, unit):
+            basis = _bse_basis(basis, atoms, unit)
         mol.basis = basis
         try:
             mol.build(parse_arg=False)
-        except RuntimeError as exc:
-            if "spin" in str(exc).lower() or "electron" in str(exc).lower():
-                raise ValueError(f"charge={charge}, spin={spin}: {exc}") from None
+        except (RuntimeError, AssertionError) as exc:  # PySCF asserts on some electron counts
+            if (
+                isinstance(exc, AssertionError)
+                or "spin" in str(exc).lower()
+                or ("electron" in str(exc).lower())
+            ):
+                raise ValueError(
+                    f"charge={charge}, spin={spin}: no electron count fits ({exc or 'PySCF'})"
+                ) from None
             raise ValueError(f"cannot build the molecule: {exc}") from exc
         except (KeyError, ValueError, OSError) as exc:
             raise ValueError(f"cannot build the molecule: {exc}") from exc
@@ -239,17 +263,22 @@ class Molecule:
         e_hf: float | None,
         name: str | None,
     ) -> None:
-        h1e, eri8, nelec = _validate_integrals(h1e, eri, nelec)
-        if not np.isfinite(e_core):
-            raise ValueError("e_core is NaN or inf")
+        h1e, eri8, nelec, e_core = _validate_integrals(h1e, eri, nelec, e_core)
+        if e_hf is None:
+            e_hf = aufbau_energy(h1e, eri8, nelec, e_core)
+        elif isinstance(e_hf, bool) or not isinstance(e_hf, (int, float, np.integer, np.floating)):
+            raise ValueError(f"e_hf must be a number, not {e_hf!r}")
+        if not math.isfinite(e_hf):  # cannot overflow within the integral bound: a guard
+            raise ValueError(f"the reference energy e_hf={e_hf!r} is not finite")
         self.norb: int = h1e.shape[0]
         self.nelec: tuple[int, int] = nelec
         self.h1e: np.ndarray = h1e
         self.eri: np.ndarray = eri8
-        self.e_core: float = float(e_core)
-        self.e_hf: float = aufbau_energy(h1e, eri8, nelec, e_core) if e_hf is None else float(e_hf)
+        self.e_core: float = e_core
+        self.e_hf: float = float(e_hf)
         self.name: str = name or f"norb={self.norb}"
         self.orbsym: tuple[int, ...] | None = None
+        self.isym: int = 1
         self.metadata: dict = {}
         self.e_fci: float | None = None
         self.mol = self.scf = self.mo_coeff = None
@@ -267,8 +296,14 @@ class Molecule:
         e_hf: float | None = None,
         name: str | None = None,
         orbsym: Any = None,
+        isym: int = 1,
     ) -> Molecule:
         """Build from integrals in an orthonormal basis.
+
+        The integrals pass the checks the FCIDUMP reader applies to a file, with the same
+        tolerance and message: a full or 4-fold ``eri`` whose mirrored elements disagree (a
+        broken permutation symmetry) is refused, not symmetrised; every value must be finite
+        and at most :data:`~cuscikit.chem.integrals.MAX_ABS_INTEGRAL` in magnitude.
 
         Args:
             h1e: ``(norb, norb)`` symmetric one-electron integrals.
@@ -278,13 +313,18 @@ class Molecule:
             e_core: constant energy.
             e_hf: reference energy; default: the aufbau determinant's energy.
             name: label.
-            orbsym: orbital irreps, or None.
+            orbsym: orbital irreps (Molpro numbering, as ORBSYM), or None.
+            isym: the state irrep asked for (as ISYM); kept and written back by
+                :meth:`to_fcidump`. cuscikit's solvers do not restrict configurations to an
+                irrep: they return the lowest state of any symmetry, so ``isym != 1`` gives a
+                :class:`SymmetryWarning`.
 
         Returns:
             A Molecule without PySCF objects (``mol``, ``scf`` are None).
 
         Raises:
-            ValueError: shapes, symmetry, electron count or orbital limit are wrong.
+            ValueError: shapes, symmetry, finiteness, magnitude, electron count, orbital limit,
+                ``orbsym`` or ``isym`` are wrong.
 
         Example:
             >>> import numpy as np
@@ -294,10 +334,17 @@ class Molecule:
         """
         self = cls.__new__(cls)
         self._set_integrals(h1e, eri, nelec, e_core, e_hf, name)
-        if orbsym is not None:
-            if len(orbsym) != self.norb:
-                raise ValueError(f"orbsym has {len(orbsym)} entries, norb={self.norb}")
-            self.orbsym = tuple(int(s) for s in orbsym)
+        self.orbsym = check_symmetry_labels(orbsym, isym, self.norb)
+        self.isym = int(isym)
+        if self.isym != 1:
+            has = "with ORBSYM" if self.orbsym is not None else "without ORBSYM"
+            warnings.warn(
+                f"{self.name}: ISYM={self.isym} ({has}) asks for the lowest state of irrep "
+                f"{self.isym}; cuscikit's solvers do not restrict configurations to an irrep and "
+                "return the lowest state of any symmetry (ISYM is kept and written back)",
+                SymmetryWarning,
+                stacklevel=2,
+            )
         return self
 
     @classmethod
@@ -314,12 +361,22 @@ class Molecule:
         Raises:
             FCIDumpError: malformed file.
 
+        Warns:
+            FCIDumpWarning: no core energy or no one-electron integrals (a file cut short?).
+            SymmetryWarning: the file asks for a state irrep other than 1 (``ISYM``).
+
         Example:
             >>> m = Molecule.from_fcidump("datasets/lih_sto3g.fcidump.gz")  # doctest: +SKIP
         """
         d = read_fcidump(path)
         return cls.from_integrals(
-            d.h1e, d.eri, d.nelec_ab, d.e_core, name=name or Path(path).name, orbsym=d.orbsym
+            d.h1e,
+            d.eri,
+            d.nelec_ab,
+            d.e_core,
+            name=name or Path(path).name,
+            orbsym=d.orbsym,
+            isym=d.isym,
         )
 
     @classmethod
@@ -337,7 +394,7 @@ class Molecule:
 
         Example:
             >>> m = Molecule.load("LiH")  # doctest: +SKIP
-            >>> m.norb, m.nelec
+            >>> m.norb, m.nelec  # doctest: +SKIP
             (6, (2, 2))
         """
         from cuscikit.chem.datasets import dataset_fcidump_path, dataset_metadata
@@ -369,14 +426,22 @@ class Molecule:
         return self._eri_full
 
     def to_fcidump(self, path: str | os.PathLike, tol: float = 1e-15) -> None:
-        """Write the integrals as an FCIDUMP (gzip if ``path`` ends in ``.gz``).
+        """Write the integrals as an FCIDUMP (gzip if ``path`` ends in ``.gz``), with the
+        molecule's ORBSYM and ISYM.
 
         Args:
             path: output file.
             tol: integrals with ``|value| <= tol`` are omitted.
         """
         write_fcidump(
-            path, self.h1e, self.eri, self.nelec, e_core=self.e_core, orbsym=self.orbsym, tol=tol
+            path,
+            self.h1e,
+            self.eri,
+            self.nelec,
+            e_core=self.e_core,
+            orbsym=self.orbsym,
+            tol=tol,
+            isym=self.isym,
         )
 
     def fci(self, nroots: int = 3, conv_tol: float = 1e-12, max_cycle: int = 200) -> float:
@@ -431,10 +496,28 @@ def _formula(mol: Any) -> str:
     return "".join(f"{s}{n if n > 1 else ''}" for s, n in counts.items())
 
 
+def _check_charge_spin(atoms: list, charge: Any, spin: Any) -> tuple[int, int]:
+    """Integer charge and spin that some electron count fits (all-electron count; an ECP
+    removes electrons in pairs, which PySCF's own check then covers)."""
+    for name, val in (("charge", charge), ("spin", spin)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, not {val!r}")
+    charge, spin = int(charge), int(spin)
+    nel = sum(nuclear_charge(label) for label, _ in atoms) - charge
+    if nel < 0:
+        raise ValueError(f"charge={charge} removes more electrons than the atoms have")
+    if abs(spin) > nel or (nel - spin) % 2:
+        raise ValueError(
+            f"charge={charge}, spin={spin}: {nel} electrons cannot have 2S = n_alpha - n_beta = "
+            f"{spin} (2S must have the parity of the electron count and not exceed it)"
+        )
+    return charge, spin
+
+
 def _elements(atom: Any, unit: str) -> list[str]:
     from pyscf import gto
 
-    return sorted({gto.mole._std_symbol(a[0]) for a in gto.format_atom(atom, unit=unit)})
+    return sorted({gto.mole._std_symbol(label) for label, _ in parse_geometry(atom)})
 
 
 def _pyscf_knows_basis(name: str, atom: Any, unit: str) -> bool:

@@ -1,14 +1,28 @@
-"""FCIDUMP reader/writer and ERI packing, against PySCF."""
+"""FCIDUMP reader/writer and ERI packing, against PySCF; the reader's limits and guards."""
 
 from __future__ import annotations
 
 import gzip
+import os
+import time
+import tracemalloc
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cuscikit.chem import FCIDumpError, read_fcidump, restore_eri, write_fcidump
+from cuscikit.chem import (
+    FCIDumpError,
+    FCIDumpWarning,
+    Molecule,
+    read_fcidump,
+    restore_eri,
+    write_fcidump,
+)
+from cuscikit.chem.datasets import dataset_fcidump_path
+from cuscikit.chem.fcidump import MAX_HEADER_BYTES, MAX_LINE_BYTES
+from cuscikit.chem.integrals import MAX_ABS_INTEGRAL
 from tests.conftest import hubbard_integrals
 
 pyscf = pytest.importorskip("pyscf")
@@ -143,6 +157,7 @@ def test_header_dialects(tmp_path: Path, header: str) -> None:
     assert d.h1e[0, 1] == d.h1e[1, 0] == 0.1 and d.e_core == 0.7
 
 
+@pytest.mark.filterwarnings("ignore::cuscikit.chem.FCIDumpWarning")  # ERIs only, on purpose
 def test_any_permutation_fills_8fold(tmp_path: Path) -> None:
     norb = 4
     _, g = random_integrals(norb, seed=7)
@@ -199,7 +214,21 @@ GOOD = " &FCI NORB=2,NELEC=2,MS2=0,\n  ORBSYM=1,1,\n  ISYM=1,\n &END\n" + DIALEC
         (GOOD + " 0.9 1 1 2 2\n", r"\(ij\|kl\) conflicts"),
         (" &FCI NORB=2,NELEC=2 &END\n", "no integrals"),
         (" &FCI NORB=2,NELEC=2 &END 0.5 1 1 1 1\n", "after the namelist terminator"),
-        (" &FCI NORB=2000,NELEC=2 &END\n" + DIALECT_BODY, "GiB"),
+        (" &FCI NORB=2000,NELEC=2 &END\n" + DIALECT_BODY, "NORB=2000 exceeds the limit of 128"),
+        (" &FCI NORB=129,NELEC=2 &END\n" + DIALECT_BODY, "NORB=129 exceeds the limit of 128"),
+        (" &FCI NORB=" + "9" * 30 + ",NELEC=2 &END\n" + DIALECT_BODY, "too large"),
+        (" &FCI NORB=2,NELEC=2,ORBSYM=1000000000*1 &END\n" + DIALECT_BODY, "more than 128"),
+        (" &FCI NORB=2,NELEC=2,ORBSYM=99999999999999999999*1 &END\n", "bad repeat count"),
+        (" &FCI NORB=2,NELEC=2,ORBSYM=129*1 &END\n" + DIALECT_BODY, "more than 128 values"),
+        (" &FCI NORB=2,NELEC=2,MS2=2*0 &END\n" + DIALECT_BODY, "MS2 needs one integer"),
+        (" &FCI NORB=2,NELEC=2,ISYM=-1 &END\n" + DIALECT_BODY, "ISYM=-1 is negative"),
+        (GOOD + " 0.5 100000000000000000000000 1 1 1\n", r":12: integral index \(10+, 1"),
+        (GOOD + " 0.5 1 1 1 " + "1" * 4000 + "\n", "out of range"),
+        (GOOD + " 1e308 1 1 0 0\n", ":12: value 1e\\+308 exceeds the largest integral magnitude"),
+        (GOOD + " -2e8 1 1 1 1\n", ":12: value -2e\\+08 exceeds the largest integral magnitude"),
+        (GOOD + " 1.0000001e8 0 0 0 0\n", "exceeds the largest integral magnitude"),
+        (GOOD + " 0.5 1 1 1 1\x00\n", ":12: binary data \\(NUL bytes\\)"),
+        (GOOD + " 0.7000001 0 0 0 0\n", r":12: core energy \(0 0 0 0\) conflicts .* line 11"),
     ],
 )
 def test_malformed_raises_fcidumperror(tmp_path: Path, text: str, match: str) -> None:
@@ -208,6 +237,33 @@ def test_malformed_raises_fcidumperror(tmp_path: Path, text: str, match: str) ->
     with pytest.raises(FCIDumpError, match=match) as info:
         read_fcidump(path)
     assert str(path) in str(info.value)
+
+
+HOSTILE = {
+    "norb_5000_digits": (" &FCI NORB=" + "9" * 5000 + ",NELEC=2 &END\n", ":1: line longer than"),
+    "long_integral_line": (GOOD + " 1" * 60000 + "\n", ":12: line longer than 4096 characters"),
+    "105k_digits_no_newline": (GOOD + "1" * 105000, ":12: line longer than 4096 characters"),
+    "header_never_ends": (
+        " &FCI NORB=2,NELEC=2,\n" + " ORBSYM=1,1,\n" * 6000,
+        "not terminated by &END or / in the first 65536 bytes",
+    ),
+    "no_header_in_64k": ("\n" * (MAX_HEADER_BYTES + 1) + GOOD, "header is missing in the first"),
+    "blank_without_newline": (" " * (2 * MAX_LINE_BYTES), ":1: line longer than"),
+    "endless_duplicates": (
+        " &FCI NORB=1,NELEC=2 &END\n" + " 0.5 1 1 1 1\n" * 5000,
+        ":4114: more than 4112 lines after the namelist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_raises_fcidumperror(tmp_path: Path, case: str) -> None:
+    text, match = HOSTILE[case]
+    path = tmp_path / "FCIDUMP"
+    path.write_text(text)
+    with pytest.raises(FCIDumpError, match=match) as info:
+        read_fcidump(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_truncated_gzip(tmp_path: Path) -> None:
@@ -244,3 +300,152 @@ def test_write_validates(tmp_path: Path) -> None:
         write_fcidump(tmp_path / "F", h, g, 3, ms2=0)
     with pytest.raises(ValueError, match="layouts"):
         write_fcidump(tmp_path / "F", h, np.zeros(5), 2)
+
+
+# ------------------------------------------------------------------ limits before work
+
+
+def test_limits_hold_in_bounded_time_and_memory(tmp_path: Path) -> None:
+    """Hostile files that cost minutes or gigabytes before: each refused at once, in little
+    memory (a repeat count, a 105 KB line of digits, a header that never ends)."""
+    cases = {
+        "repeat": " &FCI NORB=6,NELEC=4,ORBSYM=1000000000*1 &END\n" + DIALECT_BODY,
+        "digits": GOOD + "1" * 105_000 + "\n",
+        "no_end": " &FCI NORB=6,NELEC=4,\n" + " 0.1 1 1 1 1\n" * 200_000,
+        "no_newline": GOOD + " " * 10_000_000,
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        with pytest.raises(FCIDumpError):
+            read_fcidump(path)
+        wall = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert wall < 2.0, (name, wall)
+        assert peak < 8 << 20, (name, peak)
+
+
+def test_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
+    """A 17 MB file of (agreeing) duplicate lines is read in about one block of memory."""
+    line = " 0.5 1 1 1 1".ljust(MAX_LINE_BYTES - 1) + "\n"
+    path = tmp_path / "F"
+    with open(path, "w") as fh:
+        fh.write(" &FCI NORB=1,NELEC=2 &END\n")
+        fh.write(line * 4100)
+        fh.write(" -1.0 1 1 0 0\n 0.25 0 0 0 0\n")
+    assert path.stat().st_size > 16e6
+    tracemalloc.start()
+    d = read_fcidump(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert d.eri.tolist() == [0.5] and d.e_core == 0.25
+    assert peak < 4 << 20, peak
+
+
+def test_gzip_bomb_and_dev_zero_end_early(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(b"\x00" * (16 << 20), compresslevel=1))
+    spaces = tmp_path / "spaces.gz"
+    spaces.write_bytes(gzip.compress(b" " * (16 << 20), compresslevel=1))
+    for path, match in ((bomb, "NUL"), (spaces, "line longer")):
+        t0 = time.perf_counter()
+        with pytest.raises(FCIDumpError, match=match):
+            read_fcidump(path)
+        assert time.perf_counter() - t0 < 2.0
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(FCIDumpError, match="/dev/zero:1: binary data"):
+            read_fcidump("/dev/zero")
+
+
+def test_magnitude_limit_is_inclusive(tmp_path: Path) -> None:
+    path = tmp_path / "F"
+    path.write_text(GOOD.replace(" 0.3 2 2 2 2", f" {MAX_ABS_INTEGRAL!r} 2 2 2 2"))
+    assert read_fcidump(path).eri_full()[1, 1, 1, 1] == MAX_ABS_INTEGRAL
+
+
+def test_conflict_across_blocks_names_the_earlier_line(tmp_path: Path) -> None:
+    """Duplicates are compared even when a megabyte of lines lies between them."""
+    pad = " 0.3 2 2 2 2".ljust(MAX_LINE_BYTES - 1) + "\n"  # agrees with line 7
+    path = tmp_path / "F"
+    path.write_text(GOOD + pad * 300 + " 0.5000001 1 1 1 1\n")
+    with pytest.raises(FCIDumpError, match=r":312: \(ij\|kl\) conflicts with .* on line 5 \("):
+        read_fcidump(path)
+
+
+def test_reading_is_not_slower_than_needed(tmp_path: Path) -> None:
+    """A 20-orbital file (22k integrals) reads in a fraction of a second (~0.15 s)."""
+    h, g = random_integrals(20, 2)
+    write_fcidump(tmp_path / "F", h, g, 10)
+    t0 = time.perf_counter()
+    d = read_fcidump(tmp_path / "F")
+    assert time.perf_counter() - t0 < 2.0
+    np.testing.assert_array_equal(d.eri_full(), g)
+
+
+# ------------------------------------------------------------------ physics guards
+
+
+def _lih_lines() -> list[str]:
+    return gzip.decompress(dataset_fcidump_path("LiH").read_bytes()).decode().splitlines(True)
+
+
+@pytest.mark.parametrize("keep", ["eri", "eri+h1"])
+def test_file_cut_at_a_line_boundary_warns(tmp_path: Path, keep: str) -> None:
+    lines = _lih_lines()
+    end = next(n for n, x in enumerate(lines) if "&END" in x.upper()) + 1
+    body = lines[end:]
+    n_eri = sum(1 for x in body if x.split()[3:] != ["0", "0"])
+    cut = n_eri if keep == "eri" else len(body) - 1  # PySCF order: ERIs, h1e, core
+    path = tmp_path / "cut"
+    path.write_text("".join(lines[: end + cut]))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        m = Molecule.from_fcidump(path)
+    said = [str(w.message) for w in rec if issubclass(w.category, FCIDumpWarning)]
+    assert len(said) == (2 if keep == "eri" else 1)
+    assert "no core-energy line (0 0 0 0)" in said[0] and str(path) in said[0]
+    assert any("no one-electron integrals" in x for x in said) == (keep == "eri")
+    assert m.e_core == 0.0
+
+
+def test_complete_file_reads_without_warnings() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = Molecule.load("LiH")
+    assert m.isym == 1
+
+
+def test_isym_is_kept_and_written_back(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    write_fcidump(tmp_path / "F", h, g, 2, orbsym=[1, 2, 2], isym=2)
+    text = (tmp_path / "F").read_text()
+    assert "ISYM=2," in text
+    assert read_fcidump(tmp_path / "F").isym == 2
+    with pytest.warns(UserWarning, match="ISYM=2 \\(with ORBSYM\\).*lowest state of any symm"):
+        m = Molecule.from_fcidump(tmp_path / "F")
+    assert m.isym == 2 and m.orbsym == (1, 2, 2)
+    with pytest.warns(UserWarning, match="ISYM=2"):
+        m.to_fcidump(tmp_path / "G")
+        m2 = Molecule.from_fcidump(tmp_path / "G")
+    assert read_fcidump(tmp_path / "G").isym == 2 and m2.isym == 2
+    assert "ISYM=2," in (tmp_path / "G").read_text()
+
+
+def test_write_refuses_what_the_reader_refuses(tmp_path: Path) -> None:
+    h, g = random_integrals(3)
+    bad = g.copy()
+    bad[0, 1, 2, 2] += 0.1  # (01|22) no longer equals (10|22)
+    with pytest.raises(ValueError, match="conflicts with the symmetry-equivalent entry"):
+        write_fcidump(tmp_path / "F", h, bad, 2)
+    big = h.copy()
+    big[0, 0] = 1e308
+    with pytest.raises(ValueError, match="exceeds the largest integral magnitude"):
+        write_fcidump(tmp_path / "F", big, g, 2)
+    with pytest.raises(ValueError, match="isym"):
+        write_fcidump(tmp_path / "F", h, g, 2, isym=-1)
+    with pytest.raises(ValueError, match="orbsym"):
+        write_fcidump(tmp_path / "F", h, g, 2, orbsym=[1, 1.5, 1])
+    assert not (tmp_path / "F").exists()

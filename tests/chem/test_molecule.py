@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cuscikit.chem import Molecule, read_fcidump
+from cuscikit.chem import Molecule, SymmetryWarning, parse_geometry, read_fcidump, restore_eri
 from cuscikit.chem.molecule import _bse_basis, _pyscf_knows_basis, aufbau_energy
 
 pyscf = pytest.importorskip("pyscf")
@@ -112,8 +113,6 @@ def test_aufbau_matches_pyscf_energy_on_random_integrals() -> None:
     ci = np.zeros((10, 10))  # C(5,3), C(5,2): the first string is the aufbau one
     ci[0, 0] = 1.0
     ref = fci.direct_spin1.energy(h, g, ci, n, (na, nb))
-    from cuscikit.chem import restore_eri
-
     assert abs(aufbau_energy(h, restore_eri(g, n, 8), (na, nb)) - ref) < 1e-11
 
 
@@ -177,3 +176,237 @@ def test_import_without_pyscf() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "6"
+
+
+# ------------------------------------------------------------------ geometry and input checks
+
+PAYLOAD = "__import__('os').system('touch${IFS}PWNED')"
+
+
+@pytest.mark.parametrize(
+    "atom",
+    [
+        f"H 0 0 0; H 0 0 0.74+{PAYLOAD}",
+        f"H 0 0 0\nH 0 0 {PAYLOAD}",
+        [("H", (0, 0, 0)), ("H", ("0", "0", f"0.74+{PAYLOAD}"))],
+        f"H\nH 1 0.74+{PAYLOAD}",
+    ],
+)
+def test_geometry_strings_never_run_code(atom, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is not a plain number"):
+        Molecule(atom)
+    for helper in (_pyscf_knows_basis, _bse_basis):
+        try:
+            helper("sto-3g", atom, "Angstrom")
+        except ValueError:
+            pass
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_cli_geometry_never_runs_code(tmp_path: Path) -> None:
+    atom = f"H 0 0 0; H 0 0 0.74+{PAYLOAD}"
+    out = subprocess.run(
+        [sys.executable, "-m", "cuscikit", "fcidump", "--atom", atom, "-o", "F"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "is not a plain number" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "F").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(atom=""), "no atoms"),
+        (dict(atom="H 0 0; H 0 0 0.74"), "expected 'symbol x y z'"),
+        (dict(atom="H 0 0 0; H 0 0 0.74 1"), "got 5 fields"),
+        (dict(atom="Qq 0 0 0; H 0 0 0.74"), "unknown element"),
+        (dict(atom="H 0 0 0; H 0 0 nan"), "not a plain number"),
+        (dict(atom="H 0 0 0; H 0 0 0"), "atoms 1 \\(H\\) and 2 \\(H\\) are 0 Angstrom apart"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", unit="furlong"), "unit must be 'Angstrom' or 'Bohr'"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", unit=0.52917721092), "unit must be"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=5), "charge=5 removes more electrons"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=4), "2 electrons cannot have 2S"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=1), "parity"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=1.5), "charge must be an integer"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", charge=float("nan")), "charge must be an integer"),
+        (dict(atom="H 0 0 0; H 0 0 0.74", spin=True), "spin must be an integer"),
+    ],
+)
+def test_bad_molecule_input_is_one_line_valueerror(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        Molecule(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_geometry_formats_and_units_agree_with_pyscf() -> None:
+    h2 = "H 0 0 0; H 0.1 0.2 0.7"
+    ref = scf.RHF(gto.M(atom=h2, basis="sto-3g", verbose=0)).run(conv_tol=1e-12).e_tot
+    bohr = [(s, tuple(x / 0.52917721092 for x in c)) for s, c in parse_geometry(h2)]
+    for atom, unit in [
+        (h2.replace("; ", "\n"), "Angstrom"),
+        (h2.replace(" ", ", ").replace(";,", ";"), "ang"),
+        (parse_geometry(h2), "A"),
+        (bohr, "Bohr"),
+        (bohr, "au"),
+    ]:
+        m = Molecule(atom, unit=unit)
+        assert abs(m.e_scf - ref) < 1e-9, (atom, unit)
+        assert m.unit in ("Angstrom", "Bohr")
+    zmat = "O\nH 1 0.96\nH 1 0.96 2 104.5"
+    ref = scf.RHF(gto.M(atom=zmat, basis="sto-3g", verbose=0)).run(conv_tol=1e-12).e_tot
+    assert abs(Molecule(zmat).e_scf - ref) < 1e-9
+
+
+# ------------------------------------------------------------------ the API checks = the reader's
+
+
+def _h2_full(v0011: float, v1100: float) -> np.ndarray:
+    g = np.zeros((2, 2, 2, 2))
+    g[0, 0, 0, 0], g[1, 1, 1, 1] = 0.6, 0.5
+    g[0, 0, 1, 1], g[1, 1, 0, 0] = v0011, v1100
+    return g
+
+
+def _h2_file(path: Path, v0011: float, v1100: float) -> Path:
+    path.write_text(
+        " &FCI NORB=2,NELEC=2,MS2=0 &END\n 0.6 1 1 1 1\n 0.5 2 2 2 2\n"
+        f" {v0011!r} 1 1 2 2\n {v1100!r} 2 2 1 1\n -1.0 1 1 0 0\n -0.5 2 2 0 0\n 0.1 0 0 0 0\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("scale", [0.3, 50.0])
+@pytest.mark.parametrize(("rel", "ok"), [(0.5e-8, True), (2e-8, False), (0.5, False)])
+def test_broken_permutation_symmetry_same_verdict_api_and_file(
+    tmp_path: Path, scale: float, rel: float, ok: bool
+) -> None:
+    """One tolerance (1e-8 relative, absolute below 1), one message, both ways in."""
+    a, b = scale, scale + rel * max(1.0, scale)
+    h = np.diag([-1.0, -0.5])
+    full = _h2_full(a, b)
+    eri4 = restore_eri(_h2_full(a, a), 2, 4)
+    eri4[2, 0] = b  # (11|00) vs (00|11) in the 4-fold layout
+    path = _h2_file(tmp_path / "F", a, b)
+    tries = {
+        "full": lambda: Molecule.from_integrals(h, full, 2, e_core=0.1),
+        "full 2-D": lambda: Molecule.from_integrals(h, full.reshape(4, 4), 2, e_core=0.1),
+        "4-fold": lambda: Molecule.from_integrals(h, eri4, 2, e_core=0.1),
+        "file": lambda: Molecule.from_fcidump(path),
+    }
+    msg = r"\(ij\|kl\) conflicts with the symmetry-equivalent entry .* must agree to 1e-08 rel"
+    for name, make in tries.items():
+        if ok:
+            assert abs(make().eri_full()[0, 0, 1, 1] - a) <= 1e-8 * max(1.0, a), name
+        else:
+            with pytest.raises(ValueError, match=msg):
+                make()
+
+
+@pytest.mark.parametrize("perm", ["ij", "kl", "pairs"])
+def test_each_permutation_of_a_full_array_is_checked(perm: str) -> None:
+    rng = np.random.default_rng(4)
+    n = 4
+    g = rng.standard_normal((n,) * 4)
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    # break exactly one symmetry, keep the other two, for the orbit of (0 1 | 2 3)
+    if perm == "ij":  # (01|23) = (01|32) and (01|23) = (23|01) kept, (01|..) != (10|..)
+        for idx in [(0, 1, 2, 3), (0, 1, 3, 2), (2, 3, 0, 1), (3, 2, 0, 1)]:
+            g[idx] += 0.1
+    elif perm == "kl":
+        for idx in [(0, 1, 2, 3), (1, 0, 2, 3), (2, 3, 0, 1), (2, 3, 1, 0)]:
+            g[idx] += 0.1
+    else:
+        for idx in [(0, 1, 2, 3), (1, 0, 2, 3), (0, 1, 3, 2), (1, 0, 3, 2)]:
+            g[idx] += 0.1
+    with pytest.raises(ValueError, match="conflicts with the symmetry-equivalent entry"):
+        Molecule.from_integrals(np.eye(n), g, 2)
+
+
+def test_h1e_asymmetry_same_verdict_api_and_file(tmp_path: Path) -> None:
+    h = np.array([[-1.0, 0.1], [0.1 + 1e-6, -0.5]])
+    with pytest.raises(ValueError, match="h_ij conflicts with the symmetry-equivalent entry"):
+        Molecule.from_integrals(h, _h2_full(0.3, 0.3), 2)
+    path = tmp_path / "F"
+    path.write_text(
+        " &FCI NORB=2,NELEC=2 &END\n 0.6 1 1 1 1\n -1.0 1 1 0 0\n -0.5 2 2 0 0\n"
+        " 0.1 1 2 0 0\n 0.100001 2 1 0 0\n 0.0 0 0 0 0\n"
+    )
+    with pytest.raises(ValueError, match="h_ij conflicts with the symmetry-equivalent entry"):
+        Molecule.from_fcidump(path)
+    # noise of integral transforms is accepted (and removed) as before
+    m = Molecule.from_integrals(h + np.array([[0, 0], [-1e-6 + 1e-14, 0]]), _h2_full(0.3, 0.3), 2)
+    assert m.h1e[0, 1] == m.h1e[1, 0]
+
+
+@pytest.mark.parametrize("where", ["h1e", "eri", "e_core"])
+@pytest.mark.parametrize("value", [1e308, -2e8, np.inf, np.nan])
+def test_overflowing_integrals_refused_api_and_file(tmp_path: Path, where: str, value) -> None:
+    """h = 1e308 used to pass and give E = NaN; now both ways in refuse it, same words."""
+    h, g, e = np.diag([-1.0, -0.5]), _h2_full(0.3, 0.3), 0.1
+    if where == "h1e":
+        h[0, 0] = value
+    elif where == "eri":
+        g[1, 1, 1, 1] = value
+    else:
+        e = value
+    match = "NaN or inf" if not np.isfinite(value) else "exceeds the largest integral magnitude"
+    with pytest.raises(ValueError, match=match):
+        Molecule.from_integrals(h, g, 2, e_core=e)
+    if np.isfinite(value):
+        text = (
+            f" &FCI NORB=2,NELEC=2 &END\n {float(g[1, 1, 1, 1])!r} 2 2 2 2\n 0.6 1 1 1 1\n"
+            f" {float(h[0, 0])!r} 1 1 0 0\n -0.5 2 2 0 0\n {float(e)!r} 0 0 0 0\n"
+        )
+        (tmp_path / "F").write_text(text)
+        with pytest.raises(ValueError, match=match):
+            Molecule.from_fcidump(tmp_path / "F")
+
+
+def test_largest_accepted_integrals_give_finite_energies() -> None:
+    from cuscikit import SCISpace
+    from cuscikit.chem.integrals import MAX_ABS_INTEGRAL
+
+    n = 4
+    g = np.full((n,) * 4, MAX_ABS_INTEGRAL)
+    h = np.full((n, n), -MAX_ABS_INTEGRAL)
+    m = Molecule.from_integrals(h, g, 4, e_core=MAX_ABS_INTEGRAL)
+    assert np.isfinite(m.e_hf)
+    assert np.isfinite(SCISpace.full(m).exact_energy())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(e_hf=float("nan")), "not finite"),
+        (dict(e_hf="x"), "e_hf must be a number"),
+        (dict(e_core="x"), "e_core must be a number"),
+        (dict(orbsym=[1, 1.5]), "orbsym"),
+        (dict(orbsym=[1, -1]), "negative irrep"),
+        (dict(orbsym=[1]), "orbsym has 1 entries"),
+        (dict(isym=-1), "isym"),
+        (dict(isym=1.5), "isym"),
+    ],
+)
+def test_from_integrals_rejects_labels_and_energies(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Molecule.from_integrals(np.diag([-1.0, -0.5]), _h2_full(0.3, 0.3), 2, **kwargs)
+
+
+def test_isym_warns_and_round_trips(tmp_path: Path) -> None:
+    h, g = np.diag([-1.0, -0.5]), _h2_full(0.3, 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Molecule.from_integrals(h, g, 2, orbsym=[1, 2]).isym == 1
+    with pytest.warns(SymmetryWarning, match="ISYM=2 \\(with ORBSYM\\).*any symmetry"):
+        m = Molecule.from_integrals(h, g, 2, orbsym=[1, 2], isym=2)
+    with pytest.warns(SymmetryWarning, match="without ORBSYM"):
+        Molecule.from_integrals(h, g, 2, isym=3)
+    m.to_fcidump(tmp_path / "F.gz")
+    d = read_fcidump(tmp_path / "F.gz")
+    assert (d.isym, d.orbsym) == (2, (1, 2))
