@@ -4,17 +4,20 @@ On a GPU, all of cuscikit's buffers come from PyTorch's caching allocator; `shar
 routes CuPy's allocations there too, so that ``torch.cuda.max_memory_allocated`` measures the
 peak of everything in one place. On the CPU the budget is the host memory the operating system
 reports as available (or a user cap).
+
+PyTorch is imported where a budget or pool is made, not with this module, so that host-only
+code (`host_available_bytes`) stays light.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
-
 
 def share_pool_with_cupy(device=None) -> None:
     """Make CuPy allocate through PyTorch's caching allocator (no-op without CuPy)."""
+    import torch
+
     try:
         import cupy
     except ImportError:
@@ -72,6 +75,8 @@ class MemoryBudget:
     """
 
     def __init__(self, device, max_memory: int | None = None, headroom: float | None = None):
+        import torch
+
         self.device = torch.device(device)
         self.gpu = self.device.type == "cuda"
         if self.gpu and self.device.index is None:  # "cuda": the current device, by number
@@ -103,13 +108,19 @@ class MemoryBudget:
         if self.cap is not None:
             return self.cap
         if self.gpu:
+            import torch
+
             free, _ = torch.cuda.mem_get_info(self.device)
             return free + torch.cuda.memory_reserved(self.device)
         return host_available_bytes()
 
     def in_use(self) -> int:
         """Bytes held now (GPU: PyTorch's allocator; CPU: not tracked, 0)."""
-        return int(torch.cuda.memory_allocated(self.device)) if self.gpu else 0
+        if not self.gpu:
+            return 0
+        import torch
+
+        return int(torch.cuda.memory_allocated(self.device))
 
     def available(self) -> int:
         """Bytes that may still be allocated now, headroom kept."""
