@@ -1,6 +1,7 @@
 """The `cuscikit` command line: one module per subcommand, registered in `COMMANDS`.
 
-Every command prints a human-readable report; with `--json` the last line of stdout is one JSON
+Every command prints a human-readable report (``CUSCIKIT_DEBUG=1`` adds the traceback of an
+unexpected failure to its one-line message); with `--json` the last line of stdout is one JSON
 object with a ``"status"`` ("ok", "stopped" or "error"), for scripts and batch jobs, whatever
 happens. Exit statuses (`cuscikit.cli.common`): 0 done, 2 bad input (a one-line message before
 any work), 3 stopped early but resumable (non-finite energies, SIGINT or SIGTERM: the checkpoint
@@ -100,14 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         emit_error(args, KeyboardInterrupt("interrupted (Ctrl-C)"), status="stopped")
         status = EXIT_INTERRUPTED
-    except Exception as exc:
+    except Exception as exc:  # a failure while running: one line (a traceback on request)
         comm = getattr(args, "comm", None)
-        if comm is None or comm.size == 1:
-            emit_error(args, exc)
-            raise
-        import traceback
+        emit_error(args, exc)
+        if os.environ.get("CUSCIKIT_DEBUG") or (comm is not None and comm.size > 1):
+            import traceback
 
-        traceback.print_exc()  # then end every rank instead of leaving them waiting
+            traceback.print_exc()  # on several ranks, then end every rank
         status = EXIT_FAILED
     return _finish(args, status)
 

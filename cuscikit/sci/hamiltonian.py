@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cuscikit.backends import core
+from cuscikit.backends.memory import host_available_bytes
 from cuscikit.sci.configs import n_words, normalize_nelec
 
 DEFAULT_EPS = 1e-12
@@ -43,6 +44,15 @@ def cached_for(system, key, build):
     if key not in per:
         per[key] = build()
     return per[key]
+
+
+def table_bytes(norb: int) -> int:
+    """Bytes the Hamiltonian holds for `norb` orbitals, at most: the full ERI array (twice: the
+    Python copy and the kernels' copy) and the double-excitation table (every pair of spin
+    orbitals to every pair, 12 bytes an entry)."""
+    n_so = 2 * norb
+    pairs = n_so * (n_so - 1) // 2
+    return int(2 * 8 * norb**4 + 12 * pairs * pairs)
 
 
 def full_eri(eri: np.ndarray, norb: int) -> np.ndarray:
@@ -88,6 +98,13 @@ class Hamiltonian:
         self.e_core = float(e_core)
         self.eps = float(eps)
         self.h1e = h1e
+        need = table_bytes(norb)
+        budget = host_available_bytes()
+        if need > 0.8 * budget:
+            raise MemoryError(
+                f"the Hamiltonian tables of {norb} orbitals need about {need / 2**30:.1f} GiB, "
+                f"more than the {budget / 2**30:.1f} GiB of memory available"
+            )
         self.eri = full_eri(eri, norb)
         if self.eri.shape != (norb,) * 4:
             raise ValueError(f"eri does not match norb={norb}: shape {self.eri.shape}")
