@@ -25,6 +25,9 @@ On rank r of P (P = 1 is the single-process run):
 3. **Local energies**, batch by batch over the cold data: each coupled configuration is located
    in L (hash lookup on the host, binary search on the GPU) and its H_xx' psi(x') summed per
    source, over all of C(x) (coupled estimator) and over C(x) within S (variational estimator).
+   With ``pt2``, the same pass sums sum_x H_ax psi(x) per configuration a outside S; the sums
+   are added up on a's owner (`GlobalDedup.reduce`), which also evaluates H_aa: the terms of
+   the Epstein-Nesbet second-order energy (the Runner divides by E_var - H_aa).
 
 A GPU stage that runs out of memory is repeated with smaller batches in single-process runs; on
 several ranks the error ends the failing rank's run, and the others stop at their next
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cuscikit.backends.arrays import index_add
 from cuscikit.backends.keys import is_tensor, sort_unique
 from cuscikit.nnqs.distributed import gather_selection, source_share
 from cuscikit.nnqs.topk import RunningTopK, TorchTopK
@@ -78,6 +82,9 @@ class StageResult:
         bytes_staged: bytes of cold data parked in pinned host memory.
         n_batches: stage-1 batches.
         peak_theoretical: bytes every intermediate would hold at once, unbatched (GPU).
+        pt2_numerators: |sum_x H_ax psi(x)|^2 over this rank's owned a outside S (with
+            ``pt2``; the psi of `psi_s`, not normalised), else None.
+        pt2_diagonal: H_aa of the same a.
     """
 
     share: tuple[int, int]
@@ -99,6 +106,8 @@ class StageResult:
     bytes_staged: int = 0
     n_batches: int = 1
     peak_theoretical: float = float("nan")
+    pt2_numerators: object = None
+    pt2_diagonal: object = None
 
 
 class Pipeline:
@@ -117,11 +126,12 @@ class Pipeline:
             2x the eager throughput of the default network on an H200, after a few seconds of
             compilation; results equal to float32 rounding).
         want_pairs: also return the H_SS entries of this rank's sources (inner steps).
+        pt2: also return the terms of the Epstein-Nesbet second-order correction.
     """
 
     def __init__(self, engine, ansatz, *, comm: Comm | None = None, batch_size: int = 16384,
                  budget=None, staging: str = "auto", compile_inference: bool = False,
-                 want_pairs: bool = False):
+                 want_pairs: bool = False, pt2: bool = False):
         if staging not in STAGING:
             raise ValueError(f"staging must be one of {STAGING}, got {staging!r}")
         self.engine, self.ansatz = engine, ansatz
@@ -134,7 +144,7 @@ class Pipeline:
 
             budget = MemoryBudget(engine.device)
         self.budget, self.staging = budget, staging
-        self.want_pairs = want_pairs
+        self.want_pairs, self.pt2 = want_pairs, pt2
         self._infer = torch.compile(ansatz.log_psi) if compile_inference else ansatz.log_psi
         self._stash = None
         if self.gpu:
@@ -333,6 +343,7 @@ class Pipeline:
             psi_L = self._exp(lp_L - shift)
             psi_s = psi_L[sloc_in_L]
             num_c, num_v = self._zeros_complex(n_loc), self._zeros_complex(n_loc)
+            acc_L = self._zeros_complex(len(L)) if self.pt2 else None
             pairs = []
             for a, b, item in self._replay(cold):
                 offs, cfg, val = item
@@ -340,9 +351,19 @@ class Pipeline:
                 num_c[a:b], num_v[a:b] = eng.numerators(offs, val, idx, psi_L, in_space_L)
                 if self.want_pairs:
                     pairs.append(self._space_pairs(lo + a, offs, cfg, val, idx, in_space_L, S))
+                if self.pt2:  # sum_x H_ax psi(x) for every a outside S
+                    out = ~in_space_L[idx]
+                    contrib = val * psi_s[a:b][self._sources_of(offs)]
+                    index_add(acc_L, idx[out], contrib[out])
             hdiag = eng.diagonal(S_loc)
             eloc_c = hdiag + num_c / psi_s
             eloc_v = hdiag + num_v / psi_s
+            pt2_num = pt2_diag = None
+            if self.pt2:  # the sums meet on the owners, which know H_aa
+                acc_U = gd.reduce(acc_L, comm)
+                rows = self._nonzero(~in_space_U)
+                pt2_num = acc_U[rows].abs() ** 2 if self.tensors else np.abs(acc_U[rows]) ** 2
+                pt2_diag = eng.diagonal(U[rows])
         times["energy"] = self._clock(t0)
         busy = sum(times.values())
         return StageResult(
@@ -358,6 +379,7 @@ class Pipeline:
             n_batches=len(batches),
             peak_theoretical=self.theoretical_peak(n_loc, m, u, model_bytes) if self.gpu
             else float("nan"),
+            pt2_numerators=pt2_num, pt2_diagonal=pt2_diag,
         )
 
     # ---------------------------------------------------------------------------- helpers
@@ -365,12 +387,18 @@ class Pipeline:
         """H_SS entries of a batch of sources: (source row in S, target row in S, value)."""
         eng = self.engine
         inside = in_space_L[idx]
-        if self.tensors:
-            src = torch.repeat_interleave(
-                torch.arange(len(offs) - 1, device=eng.device) + first, offs[1:] - offs[:-1])
-        else:
-            src = np.repeat(np.arange(len(offs) - 1, dtype=np.int64) + first, np.diff(offs))
+        src = self._sources_of(offs) + first
         return src[inside], eng.locate(S, cfg[inside]), val[inside]
+
+    def _sources_of(self, offs):
+        """The source (0-based within its batch) of every entry of a batch's coupled set."""
+        if self.tensors:
+            return torch.repeat_interleave(
+                torch.arange(len(offs) - 1, device=self.engine.device), offs[1:] - offs[:-1])
+        return np.repeat(np.arange(len(offs) - 1, dtype=np.int64), np.diff(offs))
+
+    def _nonzero(self, mask):
+        return torch.nonzero(mask).squeeze(1) if self.tensors else np.flatnonzero(mask)
 
     def _join_pairs(self, pairs: list) -> tuple:
         if pairs:

@@ -161,6 +161,11 @@ class Runner(Solver):
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
             no inference over the unique set.
+        pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
+            E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
+            normalised on S and E_var the variational energy, from the coupled sets the
+            iteration already has (history columns ``e_pt2``, ``e_tot_pt2`` = E_var + E_PT2,
+            ``error_pt2``).
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
@@ -195,6 +200,7 @@ class Runner(Solver):
     staging: str = "auto"
     compile_inference: bool = False
     inner_steps: int = DEFAULT_INNER_STEPS
+    pt2: bool = True
     verbose: int = NOTE
 
     _keys = {
@@ -301,7 +307,7 @@ class Runner(Solver):
         self._pipeline = Pipeline(
             engine, self.ansatz, comm=self.comm, batch_size=self.batch_size, budget=budget,
             staging=self.staging, compile_inference=self.compile_inference,
-            want_pairs=self.inner_steps > 0,
+            want_pairs=self.inner_steps > 0, pt2=bool(self.pt2),
         )
         self._kind = kind
         self._built_with = {k: getattr(self, k) for k in self._structural}
@@ -336,6 +342,7 @@ class Runner(Solver):
                 torch.manual_seed(self.seed)
             self._build()
         self._pipeline.want_pairs = self.inner_steps > 0
+        self._pipeline.pt2 = bool(self.pt2)
         d = self.optimizer.defaults
         if (d["betas"], d["weight_decay"], d["eps"]) != (
                 tuple(self.betas), self.weight_decay, self.adam_eps):
@@ -485,6 +492,11 @@ class Runner(Solver):
         e_c, e_v = float(e_c), float(e_v)
         eloc = eloc_c if self.estimator == "coupled" else eloc_v
         e_est = e_c if self.estimator == "coupled" else e_v
+        e_pt2 = np.nan
+        if r.pt2_numerators is not None:  # sum over the owners' a outside S, then / z
+            part = (r.pt2_numerators / (e_v - r.pt2_diagonal)).sum()
+            (e_pt2,) = self._allreduce([float(part)])
+            e_pt2 = float(e_pt2) / z
         t["energy"] += time.perf_counter() - t0
 
         # Loss with detached E_loc and E, backward, AdamW.
@@ -533,6 +545,9 @@ class Runner(Solver):
             "e_variational": e_v,
             "error": (e_est - self.reference) if self.reference is not None else np.nan,
             "error_variational": (e_v - self.reference) if self.reference is not None else np.nan,
+            "e_pt2": e_pt2,
+            "e_tot_pt2": e_v + e_pt2,
+            "error_pt2": (e_v + e_pt2 - self.reference) if self.reference is not None else np.nan,
             "loss": loss_val,
             "n_space": n,
             "n_coupled": r.n_coupled,

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cuscikit.backends.arrays import index_add, zeros
 from cuscikit.backends.keys import (
     as_keys,
     is_tensor,
@@ -347,6 +348,40 @@ class GlobalDedup:
         if not np.array_equal(np.asarray(rc), self.request_counts):  # pragma: no cover
             raise RuntimeError("fetch: answers do not match the requests (different comm?)")
         return recv[self._on(recv, self.request_inverse)]
+
+    def reduce(self, values, comm: Comm | None = None):
+        """The reverse of `fetch`: sum per-input-key values into their owners' rows
+        (collective). Input keys that are the same key, here or on other ranks, add up.
+
+        Args:
+            values: one row per local input key (1-D, numpy or a tensor; real or complex).
+            comm: the communicator of the de-dup call.
+
+        Returns:
+            One row per row of this rank's `unique`: the sum over every rank's input keys
+            equal to it.
+
+        Example:
+            >>> r = global_dedup(np.array([[7], [3], [7]], dtype=np.uint64))
+            >>> r.reduce(np.array([1.0, 10.0, 100.0])).tolist()
+            [10.0, 101.0]
+        """
+        comm = SerialComm() if comm is None else comm
+        if values.shape[0] != (len(self.unique) if self.identity else len(self.index)):
+            raise ValueError("reduce needs one value per input key")
+        if self.identity:
+            return values
+        n_requests = int(self.request_counts.sum())
+        requests = index_add(zeros(values, n_requests), self._on(values,
+                              self.request_inverse), values)
+        if comm.size == 1:
+            sent, rc = requests, self.serve_counts
+        else:
+            sent, rc = comm.alltoallv(requests, self.request_counts)
+            if not np.array_equal(np.asarray(rc), self.serve_counts):  # pragma: no cover
+                raise RuntimeError("reduce: contributions do not match the routing")
+        return index_add(zeros(values, len(self.unique)),
+                          self._on(sent, self.serve_index), sent)
 
     def global_rows(self, positions):
         """Global rows (in the concatenation of all slices) of input keys at `positions`."""

@@ -30,7 +30,13 @@ def _space(mol, n):
 
 
 def _stages(mol, ansatz, kind, S, comm=None, **kw):
-    return Pipeline(engine(kind, mol), ansatz, comm=comm, want_pairs=True, **kw).run(S, 24)
+    return Pipeline(engine(kind, mol), ansatz, comm=comm, want_pairs=True, pt2=True,
+                    **kw).run(S, 24)
+
+
+def _pt2(r, z=None):
+    """sum |num|^2 / (E - H_aa) at a fixed E (the terms, without the normalisation)."""
+    return float((_host(r.pt2_numerators) / (-80.0 - _host(r.pt2_diagonal))).sum())
 
 
 FIELDS = ("psi_s", "eloc_coupled", "eloc_variational", "hdiag")
@@ -48,6 +54,7 @@ def _same(a, b, exact=True):
                                        atol=1e-12, err_msg=f)
     for x, y in zip(a.space_pairs, b.space_pairs, strict=True):
         np.testing.assert_array_equal(_host(x), _host(y))
+    assert abs(_pt2(a) - _pt2(b)) <= 1e-12 * abs(_pt2(a))
 
 
 @pytest.mark.parametrize("name, n, batch", [("LiH", 60, 16384), ("H2O", 150, 40)])
@@ -80,3 +87,5 @@ def test_tensor_path_on_thread_ranks_equals_one_rank(P):
                                        rtol=1e-12, atol=1e-12, err_msg=f)
     src = np.concatenate([_host(p.space_pairs[0]) for p in parts])
     np.testing.assert_array_equal(src, _host(one.space_pairs[0]))
+    # the PT2 sums meet on their owners: the ranks' terms add up to the single-rank sum
+    assert abs(sum(_pt2(p) for p in parts) - _pt2(one)) <= 1e-12 * abs(_pt2(one))

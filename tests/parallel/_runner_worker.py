@@ -41,7 +41,8 @@ CASES = {
 RESUME = dict(system="LiH", iters=6, topk=8, max_space=40, inner_steps=1)
 RESUME_SPLIT = 3
 STACKS_AFTER_S = 150  # a passing check takes 8-13 s on 2 cores; the launch timeout is 240 s
-COLUMNS = ("e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_coupled", "n_unique")
+COLUMNS = ("e_tot", "e_coupled", "e_variational", "e_pt2", "loss", "n_space", "n_coupled",
+           "n_unique")
 LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
 
 

@@ -28,7 +28,7 @@ from cuscikit.parallel.comm import ThreadComm, _ThreadShared, run_ranks
 
 WORKER = Path(__file__).with_name("_runner_worker.py")
 TOL = 1e-8  # Ha, per iteration
-ENERGIES = ("e_tot", "e_coupled", "e_variational")
+ENERGIES = ("e_tot", "e_coupled", "e_variational", "e_pt2")
 COUNTS = ("n_space", "n_coupled", "n_unique")
 
 
