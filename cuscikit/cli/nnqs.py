@@ -140,6 +140,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "system": mol.name,
         "e_tot": float(last["e_coupled"]),
         "e_variational": float(last["e_variational"]),
+        "e_pt2": float(last["e_pt2"]) if "e_pt2" in last else None,
+        "e_tot_pt2": float(last["e_tot_pt2"]) if "e_tot_pt2" in last else None,
         "estimator": args.estimator,
         "n_space": int(last["n_space"]),
         "iterations": int(runner.iteration),
@@ -183,6 +185,8 @@ def _report_lines(report: dict) -> list[str]:
         f"  E (coupled)     = {report['e_tot']:.10f} Ha",
         f"  E (variational) = {report['e_variational']:.10f} Ha",
     ]
+    if report.get("e_tot_pt2") is not None and report["e_tot_pt2"] == report["e_tot_pt2"]:
+        lines.append(f"  E (var. + PT2)  = {report['e_tot_pt2']:.10f} Ha")
     if report.get("e_reference") is not None:
         lines.append(f"  E_FCI           = {report['e_reference']:.10f} Ha")
         for key, label in (("error", "coupled"), ("error_variational", "variational")):
