@@ -1,0 +1,98 @@
+"""Lattice models: Hubbard integrals, the mean-field working basis, and exact energies that do
+not depend on the basis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuscikit import FCI, Molecule
+from cuscikit.chem.lattice import hubbard_integrals, lattice_bonds, rhf_orbitals, rotate_integrals
+
+
+def test_bonds_of_chains_and_lattices():
+    assert lattice_bonds(4) == [(0, 1), (1, 2), (2, 3)]
+    assert lattice_bonds(4, pbc=True) == [(0, 1), (0, 3), (1, 2), (2, 3)]
+    assert lattice_bonds(2, pbc=True) == [(0, 1)]  # one bond, not two
+    assert len(lattice_bonds((3, 4))) == 3 * 3 + 2 * 4
+    assert len(lattice_bonds((3, 4), pbc=True)) == 2 * 12
+    assert len(lattice_bonds((3, 4), pbc=(True, False))) == 12 + 9
+    with pytest.raises(ValueError, match="lattice shape"):
+        lattice_bonds((2, 2, 2))
+    with pytest.raises(ValueError, match="one flag per axis"):
+        lattice_bonds((2, 3), pbc=(True,))
+
+
+def test_non_interacting_chain_is_the_tight_binding_band():
+    """U = 0: the ground state fills the lowest -2t cos(k) levels."""
+    n = 6
+    m = Molecule.hubbard(n, U=0.0, pbc=True, basis="site")
+    k = 2 * np.pi * np.arange(n) / n
+    levels = np.sort(-2 * np.cos(k))
+    assert abs(FCI(m).run().e_tot - 2 * levels[:3].sum()) < 1e-10
+
+
+@pytest.mark.parametrize("shape, pbc, nelec", [
+    (6, False, None), (6, True, None), ((2, 3), True, None), (5, False, (3, 2)),
+    ((2, 3), False, (2, 2)),
+])
+@pytest.mark.parametrize("U", [1.0, 4.0, 8.0])
+def test_exact_energies_do_not_depend_on_the_basis(shape, pbc, nelec, U):
+    site = Molecule.hubbard(shape, U, pbc=pbc, nelec=nelec, basis="site")
+    rhf = Molecule.hubbard(shape, U, pbc=pbc, nelec=nelec)
+    assert rhf.metadata["basis"] == "rhf" and site.metadata["basis"] == "site"
+    C = np.array(rhf.metadata["orbitals"])
+    np.testing.assert_allclose(C.T @ C, np.eye(len(C)), atol=1e-10)
+    e_site = FCI(site, nroots=2).run().e_tot
+    e_rhf = FCI(rhf, nroots=2).run().e_tot
+    np.testing.assert_allclose(e_rhf, e_site, rtol=0, atol=1e-9)
+
+
+def test_the_mean_field_basis_puts_weight_on_the_reference():
+    """The aufbau determinant carries far more weight in the mean-field orbitals (8-site chain,
+    U = 2: 0.81 against 1e-14 on the sites)."""
+    weights = {}
+    for basis in ("site", "rhf"):
+        m = Molecule.hubbard(8, U=2.0, basis=basis)
+        s = FCI(m)
+        _, ci = s.kernel()
+        from cuscikit.sci import SCISpace
+
+        full = SCISpace.full(m)
+        hf = SCISpace.hf(m).configs
+        weights[basis] = float(ci[full.index(hf)[0]] ** 2)
+    assert weights["rhf"] > 0.5 and weights["site"] < 1e-6
+
+
+def test_rotation_checks_orthonormality_and_rhf_is_a_mean_field():
+    h1, eri = hubbard_integrals(4, U=2.0)
+    with pytest.raises(ValueError, match="orthonormal"):
+        rotate_integrals(h1, eri, np.ones((4, 4)))
+    C = rhf_orbitals(h1, eri, 4)
+    h, g = rotate_integrals(h1, eri, C)
+    D = np.diag([2.0, 2.0, 0.0, 0.0])
+    F = h + np.einsum("pqrs,rs->pq", g, D) - 0.5 * np.einsum("prqs,rs->pq", g, D)
+    np.testing.assert_allclose(F - np.diag(np.diag(F)), 0.0, atol=1e-7)  # diagonal Fock
+
+
+def test_bad_models():
+    with pytest.raises(ValueError, match="finite"):
+        hubbard_integrals(4, U=float("nan"))
+    with pytest.raises(ValueError, match="basis"):
+        Molecule.hubbard(4, U=1.0, basis="nao")
+    with pytest.raises(ValueError):
+        Molecule.hubbard(4, U=1.0, nelec=(5, 0))
+
+
+def test_a_lattice_runs_through_the_fcidump_writer_and_the_nnqs_runner(tmp_path):
+    torch = pytest.importorskip("torch")
+    from cuscikit.nnqs import Ansatz, Runner
+
+    m = Molecule.hubbard(6, U=4.0, pbc=True)
+    path = tmp_path / "h6.fcidump"
+    m.to_fcidump(path)
+    back = Molecule.from_fcidump(path)
+    assert abs(FCI(back).run().e_tot - FCI(m).run().e_tot) < 1e-10
+    r = Runner(m, Ansatz.for_molecule(m, seed=0, dtype=torch.float64), topk=16, seed=0)
+    row = r.step()
+    assert np.isfinite(row["e_variational"]) and np.isfinite(row["e_pt2"])
