@@ -72,8 +72,9 @@ def experiment_parser(doc: str):
     """The arguments of a one-system NNQS settings experiment: SYSTEM ITERS [--ansatz JSON]."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("system")
     ap.add_argument("iters", type=int)
     ap.add_argument("--ansatz", default="{}", help="JSON keyword arguments of the Ansatz")

@@ -68,20 +68,35 @@ def main() -> None:
         default=None,
         help="stop a system's run after this long (the table says how far it got)",
     )
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the inference over the unique set")
-    ap.add_argument("--checkpoint-dir", default=None,
-                    help="keep a checkpoint per system there and resume from it")
-    ap.add_argument("--ansatz", default="{}", metavar="JSON",
-                    help="Ansatz keyword arguments that replace defaults, for checking a "
-                         "candidate default on the whole set (the table's title shows them)")
-    ap.add_argument("--runner", default="{}", metavar="JSON",
-                    help="Runner keyword arguments that replace defaults (e.g. "
-                         '\'{"inner_steps": 4}\')')
+    ap.add_argument(
+        "--compile", action="store_true", help="torch.compile the inference over the unique set"
+    )
+    ap.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="keep a checkpoint per system there and resume from it",
+    )
+    ap.add_argument(
+        "--ansatz",
+        default="{}",
+        metavar="JSON",
+        help="Ansatz keyword arguments that replace defaults, for checking a "
+        "candidate default on the whole set (the table's title shows them)",
+    )
+    ap.add_argument(
+        "--runner",
+        default="{}",
+        metavar="JSON",
+        help="Runner keyword arguments that replace defaults (e.g. '{\"inner_steps\": 4}')",
+    )
     default_decay = f"{DEFAULT_LR_DECAY_FROM},{DEFAULT_LR_FINAL:g}"
-    ap.add_argument("--lr-decay", default=default_decay, metavar="FROM,LR",
-                    help="the rate falls geometrically from iteration FROM * iters to LR at the "
-                         f"last (default {default_decay}); 'none': constant")
+    ap.add_argument(
+        "--lr-decay",
+        default=default_decay,
+        metavar="FROM,LR",
+        help="the rate falls geometrically from iteration FROM * iters to LR at the "
+        f"last (default {default_decay}); 'none': constant",
+    )
     args = ap.parse_args()
     ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
@@ -91,8 +106,14 @@ def main() -> None:
         mol = Molecule.load(name)
         ref = mol.metadata["reference"]["energy"]
         ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device, **ansatz_kw)
-        runner = Runner(mol, ansatz, seed=args.seed, device=args.device,
-                        compile_inference=args.compile, **runner_kw)
+        runner = Runner(
+            mol,
+            ansatz,
+            seed=args.seed,
+            device=args.device,
+            compile_inference=args.compile,
+            **runner_kw,
+        )
         ckpt = None
         if args.checkpoint_dir:
             ckpt = Path(args.checkpoint_dir) / f"{mol.metadata['slug']}.h5"
@@ -104,8 +125,13 @@ def main() -> None:
         if args.lr_decay != "none":
             frac, lr_final = (float(v) for v in args.lr_decay.split(","))
             callbacks.append(LearningRateDecay.over_tail(args.iters, frac, lr_final))
-        runner.run(max(0, args.iters - runner.iteration), callbacks=callbacks, progress=False,
-                   checkpoint=None if ckpt is None else str(ckpt), checkpoint_every=50)
+        runner.run(
+            max(0, args.iters - runner.iteration),
+            callbacks=callbacks,
+            progress=False,
+            checkpoint=None if ckpt is None else str(ckpt),
+            checkpoint_every=50,
+        )
         h = runner.history
         wall = float(h["t_total"].sum())
         h.to_csv(out / f"{mol.metadata['slug']}.csv", index=False)

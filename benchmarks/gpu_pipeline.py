@@ -49,11 +49,15 @@ DEV = torch.device("cuda")
 
 # the kernels under the short names the measurements use
 ops = SimpleNamespace(
-    DeviceHamiltonian=sci_cuda.DeviceHamiltonian, coupled=sci_cuda.coupled,
-    coupled_counts=sci_cuda.coupled_counts, search=keys.search, to_device=keys.to_device,
+    DeviceHamiltonian=sci_cuda.DeviceHamiltonian,
+    coupled=sci_cuda.coupled,
+    coupled_counts=sci_cuda.coupled_counts,
+    search=keys.search,
+    to_device=keys.to_device,
     to_numpy=keys.to_numpy,
     sort_unique=lambda k, return_inverse=False, end_bit=None: keys.sort_unique(
-        k, return_inverse=return_inverse, end_bit=end_bit),
+        k, return_inverse=return_inverse, end_bit=end_bit
+    ),
 )
 TABLES: list[tuple[str, list, list]] = []
 
@@ -87,8 +91,12 @@ def table(title, header, rows):
 # ----------------------------------------------------------------------------------- kernels
 def bench_kernels(args):
     rows = []
-    cases = [("N2/cc-pVDZ", 1e-12, args.n2_sources), ("N2/cc-pVDZ", -1.0, args.n2_sources // 4),
-             ("Cr2/SV", 1e-12, args.cr2_sources), ("Cr2/SV", -1.0, args.cr2_sources // 4)]
+    cases = [
+        ("N2/cc-pVDZ", 1e-12, args.n2_sources),
+        ("N2/cc-pVDZ", -1.0, args.n2_sources // 4),
+        ("Cr2/SV", 1e-12, args.cr2_sources),
+        ("Cr2/SV", -1.0, args.cr2_sources // 4),
+    ]
     for name, eps, nsrc in cases:
         mol = Molecule.load(name)
         H = Hamiltonian.from_molecule(mol, eps=eps)
@@ -104,14 +112,41 @@ def bench_kernels(args):
         ok = np.array_equal(counts[:ncpu].cpu().numpy(), np.bincount(cs.source, minlength=ncpu))
         del offs, cfg, val
         torch.cuda.empty_cache()
-        rows.append([name, H.nwords, "none" if eps < 0 else f"{eps:g}", nsrc, f"{m / nsrc:,.0f}",
-                     f"{m:,}", f"{t_all:.4f}", f"{m / t_all:.3e}", f"{m / t_count:.3e}",
-                     f"{len(cs) / t_cpu:.3e}", f"{(m / t_all) / (len(cs) / t_cpu):.0f}x",
-                     "yes" if ok else "NO"])
-    table(f"Coupled generation, GPU (count + write) vs CPU kernel ({os.cpu_count()} threads), "
-          f"{machine()}",
-          ["system", "words", "eps", "sources", "|C(x)|", "coupled", "GPU s", "GPU /s",
-           "count-only /s", "CPU /s", "GPU/CPU", "counts = CPU"], rows)
+        rows.append(
+            [
+                name,
+                H.nwords,
+                "none" if eps < 0 else f"{eps:g}",
+                nsrc,
+                f"{m / nsrc:,.0f}",
+                f"{m:,}",
+                f"{t_all:.4f}",
+                f"{m / t_all:.3e}",
+                f"{m / t_count:.3e}",
+                f"{len(cs) / t_cpu:.3e}",
+                f"{(m / t_all) / (len(cs) / t_cpu):.0f}x",
+                "yes" if ok else "NO",
+            ]
+        )
+    table(
+        f"Coupled generation, GPU (count + write) vs CPU kernel ({os.cpu_count()} threads), "
+        f"{machine()}",
+        [
+            "system",
+            "words",
+            "eps",
+            "sources",
+            "|C(x)|",
+            "coupled",
+            "GPU s",
+            "GPU /s",
+            "count-only /s",
+            "CPU /s",
+            "GPU/CPU",
+            "counts = CPU",
+        ],
+        rows,
+    )
 
 
 # ------------------------------------------------------------------------------------- dedup
@@ -119,7 +154,7 @@ def bench_dedup(args):
     rows = []
     rng = np.random.default_rng(0)
     for words, n in ((1, args.dedup_n1), (2, args.dedup_n2)):
-        pool = torch.randint(-2**63, 2**63 - 1, (n // 2, words), dtype=torch.int64, device=DEV)
+        pool = torch.randint(-(2**63), 2**63 - 1, (n // 2, words), dtype=torch.int64, device=DEV)
         keys = pool[torch.randint(0, n // 2, (n,), device=DEV)].contiguous()
         del pool
         t, (u, inv) = cuda_time(lambda k=keys: ops.sort_unique(k, return_inverse=True))
@@ -127,28 +162,50 @@ def bench_dedup(args):
         nu = len(u)
         del u, inv
         t_nu, _ = cuda_time(lambda k=keys: ops.sort_unique(k))
-        rows.append([words, f"{n:,}", f"{nu:,}", "full", f"{t:.4f}", f"{n / t:.3e}",
-                     f"{n / t_nu:.3e}", "yes" if ok else "NO"])
+        rows.append(
+            [
+                words,
+                f"{n:,}",
+                f"{nu:,}",
+                "full",
+                f"{t:.4f}",
+                f"{n / t:.3e}",
+                f"{n / t_nu:.3e}",
+                "yes" if ok else "NO",
+            ]
+        )
         if words == 1:
             k56 = keys & ((1 << 56) - 1)
             t56, _ = cuda_time(lambda k=k56: ops.sort_unique(k, return_inverse=True, end_bit=56))
             tt, _ = cuda_time(lambda k=k56: torch.unique(k.view(-1), return_inverse=True))
-            rows.append([words, f"{n:,}", "", "56 bits", f"{t56:.4f}", f"{n / t56:.3e}", "",
-                         ""])
-            rows.append(["torch.unique", f"{n:,}", "", "56 bits", f"{tt:.4f}", f"{n / tt:.3e}", "",
-                         ""])
+            rows.append([words, f"{n:,}", "", "56 bits", f"{t56:.4f}", f"{n / t56:.3e}", "", ""])
+            rows.append(
+                ["torch.unique", f"{n:,}", "", "56 bits", f"{tt:.4f}", f"{n / tt:.3e}", "", ""]
+            )
             del k56
         ncpu = args.cpu_items
         host = ops.to_numpy(keys[:ncpu])
         t_cpu, _ = wall(lambda h=host: dedup(h))
-        rows.append([f"CPU {words}w", f"{ncpu:,}", "", "full", f"{t_cpu:.3f}",
-                     f"{ncpu / t_cpu:.3e}", "", ""])
+        rows.append(
+            [
+                f"CPU {words}w",
+                f"{ncpu:,}",
+                "",
+                "full",
+                f"{t_cpu:.3f}",
+                f"{ncpu / t_cpu:.3e}",
+                "",
+                "",
+            ]
+        )
         del keys
         torch.cuda.empty_cache()
     del rng
-    table("De-duplication (sort + unique + inverse), items/s",
-          ["words", "items", "unique", "bits", "s", "items/s", "no-inverse /s", "u[inv]==keys"],
-          rows)
+    table(
+        "De-duplication (sort + unique + inverse), items/s",
+        ["words", "items", "unique", "bits", "s", "items/s", "no-inverse /s", "u[inv]==keys"],
+        rows,
+    )
 
 
 # --------------------------------------------------------------------------------- iteration
@@ -160,7 +217,7 @@ def inference_rate(ansatz, configs, batch_size):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for lo in range(0, len(x), batch_size):
-            ansatz.log_psi(x[lo:lo + batch_size])
+            ansatz.log_psi(x[lo : lo + batch_size])
         torch.cuda.synchronize()
     return len(x) / (time.perf_counter() - t0)
 
@@ -171,7 +228,9 @@ def unique_count(mol, S):
     S_t = ops.to_device(S, DEV)
     parts = [S_t]
     for lo in range(0, len(S_t), 32768):
-        parts.append(ops.sort_unique(ops.coupled(dh, S_t[lo:lo + 32768])[1], end_bit=2 * mol.norb))
+        parts.append(
+            ops.sort_unique(ops.coupled(dh, S_t[lo : lo + 32768])[1], end_bit=2 * mol.norb)
+        )
     return len(ops.sort_unique(torch.cat(parts), end_bit=2 * mol.norb))
 
 
@@ -204,33 +263,54 @@ def bench_iteration(args):
         t_s, S = wall(lambda n=n: sample_space(mol, n))
         u = unique_count(mol, S)
         est = 1.2 * len(pipelines) * u / rate
-        print(f"# {n:,} sources (sampled in {t_s:.1f} s): |U| = {u:,}, estimated {est:.0f} s "
-              f"for {len(pipelines)} iteration(s)", flush=True)
+        print(
+            f"# {n:,} sources (sampled in {t_s:.1f} s): |U| = {u:,}, estimated {est:.0f} s "
+            f"for {len(pipelines)} iteration(s)",
+            flush=True,
+        )
         if est < args.max_seconds or n <= 8000:
             break
         n //= 2
     # Warm-up on a small space: CUDA context, kernels, cuBLAS handles.
-    Runner(mol, copy.deepcopy(base), SCISpace(mol, S[:2000]), max_space=None,
-           pipeline="gpu").step()
+    Runner(mol, copy.deepcopy(base), SCISpace(mol, S[:2000]), max_space=None, pipeline="gpu").step()
     rows = []
     raw = {}
     for pipeline in pipelines:
         torch.cuda.empty_cache()
-        r = Runner(mol, copy.deepcopy(base), SCISpace(mol, S), max_space=None,
-                   topk=args.topk, pipeline=pipeline, batch_size=args.batch_size,
-                   compile_inference=args.compile)
+        r = Runner(
+            mol,
+            copy.deepcopy(base),
+            SCISpace(mol, S),
+            max_space=None,
+            topk=args.topk,
+            pipeline=pipeline,
+            batch_size=args.batch_size,
+            compile_inference=args.compile,
+        )
         t_compile = warm_compiled(r, probe, args.batch_size) if args.compile else 0.0
         row = r.step()
         raw[pipeline] = row
         tot = row["t_total"]
-        rows.append([pipeline + (" (compiled)" if args.compile else ""), f"{row['n_space']:,}",
-                     f"{row['n_coupled']:,}", f"{row['n_unique']:,}"] +
-                    [f"{row['t_' + s]:.2f}" for s in ("generation", "dedup", "inference",
-                                                       "energy", "optimizer", "other")] +
-                    [f"{tot:.2f}", f"{100 * row['t_inference'] / tot:.0f}%",
-                     f"{row['n_unique'] / row['t_inference']:.2e}",
-                     f"{row['peak_memory_bytes'] / 2**30:.1f}", f"{t_compile:.0f}",
-                     f"{row['e_coupled']:.12f}"])
+        rows.append(
+            [
+                pipeline + (" (compiled)" if args.compile else ""),
+                f"{row['n_space']:,}",
+                f"{row['n_coupled']:,}",
+                f"{row['n_unique']:,}",
+            ]
+            + [
+                f"{row['t_' + s]:.2f}"
+                for s in ("generation", "dedup", "inference", "energy", "optimizer", "other")
+            ]
+            + [
+                f"{tot:.2f}",
+                f"{100 * row['t_inference'] / tot:.0f}%",
+                f"{row['n_unique'] / row['t_inference']:.2e}",
+                f"{row['peak_memory_bytes'] / 2**30:.1f}",
+                f"{t_compile:.0f}",
+                f"{row['e_coupled']:.12f}",
+            ]
+        )
         print("  ".join(rows[-1]), flush=True)
         del r
     title = f"One NNQS-SCI iteration, N2/cc-pVDZ, {n:,} sources"
@@ -238,9 +318,28 @@ def bench_iteration(args):
         speed = raw["baseline"]["t_total"] / raw["gpu"]["t_total"]
         agree = abs(raw["baseline"]["e_coupled"] - raw["gpu"]["e_coupled"])
         title += f": end-to-end speedup {speed:.2f}x; |dE| baseline vs gpu {agree:.1e} Ha"
-    table(title, ["pipeline", "|S|", "coupled", "unique", "gen s", "dedup s", "infer s",
-                  "energy s", "optim s", "other s", "total s", "infer %", "infer /s", "peak GiB",
-                  "compile s (untimed)", "E coupled"], rows)
+    table(
+        title,
+        [
+            "pipeline",
+            "|S|",
+            "coupled",
+            "unique",
+            "gen s",
+            "dedup s",
+            "infer s",
+            "energy s",
+            "optim s",
+            "other s",
+            "total s",
+            "infer %",
+            "infer /s",
+            "peak GiB",
+            "compile s (untimed)",
+            "E coupled",
+        ],
+        rows,
+    )
     return raw
 
 
@@ -252,38 +351,65 @@ def bench_memory(args):
         S = sample_space(mol, args.space_size)
         # A small network: the intermediates measured here do not depend on its size, and
         # the default network would spend minutes on inference over U.
-        ansatz = Ansatz.for_molecule(mol, seed=0, device=DEV, d_model=8, n_layers=1,
-                                     phase_hidden=(16,))
+        ansatz = Ansatz.for_molecule(
+            mol, seed=0, device=DEV, d_model=8, n_layers=1, phase_hidden=(16,)
+        )
         caps = [None] + ([args.cap_fraction] if name == "N2/cc-pVDZ" else [])
         theo = None
         for frac in caps:
             torch.cuda.empty_cache()
             cap = None if frac is None else int(theo * frac)
             eng = CudaEngine(Hamiltonian.from_molecule(mol), DEV)
-            pipe = Pipeline(eng, ansatz, batch_size=args.batch_size,
-                            budget=MemoryBudget(DEV, cap))
+            pipe = Pipeline(eng, ansatz, batch_size=args.batch_size, budget=MemoryBudget(DEV, cap))
             torch.cuda.reset_peak_memory_stats()
             t, r = wall(lambda p=pipe, S=S: p.run(S, 1024))
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
             theo = r.peak_theoretical if theo is None else theo
-            rows.append([name, 2 * mol.norb, f"{len(S):,}", f"{r.n_coupled:,}",
-                         f"{r.n_unique:,}", "-" if cap is None else f"{cap / 2**30:.2f}",
-                         f"{theo / 2**30:.2f}", f"{peak / 2**30:.2f}",
-                         f"{peak / theo:.2f}", r.n_batches, f"{r.bytes_staged / 2**30:.2f}",
-                         f"{t:.2f}"])
+            rows.append(
+                [
+                    name,
+                    2 * mol.norb,
+                    f"{len(S):,}",
+                    f"{r.n_coupled:,}",
+                    f"{r.n_unique:,}",
+                    "-" if cap is None else f"{cap / 2**30:.2f}",
+                    f"{theo / 2**30:.2f}",
+                    f"{peak / 2**30:.2f}",
+                    f"{peak / theo:.2f}",
+                    r.n_batches,
+                    f"{r.bytes_staged / 2**30:.2f}",
+                    f"{t:.2f}",
+                ]
+            )
             print("  ".join(map(str, rows[-1])) + f"  retries={pipe.retries}", flush=True)
             torch.cuda.set_per_process_memory_fraction(1.0)
             del pipe, r
-    table(f"Peak GPU memory at |S| = {args.space_size:,}: theoretical (all intermediates "
-          "resident) vs measured (torch.cuda.max_memory_allocated)",
-          ["system", "qubits", "|S|", "coupled", "unique", "cap GiB", "theory GiB",
-           "measured GiB", "meas/theory", "batches", "staged GiB", "s"], rows)
+    table(
+        f"Peak GPU memory at |S| = {args.space_size:,}: theoretical (all intermediates "
+        "resident) vs measured (torch.cuda.max_memory_allocated)",
+        [
+            "system",
+            "qubits",
+            "|S|",
+            "coupled",
+            "unique",
+            "cap GiB",
+            "theory GiB",
+            "measured GiB",
+            "meas/theory",
+            "batches",
+            "staged GiB",
+            "s",
+        ],
+        rows,
+    )
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("sections", nargs="+", choices=["kernels", "dedup", "iteration", "memory"])
     ap.add_argument("--n2-sources", type=int, default=100_000)
     ap.add_argument("--cr2-sources", type=int, default=8_000)
@@ -294,29 +420,51 @@ def main():
     ap.add_argument("--topk", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=65536)
     ap.add_argument("--space-size", type=int, default=50_000)
-    ap.add_argument("--cap-fraction", type=float, default=0.5,
-                    help="memory section: cap as a fraction of the theoretical peak")
-    ap.add_argument("--max-seconds", type=float, default=300.0,
-                    help="iteration section: time budget of the timed iterations")
-    ap.add_argument("--compile", action="store_true",
-                    help="iteration section: torch.compile the inference of both pipelines")
-    ap.add_argument("--pipelines", default="gpu,baseline",
-                    help="iteration section: which pipelines to time (comma-separated)")
+    ap.add_argument(
+        "--cap-fraction",
+        type=float,
+        default=0.5,
+        help="memory section: cap as a fraction of the theoretical peak",
+    )
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=300.0,
+        help="iteration section: time budget of the timed iterations",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="iteration section: torch.compile the inference of both pipelines",
+    )
+    ap.add_argument(
+        "--pipelines",
+        default="gpu,baseline",
+        help="iteration section: which pipelines to time (comma-separated)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     info = kernels().device_info()
     print(f"# {machine()}; {info}; kernels built for sm_{kernels().build_arch()}")
     for s in args.sections:
-        {"kernels": bench_kernels, "dedup": bench_dedup, "iteration": bench_iteration,
-         "memory": bench_memory}[s](args)
+        {
+            "kernels": bench_kernels,
+            "dedup": bench_dedup,
+            "iteration": bench_iteration,
+            "memory": bench_memory,
+        }[s](args)
     print("\n\n######## summary ########")
     for t in TABLES:
         print_table(*t)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu_pipeline.json"), "w") as f:
-            json.dump([{"title": t, "header": h, "rows": r} for t, h, r in TABLES], f,
-                      indent=1, default=str)
+            json.dump(
+                [{"title": t, "header": h, "rows": r} for t, h, r in TABLES],
+                f,
+                indent=1,
+                default=str,
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def rate(fn, x, batch, repeat=3):
         t0 = time.perf_counter()
         for _ in range(repeat):
             for lo in range(0, len(x), batch):
-                fn(x[lo:lo + batch])
+                fn(x[lo : lo + batch])
         torch.cuda.synchronize()
     return repeat * len(x) / (time.perf_counter() - t0)
 
@@ -68,8 +68,9 @@ def main():
                 torch.backends.cuda.matmul.allow_tf32 = False
 
         variants.append(("tf32 matmul", a32.log_psi, tf32))
-        variants.append(("bf16 autocast", a32.log_psi,
-                         lambda: torch.autocast("cuda", dtype=torch.bfloat16)))
+        variants.append(
+            ("bf16 autocast", a32.log_psi, lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        )
         if args.compile:
             comp = torch.compile(a32.log_psi, dynamic=False)
             t0 = time.perf_counter()
@@ -84,14 +85,18 @@ def main():
                 e = err(fn)
             rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
             print(rows[-1])
-        with torch.no_grad(), torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CUDA]
-        ) as prof:
+        with (
+            torch.no_grad(),
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof,
+        ):
             a32.log_psi(x[: args.batch])
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
-    print_table("Ansatz inference, configurations per second (no gradient)",
-                ["system", "qubits", "d_model", "variant", "configs/s", "max |d ln psi|"], rows)
+    print_table(
+        "Ansatz inference, configurations per second (no gradient)",
+        ["system", "qubits", "d_model", "variant", "configs/s", "max |d ln psi|"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

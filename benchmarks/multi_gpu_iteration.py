@@ -56,8 +56,13 @@ def main() -> None:
     ap.add_argument("--out", default="multi_gpu_iteration.json")
     args = ap.parse_args()
     if "WORLD_SIZE" not in os.environ:  # plain python: one rank
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
     dev = torch.device("cuda", local_rank() % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     comm = TorchComm(backend="nccl")
@@ -69,9 +74,19 @@ def main() -> None:
 
     def runner(space) -> Runner:
         ansatz = Ansatz.for_molecule(mol, seed=0, device=dev)
-        return Runner(mol, ansatz, SCISpace(mol, space), comm=comm, max_space=None,
-                      topk=args.topk, pipeline="gpu", batch_size=args.batch_size,
-                      compile_inference=args.compile, inner_steps=0, verbose=0)
+        return Runner(
+            mol,
+            ansatz,
+            SCISpace(mol, space),
+            comm=comm,
+            max_space=None,
+            topk=args.topk,
+            pipeline="gpu",
+            batch_size=args.batch_size,
+            compile_inference=args.compile,
+            inner_steps=0,
+            verbose=0,
+        )
 
     t0 = time.perf_counter()
     runner(S[:4000]).step()  # warm-up: CUDA context, kernels, NCCL, cuBLAS, compilation
@@ -84,20 +99,32 @@ def main() -> None:
         comm.close()
         return
     run = {
-        "ranks": P, "device": torch.cuda.get_device_name(dev), "molecule": args.molecule,
-        "sources": int(row["n_space"]), "coupled": int(row["n_coupled"]),
-        "unique": int(row["n_unique"]), "e_coupled": row["e_coupled"],
-        "e_variational": row["e_variational"], "compile": args.compile,
+        "ranks": P,
+        "device": torch.cuda.get_device_name(dev),
+        "molecule": args.molecule,
+        "sources": int(row["n_space"]),
+        "coupled": int(row["n_coupled"]),
+        "unique": int(row["n_unique"]),
+        "e_coupled": row["e_coupled"],
+        "e_variational": row["e_variational"],
+        "compile": args.compile,
         "seconds": {s: row[f"t_{s}"] for s in STAGES} | {"total": row["t_total"]},
-        "busy_max": row.get("t_busy_max"), "busy_min": row.get("t_busy_min"),
+        "busy_max": row.get("t_busy_max"),
+        "busy_min": row.get("t_busy_min"),
         "unique_per_rank": [row.get("unique_min"), row.get("unique_max")],
-        "peak_gib": row["peak_memory_bytes"] / 2**30, "space_s": t_space, "warmup_s": t_warm,
-        "machine": machine(), "torch": torch.__version__,
+        "peak_gib": row["peak_memory_bytes"] / 2**30,
+        "space_s": t_space,
+        "warmup_s": t_warm,
+        "machine": machine(),
+        "torch": torch.__version__,
     }
     out = Path(args.out)
     runs = json.loads(out.read_text())["runs"] if out.exists() else []
-    runs = [x for x in runs if (x["ranks"], x["sources"], x["compile"]) !=
-            (P, run["sources"], args.compile)] + [run]
+    runs = [
+        x
+        for x in runs
+        if (x["ranks"], x["sources"], x["compile"]) != (P, run["sources"], args.compile)
+    ] + [run]
     runs.sort(key=lambda x: (x["sources"], x["compile"], x["ranks"]))
     out.write_text(json.dumps({"runs": runs}, indent=1))
     base = {(x["sources"], x["compile"]): x for x in runs if x["ranks"] == 1}
@@ -107,15 +134,28 @@ def main() -> None:
         sec = x["seconds"]
         speed = f"{one['seconds']['total'] / sec['total']:.2f}x" if one else "-"
         de = f"{abs(x['e_coupled'] - one['e_coupled']):.1e}" if one else "-"
-        rows.append([x["ranks"], f"{x['sources']:,}", f"{x['coupled']:,}", f"{x['unique']:,}"]
-                    + [f"{sec[s]:.2f}" for s in STAGES] + [f"{sec['total']:.2f}", speed, de,
-                                                           f"{x['peak_gib']:.1f}"])
+        rows.append(
+            [x["ranks"], f"{x['sources']:,}", f"{x['coupled']:,}", f"{x['unique']:,}"]
+            + [f"{sec[s]:.2f}" for s in STAGES]
+            + [f"{sec['total']:.2f}", speed, de, f"{x['peak_gib']:.1f}"]
+        )
     print(f"\n{machine()}; {args.molecule}; compiled inference: {args.compile}")
     print_table(
         "One NNQS-SCI iteration of the library Runner, one rank per GPU (rank 0's stage "
         "seconds; anchor: 825 s on 2 A100 in the published run, 177 s on 1 H200 before)",
-        ["GPUs", "|S|", "coupled (rank 0)", "unique", *[f"{s} s" for s in STAGES], "total s",
-         "speed-up vs 1", "|dE| vs 1 (Ha)", "peak GiB"], rows)
+        [
+            "GPUs",
+            "|S|",
+            "coupled (rank 0)",
+            "unique",
+            *[f"{s} s" for s in STAGES],
+            "total s",
+            "speed-up vs 1",
+            "|dE| vs 1 (Ha)",
+            "peak GiB",
+        ],
+        rows,
+    )
     comm.close()
 
 

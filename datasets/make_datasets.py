@@ -107,7 +107,11 @@ SYSTEMS: dict[str, dict] = {
         unit="Bohr",
         basis="cc-pvdz",
         geom=f"R(N-N) = {BOHR_N2} bohr, the geometry of the CDFCI reference",
-        literature=(-109.2821727, "CDFCI", "literature CDFCI value, all-electron, R = 2.118 bohr (docs/conventions.md)"),
+        literature=(
+            -109.2821727,
+            "CDFCI",
+            "literature CDFCI value, all-electron, R = 2.118 bohr (docs/conventions.md)",
+        ),
     ),
     "C2/cc-pVDZ": dict(
         atom=[("C", (0, 0, 0.63)), ("C", (0, 0, -0.63))],
@@ -252,9 +256,14 @@ def make(name: str) -> dict:
     }
     meta["formula"] = name.split("/")[0]
     (HERE / f"{slug}.json").write_text(json.dumps(meta, indent=2) + "\n")
-    record(name, "molecule", slug, {"data": fcidump.name, "meta": f"{slug}.json"},
-           f"{meta['formula']} {meta['basis']}, {meta['norb']} orbitals, "
-           f"{meta['n_electrons']} electrons")
+    record(
+        name,
+        "molecule",
+        slug,
+        {"data": fcidump.name, "meta": f"{slug}.json"},
+        f"{meta['formula']} {meta['basis']}, {meta['norb']} orbitals, "
+        f"{meta['n_electrons']} electrons",
+    )
     return meta
 
 

@@ -17,16 +17,19 @@ def _last_json(capsys) -> dict:
     return json.loads(out[-1])
 
 
-@pytest.mark.parametrize("argv, text", [
-    (["nnqs", "LiH", "--checkpoint-every", "0"], "--checkpoint-every"),
-    (["nnqs", "LiH", "--lr-final", "nan"], "finite"),
-    (["nnqs", "LiH", "--lr-final", "inf"], "finite"),
-    (["nnqs", "LiH", "--topk", "0"], "--topk"),
-    (["nnqs", "LiH", "--iters", "-3"], "--iters"),
-    (["fci", "LiH", "--max-det", "nan"], "finite"),
-    (["fci", "LiH", "--nroots", "0"], "--nroots"),
-    (["nnqs", "no-such-molecule"], "neither a file nor a bundled dataset"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        (["nnqs", "LiH", "--checkpoint-every", "0"], "--checkpoint-every"),
+        (["nnqs", "LiH", "--lr-final", "nan"], "finite"),
+        (["nnqs", "LiH", "--lr-final", "inf"], "finite"),
+        (["nnqs", "LiH", "--topk", "0"], "--topk"),
+        (["nnqs", "LiH", "--iters", "-3"], "--iters"),
+        (["fci", "LiH", "--max-det", "nan"], "finite"),
+        (["fci", "LiH", "--nroots", "0"], "--nroots"),
+        (["nnqs", "no-such-molecule"], "neither a file nor a bundled dataset"),
+    ],
+)
 def test_bad_arguments_give_a_json_error_and_status_2(argv, text, capsys):
     try:
         status = main([*argv, "--json"])
@@ -40,17 +43,32 @@ def test_bad_arguments_give_a_json_error_and_status_2(argv, text, capsys):
 def test_outputs_are_checked_before_any_iteration(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert main(["nnqs", "LiH", "--iters", "3", "--output-dir", str(blocker / "sub"),
-                 "--json"]) == EXIT_USAGE
+    assert (
+        main(["nnqs", "LiH", "--iters", "3", "--output-dir", str(blocker / "sub"), "--json"])
+        == EXIT_USAGE
+    )
     assert "cannot write" in _last_json(capsys)["error"]
-    assert main(["nnqs", "LiH", "--iters", "3", "--checkpoint",
-                 str(tmp_path / "missing" / "c.h5"), "--json"]) == EXIT_USAGE
+    assert (
+        main(
+            [
+                "nnqs",
+                "LiH",
+                "--iters",
+                "3",
+                "--checkpoint",
+                str(tmp_path / "missing" / "c.h5"),
+                "--json",
+            ]
+        )
+        == EXIT_USAGE
+    )
     assert "no folder" in _last_json(capsys)["error"]
     assert main(["nnqs", "LiH", "--resume", str(tmp_path / "nope.h5"), "--json"]) == EXIT_USAGE
 
 
 def test_a_run_that_stops_early_says_so_and_keeps_the_last_good_checkpoint(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     from cuscikit.nnqs.runner import NonFiniteLossError, Runner
 
     real = Runner.step
@@ -62,8 +80,21 @@ def test_a_run_that_stops_early_says_so_and_keeps_the_last_good_checkpoint(
 
     monkeypatch.setattr(Runner, "step", step)
     ck = tmp_path / "c.h5"
-    status = main(["nnqs", "LiH", "--iters", "6", "--topk", "8", "--checkpoint", str(ck),
-                   "--checkpoint-every", "5", "--json"])
+    status = main(
+        [
+            "nnqs",
+            "LiH",
+            "--iters",
+            "6",
+            "--topk",
+            "8",
+            "--checkpoint",
+            str(ck),
+            "--checkpoint-every",
+            "5",
+            "--json",
+        ]
+    )
     report = _last_json(capsys)
     assert status == EXIT_STOPPED and report["status"] == "stopped"
     assert "non-finite" in report["stop_reason"] and f"--resume {ck}" in report["resume"]

@@ -47,10 +47,22 @@ def test_cuda_kernel_sources_compile_for_sm90(tmp_path):
     cuda = INCLUDE.parent / "cuda"
     procs = [
         subprocess.Popen(
-            ["nvcc", "-std=c++17", "-arch=sm_90", "--expt-relaxed-constexpr", f"-I{INCLUDE}",
-             f"-I{cuda}", '-DCSK_CUDA_ARCHS="90"', "-c", str(src), "-o",
-             str(tmp_path / ("_".join(src.relative_to(cuda).parts) + ".o"))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                "nvcc",
+                "-std=c++17",
+                "-arch=sm_90",
+                "--expt-relaxed-constexpr",
+                f"-I{INCLUDE}",
+                f"-I{cuda}",
+                '-DCSK_CUDA_ARCHS="90"',
+                "-c",
+                str(src),
+                "-o",
+                str(tmp_path / ("_".join(src.relative_to(cuda).parts) + ".o")),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for src in sorted(cuda.rglob("*.cu"))
     ]

@@ -176,8 +176,7 @@ def _sort_unique_cuda(keys, return_inverse: bool, end_bit: int | None):
     if n == 0:
         return keys.new_empty((0, w)), inverse
     k = cuda()
-    ws = torch.empty(k.sort_unique_workspace(n, w, return_inverse), dtype=torch.uint8,
-                     device=dev)
+    ws = torch.empty(k.sort_unique_workspace(n, w, return_inverse), dtype=torch.uint8, device=dev)
     unique = torch.empty((n, w), dtype=torch.int64, device=dev)
     u = k.sort_unique(keys, int(end_bit or 64 * w), unique, inverse, ws, _stream(dev))
     del ws
@@ -203,8 +202,7 @@ def _sort_unique_torch(keys):
     return s[new].contiguous(), inverse
 
 
-def sort_unique(keys, return_inverse: bool = True, end_bit: int | None = None,
-                impl: str = "auto"):
+def sort_unique(keys, return_inverse: bool = True, end_bit: int | None = None, impl: str = "auto"):
     """Sorted unique rows of `keys` and, by default, the inverse index.
 
     Args:
@@ -269,8 +267,10 @@ def searchsorted(sorted_keys, queries, side: str = "left"):
         import torch
 
         a, q = as_tensor_keys(sorted_keys), as_tensor_keys(queries).to(sorted_keys.device)
-        where, full = torch.where, (lambda n, v: torch.full((n,), v, dtype=torch.int64,
-                                                            device=a.device))
+        where, full = (
+            torch.where,
+            (lambda n, v: torch.full((n,), v, dtype=torch.int64, device=a.device)),
+        )
     else:
         a, q = as_keys(sorted_keys), as_keys(queries)
         where, full = np.where, (lambda n, v: np.full(n, v, dtype=np.int64))
@@ -279,8 +279,9 @@ def searchsorted(sorted_keys, queries, side: str = "left"):
     af, qf = _flipped(a), _flipped(q)
     if a.shape[1] == 1:
         if tensor:
-            return torch.searchsorted(af[:, 0].contiguous(), qf[:, 0].contiguous(),
-                                      right=side == "right")
+            return torch.searchsorted(
+                af[:, 0].contiguous(), qf[:, 0].contiguous(), right=side == "right"
+            )
         return np.searchsorted(af[:, 0], qf[:, 0], side=side).astype(np.int64)
     lo, hi = full(len(q), 0), full(len(q), len(a))
     if len(a) == 0:

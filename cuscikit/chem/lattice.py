@@ -92,8 +92,15 @@ def rotate_integrals(h1: np.ndarray, eri: np.ndarray, C: np.ndarray):
     return h, g
 
 
-def rhf_orbitals(h1: np.ndarray, eri: np.ndarray, nelec, max_cycle: int = 200,
-                 tol: float = 1e-10, damping: float = 0.3, seed: int = 0) -> np.ndarray:
+def rhf_orbitals(
+    h1: np.ndarray,
+    eri: np.ndarray,
+    nelec,
+    max_cycle: int = 200,
+    tol: float = 1e-10,
+    damping: float = 0.3,
+    seed: int = 0,
+) -> np.ndarray:
     """Orbitals of a restricted mean field of the model (spin-averaged Fock matrix, damped
     density, a small seeded symmetry-breaking start so that degenerate shells settle), as
     columns sorted by orbital energy. Any orthonormal set gives the same exact energies; these

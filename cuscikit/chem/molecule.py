@@ -398,8 +398,13 @@ class Molecule:
         self = cls.from_integrals(h1, eri, nelec, name=name)
         self.metadata = {
             "name": name,
-            "model": {"kind": "hubbard", "shape": list(dims), "U": float(U), "t": float(t),
-                      "pbc": pbc if isinstance(pbc, bool) else list(pbc)},
+            "model": {
+                "kind": "hubbard",
+                "shape": list(dims),
+                "U": float(U),
+                "t": float(t),
+                "pbc": pbc if isinstance(pbc, bool) else list(pbc),
+            },
             "basis": basis,
             "orbitals": C.tolist(),
         }

@@ -44,8 +44,17 @@ class _Parser(argparse.ArgumentParser):
         if _Parser.json_requested:
             import json
 
-            print(json.dumps({"status": "error", "command": self.prog.split()[-1],
-                              "error": message, "error_type": "UsageError"}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "status": "error",
+                        "command": self.prog.split()[-1],
+                        "error": message,
+                        "error_type": "UsageError",
+                    }
+                ),
+                flush=True,
+            )
         super().error(message)
 
 

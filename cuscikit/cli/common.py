@@ -100,10 +100,13 @@ def emit_error(args, exc: BaseException, status: str = "error") -> None:
     """The one-line error on stderr and, with --json, ``{"status": ..., "error": ...}`` as the
     last stdout line (rank 0 only)."""
     error_line(args, exc)
-    if getattr(args, "json", False) and rank_of(args) == 0 and not getattr(args, "reported",
-                                                                           False):
-        report = {"status": status, "command": getattr(args, "command", None),
-                  "error": str(exc) or type(exc).__name__, "error_type": type(exc).__name__}
+    if getattr(args, "json", False) and rank_of(args) == 0 and not getattr(args, "reported", False):
+        report = {
+            "status": status,
+            "command": getattr(args, "command", None),
+            "error": str(exc) or type(exc).__name__,
+            "error_type": type(exc).__name__,
+        }
         print(json.dumps(_finite(report), allow_nan=False), flush=True)
 
 
@@ -160,5 +163,6 @@ def communicator(args):
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object as the last line of stdout")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object as the last line of stdout"
+    )

@@ -17,9 +17,11 @@ from cuscikit.cli.common import (
 
 def register(sub) -> None:
     s = sub.add_parser(
-        "fci", help="exact (FCI) energy with cuscikit's own solver",
+        "fci",
+        help="exact (FCI) energy with cuscikit's own solver",
         description="Exact (FCI) energies in the determinant space of a system.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("system", help="FCIDUMP path or bundled dataset name (e.g. N2, LiH)")
     s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
     s.add_argument("--max-det", type=finite_float, default=5e6, help="refuse larger FCI spaces")

@@ -11,17 +11,25 @@ from cuscikit.cli.common import UsageError, add_json, emit
 
 def register(sub) -> None:
     s = sub.add_parser(
-        "fcidump", help="write integrals of a molecule built with PySCF",
+        "fcidump",
+        help="write integrals of a molecule built with PySCF",
         description="Build a molecule with PySCF (RHF/ROHF orbitals) and write its integrals "
-        "as an FCIDUMP.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "as an FCIDUMP.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("--atom", required=True, help='geometry in Angstrom, e.g. "N 0 0 0; N 0 0 1.1"')
     s.add_argument("--basis", default="sto-3g", help="basis set name")
     s.add_argument("--charge", type=int, default=0, help="total charge")
     s.add_argument("--spin", type=int, default=0, help="2S = n_alpha - n_beta")
     s.add_argument("--frozen-core", action="store_true", help="freeze the chemical core")
     s.add_argument("--symmetry", action="store_true", help="use point-group symmetry")
-    s.add_argument("--cas", type=int, nargs=2, metavar=("NE", "NO"),
-                   help="an active space of NE electrons in NO orbitals")
+    s.add_argument(
+        "--cas",
+        type=int,
+        nargs=2,
+        metavar=("NE", "NO"),
+        help="an active space of NE electrons in NO orbitals",
+    )
     s.add_argument("-o", "--output", required=True, type=Path, help="the FCIDUMP to write")
     add_json(s)
     s.set_defaults(func=run)

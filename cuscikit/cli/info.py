@@ -6,8 +6,11 @@ from cuscikit.cli.common import add_json, emit
 
 
 def register(sub) -> None:
-    s = sub.add_parser("info", help="versions, build flags, threads and GPUs",
-                       description="Versions, build flags, OpenMP threads and GPUs.")
+    s = sub.add_parser(
+        "info",
+        help="versions, build flags, threads and GPUs",
+        description="Versions, build flags, OpenMP threads and GPUs.",
+    )
     add_json(s)
     s.set_defaults(func=run)
 

@@ -38,10 +38,12 @@ DEMO_ITERS = 400
 
 def register(sub) -> None:
     s = sub.add_parser(
-        "demo", help="the main job: NNQS-SCI on bundled N2/STO-3G, error vs FCI, CSV, plot",
+        "demo",
+        help="the main job: NNQS-SCI on bundled N2/STO-3G, error vs FCI, CSV, plot",
         description="NNQS-SCI on bundled N2/STO-3G with the default settings: the error "
         "against FCI, a history CSV and a convergence plot.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("--system", default="N2", help="bundled dataset or FCIDUMP")
     s.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     s.add_argument("--output-dir", default="cuscikit-demo", help="where the CSV and plot go")
@@ -49,9 +51,12 @@ def register(sub) -> None:
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser(
-        "nnqs", help="NNQS-SCI ground-state energy",
+        "nnqs",
+        help="NNQS-SCI ground-state energy",
         description="NNQS-SCI: a transformer wavefunction optimised over a growing "
-        "selected-CI space.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "selected-CI space.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("system", help="FCIDUMP path or bundled dataset name")
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--output-dir", help="write the history CSV and convergence plot here")
@@ -110,8 +115,11 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         comm=comm,
     )
     # the rate schedule travels with the checkpoint; a resume under another one is warned about
-    runner.schedule = ("constant" if args.constant_lr else
-                       f"decay from {args.lr_decay_from} of {args.iters} to {args.lr_final}")
+    runner.schedule = (
+        "constant"
+        if args.constant_lr
+        else f"decay from {args.lr_decay_from} of {args.iters} to {args.lr_final}"
+    )
     if args.resume:
         runner.load(args.resume)
     t0 = time.perf_counter()
@@ -119,8 +127,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     if not args.constant_lr:  # by absolute iteration: a resumed run keeps the schedule
         from cuscikit.nnqs import LearningRateDecay
 
-        callbacks.append(
-            LearningRateDecay.over_tail(args.iters, args.lr_decay_from, args.lr_final))
+        callbacks.append(LearningRateDecay.over_tail(args.iters, args.lr_decay_from, args.lr_final))
     runner.kernel(
         max(0, args.iters - runner.iteration),
         callbacks,
@@ -153,8 +160,10 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "e_reference": runner.reference,
     }
     if report["status"] != "ok" and args.checkpoint:
-        report["resume"] = (f"the checkpoint {args.checkpoint} holds iteration "
-                            f"{runner.iteration}: continue with --resume {args.checkpoint}")
+        report["resume"] = (
+            f"the checkpoint {args.checkpoint} holds iteration "
+            f"{runner.iteration}: continue with --resume {args.checkpoint}"
+        )
     if runner.reference is not None:
         report["error"] = report["e_tot"] - runner.reference
         report["error_variational"] = report["e_variational"] - runner.reference
@@ -175,9 +184,14 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
 
 def _report_lines(report: dict) -> list[str]:
-    lines = [] if report["status"] == "ok" else [
-        f"NNQS-SCI stopped early: {report['stop_reason']}"
-        + (f"; {report['resume']}" if report.get("resume") else "")]
+    lines = (
+        []
+        if report["status"] == "ok"
+        else [
+            f"NNQS-SCI stopped early: {report['stop_reason']}"
+            + (f"; {report['resume']}" if report.get("resume") else "")
+        ]
+    )
     lines += [
         f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
         f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}"
@@ -221,25 +235,54 @@ def cmd_demo(args) -> int:
 
 def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
 
-    s.add_argument("--iters", type=non_negative_int, default=iters,
-                   help="total iterations (a resumed run continues up to this count)")
-    s.add_argument("--topk", type=positive_int, default=DEFAULT_TOPK,
-                   help="configurations added per step")
-    s.add_argument("--estimator", choices=("coupled", "variational"), default="coupled",
-                   help="the energy the loss follows (both are reported)")
-    s.add_argument("--max-space", type=positive_int, default=DEFAULT_MAX_SPACE,
-                   help="cap on |S|")
-    s.add_argument("--inner-steps", type=non_negative_int, default=DEFAULT_INNER_STEPS,
-                   help="extra optimiser steps per iteration on the energy within S")
-    s.add_argument("--lr-final", type=finite_float, default=DEFAULT_LR_FINAL, metavar="LR",
-                   help="the learning rate falls geometrically to LR at the last iteration")
-    s.add_argument("--lr-decay-from", type=finite_float, default=DEFAULT_LR_DECAY_FROM,
-                   metavar="FRACTION", help="the fall starts after this fraction of --iters")
-    s.add_argument("--constant-lr", action="store_true",
-                   help="keep the learning rate constant (no fall at the end)")
+    s.add_argument(
+        "--iters",
+        type=non_negative_int,
+        default=iters,
+        help="total iterations (a resumed run continues up to this count)",
+    )
+    s.add_argument(
+        "--topk", type=positive_int, default=DEFAULT_TOPK, help="configurations added per step"
+    )
+    s.add_argument(
+        "--estimator",
+        choices=("coupled", "variational"),
+        default="coupled",
+        help="the energy the loss follows (both are reported)",
+    )
+    s.add_argument("--max-space", type=positive_int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
+    s.add_argument(
+        "--inner-steps",
+        type=non_negative_int,
+        default=DEFAULT_INNER_STEPS,
+        help="extra optimiser steps per iteration on the energy within S",
+    )
+    s.add_argument(
+        "--lr-final",
+        type=finite_float,
+        default=DEFAULT_LR_FINAL,
+        metavar="LR",
+        help="the learning rate falls geometrically to LR at the last iteration",
+    )
+    s.add_argument(
+        "--lr-decay-from",
+        type=finite_float,
+        default=DEFAULT_LR_DECAY_FROM,
+        metavar="FRACTION",
+        help="the fall starts after this fraction of --iters",
+    )
+    s.add_argument(
+        "--constant-lr",
+        action="store_true",
+        help="keep the learning rate constant (no fall at the end)",
+    )
     s.add_argument("--seed", type=int, default=0, help="random-number seed of the run")
-    s.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                   help="floating type of the network")
+    s.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="floating type of the network",
+    )
     s.add_argument(
         "--pipeline",
         choices=("auto", "gpu", "baseline"),
@@ -260,9 +303,13 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         help="torch.compile the inference over the unique set (about 2x faster on an H200 "
         "after a few seconds of compilation)",
     )
-    s.add_argument("--checkpoint", help="HDF5 file written every --checkpoint-every steps, "
-                   "and when the run stops early (checked writable before iteration 1)")
-    s.add_argument("--checkpoint-every", type=positive_int, default=10,
-                   help="iterations between checkpoints")
+    s.add_argument(
+        "--checkpoint",
+        help="HDF5 file written every --checkpoint-every steps, "
+        "and when the run stops early (checked writable before iteration 1)",
+    )
+    s.add_argument(
+        "--checkpoint-every", type=positive_int, default=10, help="iterations between checkpoints"
+    )
     s.add_argument("--resume", help="continue from this checkpoint")
     add_json(s)

@@ -224,8 +224,11 @@ class RunLoop:
         finally:
             if bar is not None:
                 bar.close()
-        if self.checkpoint is not None and saved_at != driver.iteration and (
-                done or status != "ok"):  # a stop saves the consistent state it kept
+        if (
+            self.checkpoint is not None
+            and saved_at != driver.iteration
+            and (done or status != "ok")
+        ):  # a stop saves the consistent state it kept
             self.checkpoint()
         for cb in self.callbacks:
             cb.on_run_end(driver)

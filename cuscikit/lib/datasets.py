@@ -25,8 +25,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["Dataset", "UnknownDatasetError", "data_path", "datasets_dir", "entries", "find",
-           "kinds", "sha256_of"]
+__all__ = [
+    "Dataset",
+    "UnknownDatasetError",
+    "data_path",
+    "datasets_dir",
+    "entries",
+    "find",
+    "kinds",
+    "sha256_of",
+]
 
 INDEX = "index.json"
 
@@ -82,8 +90,10 @@ def _load_index(folder: str) -> tuple[Dataset, ...]:
     if not path.is_file():
         raise FileNotFoundError(f"the dataset index {path} is missing")
     raw = json.loads(path.read_text())
-    return tuple(Dataset(**{k: e[k] for k in Dataset.__dataclass_fields__ if k in e})
-                 for e in raw["datasets"])
+    return tuple(
+        Dataset(**{k: e[k] for k in Dataset.__dataclass_fields__ if k in e})
+        for e in raw["datasets"]
+    )
 
 
 def entries(kind: str | None = None) -> list[Dataset]:
@@ -166,11 +176,19 @@ def record(name: str, kind: str, slug: str, files: dict, description: str = "") 
     """
     folder = datasets_dir()
     path = folder / INDEX
-    raw = json.loads(path.read_text()) if path.is_file() else {
-        "format": "cuscikit-datasets", "version": 1, "datasets": []}
-    entry = {"name": name, "kind": kind, "slug": slug, "files": dict(files),
-             "sha256": {f: sha256_of(folder / f) for f in files.values()},
-             "description": description}
+    raw = (
+        json.loads(path.read_text())
+        if path.is_file()
+        else {"format": "cuscikit-datasets", "version": 1, "datasets": []}
+    )
+    entry = {
+        "name": name,
+        "kind": kind,
+        "slug": slug,
+        "files": dict(files),
+        "sha256": {f: sha256_of(folder / f) for f in files.values()},
+        "description": description,
+    }
     rows = [e for e in raw["datasets"] if e["name"] != name]
     at = next((i for i, e in enumerate(raw["datasets"]) if e["name"] == name), len(rows))
     rows.insert(at, entry)

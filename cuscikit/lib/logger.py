@@ -20,8 +20,13 @@ import logging
 import sys
 
 QUIET, ERROR, WARN, NOTE, INFO, DEBUG = 0, 1, 2, 3, 4, 5
-_TO_LOGGING = {ERROR: logging.ERROR, WARN: logging.WARNING, NOTE: 25, INFO: logging.INFO,
-               DEBUG: logging.DEBUG}
+_TO_LOGGING = {
+    ERROR: logging.ERROR,
+    WARN: logging.WARNING,
+    NOTE: 25,
+    INFO: logging.INFO,
+    DEBUG: logging.DEBUG,
+}
 logging.addLevelName(25, "NOTE")
 
 

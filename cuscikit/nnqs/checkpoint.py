@@ -371,7 +371,8 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
             configs = np.array(read("space/configs"))
             rng_cpu = torch.from_numpy(np.array(read("rng/torch_cpu")))
             rng_cuda = (
-                torch.from_numpy(np.array(read("rng/torch_cuda"))) if "rng/torch_cuda" in f
+                torch.from_numpy(np.array(read("rng/torch_cuda")))
+                if "rng/torch_cuda" in f
                 else None
             )
             np_state = json.loads(f["rng"].attrs["numpy"])
@@ -395,8 +396,11 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         raise CheckpointError(
             f"{path}: iteration {iteration} does not match the {n_rows} rows of its history"
         )
-    if "iteration" in history and n_rows and not np.array_equal(
-            history["iteration"], np.arange(1, n_rows + 1)):
+    if (
+        "iteration" in history
+        and n_rows
+        and not np.array_equal(history["iteration"], np.arange(1, n_rows + 1))
+    ):
         raise CheckpointError(f"{path}: the history's iteration column is not 1..{n_rows}")
     for k, v in history.items():
         if v.dtype.kind == "f" and k.startswith(("e_", "loss")) and not np.isfinite(v).all():
@@ -422,15 +426,19 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         raise CheckpointError(f"{path}: the optimiser state is corrupted ({exc})") from exc
     for st in opt_state.get("state", {}).values():
         for v in st.values():
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(
-                    torch.isfinite(v).all()):
+            if (
+                isinstance(v, torch.Tensor)
+                and v.is_floating_point()
+                and not bool(torch.isfinite(v).all())
+            ):
                 raise CheckpointError(f"{path}: the optimiser moments are not finite")
     try:
         configs = check_configurations(configs, runner.molecule.norb, runner.molecule.nelec)
         space = SCISpace(runner.molecule, configs, eps=runner.eps)
     except ValueError as exc:
-        raise CheckpointError(f"{path}: its configurations do not fit the molecule ({exc})") \
-            from None
+        raise CheckpointError(
+            f"{path}: its configurations do not fit the molecule ({exc})"
+        ) from None
     if len(space) != len(configs):
         raise CheckpointError(f"{path}: its space holds duplicate configurations")
 
@@ -441,8 +449,7 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         runner.optimizer.load_state_dict(opt_state)
     except Exception as exc:  # noqa: BLE001 - restore, then report
         runner.ansatz.load_state_dict(model_backup)
-        raise CheckpointError(f"{path}: the state does not load into this runner ({exc})") \
-            from exc
+        raise CheckpointError(f"{path}: the state does not load into this runner ({exc})") from exc
     runner.space = space
     torch.set_rng_state(rng_cpu)
     if rng_cuda is not None and torch.cuda.is_available():
@@ -451,12 +458,19 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
     runner._rows = [{c: history[c][k].item() for c in cols} for k in range(n_rows)]
     runner.iteration = iteration
     if version < 2:
-        warnings.warn(f"{path}: a checkpoint of version 1 (no checksums); invariants checked",
-                      stacklevel=3)
+        warnings.warn(
+            f"{path}: a checkpoint of version 1 (no checksums); invariants checked", stacklevel=3
+        )
     now = conditions(runner)
-    differ = {k: (saved_cond[k], now[k]) for k in saved_cond
-              if k in now and saved_cond[k] != now[k] and k != "lr"}
+    differ = {
+        k: (saved_cond[k], now[k])
+        for k in saved_cond
+        if k in now and saved_cond[k] != now[k] and k != "lr"
+    }
     if differ:
         what = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in differ.items())
-        warnings.warn(f"{path}: resumed under other run conditions ({what}); the continued "
-                      "run may differ from an uninterrupted one", stacklevel=3)
+        warnings.warn(
+            f"{path}: resumed under other run conditions ({what}); the continued "
+            "run may differ from an uninterrupted one",
+            stacklevel=3,
+        )

@@ -129,9 +129,19 @@ class Pipeline:
         pt2: also return the terms of the Epstein-Nesbet second-order correction.
     """
 
-    def __init__(self, engine, ansatz, *, comm: Comm | None = None, batch_size: int = 16384,
-                 budget=None, staging: str = "auto", compile_inference: bool = False,
-                 want_pairs: bool = False, pt2: bool = False):
+    def __init__(
+        self,
+        engine,
+        ansatz,
+        *,
+        comm: Comm | None = None,
+        batch_size: int = 16384,
+        budget=None,
+        staging: str = "auto",
+        compile_inference: bool = False,
+        want_pairs: bool = False,
+        pt2: bool = False,
+    ):
         if staging not in STAGING:
             raise ValueError(f"staging must be one of {STAGING}, got {staging!r}")
         self.engine, self.ansatz = engine, ansatz
@@ -192,8 +202,14 @@ class Pipeline:
 
         w8 = 8 * self.engine.words
         sort_ws = sort_unique_workspace_bytes(n + m, self.engine.words, True) if n + m else 0
-        return int(model_bytes + n * (w8 + 3 * 8 + 16) + m * (w8 + 8) + sort_ws
-                   + (n + m) * (8 + w8) + u * (16 + 16 + 1))
+        return int(
+            model_bytes
+            + n * (w8 + 3 * 8 + 16)
+            + m * (w8 + 8)
+            + sort_ws
+            + (n + m) * (8 + w8)
+            + u * (16 + 16 + 1)
+        )
 
     # ------------------------------------------------------------------------------ stages
     def run(self, space_configs: np.ndarray, topk: int) -> StageResult:
@@ -204,8 +220,9 @@ class Pipeline:
             try:
                 return self._run(space_configs, topk)
             except torch.cuda.OutOfMemoryError:
-                stuck = self.batch_size <= 1 if self._stage == "inference" else \
-                    self.largest_batch <= 1
+                stuck = (
+                    self.batch_size <= 1 if self._stage == "inference" else self.largest_batch <= 1
+                )
                 if attempt == _MAX_RETRIES - 1 or stuck:
                     raise
                 # Shrink what was running: the inference batches, or the stage-1/3 batches.
@@ -220,7 +237,8 @@ class Pipeline:
                     f"GPU out of memory in {self._stage}: retrying the iteration with "
                     f"{limit} on coupled configurations per batch and inference batches of "
                     f"{self.batch_size:,}",
-                    ResourceWarning, stacklevel=2,
+                    ResourceWarning,
+                    stacklevel=2,
                 )
         raise AssertionError("unreachable")
 
@@ -234,8 +252,11 @@ class Pipeline:
         if graph:
             lp = self.ansatz.log_psi(configs)
         else:
-            x = configs if is_tensor(configs) else torch.from_numpy(
-                np.ascontiguousarray(configs).view(np.int64))  # tensors in: compile-friendly
+            x = (
+                configs
+                if is_tensor(configs)
+                else torch.from_numpy(np.ascontiguousarray(configs).view(np.int64))
+            )  # tensors in: compile-friendly
             lp = self._infer(x).detach()
         return self._to_engine(lp)
 
@@ -254,9 +275,10 @@ class Pipeline:
         t0 = time.perf_counter()
         counts = eng.coupled_counts(S_loc)
         m = int(counts.sum())
-        resident = not self.gpu or self.staging == "device" or (
-            self.staging == "auto"
-            and m * (8 * eng.words + 8) * 3 < self.budget.available()
+        resident = (
+            not self.gpu
+            or self.staging == "device"
+            or (self.staging == "auto" and m * (8 * eng.words + 8) * 3 < self.budget.available())
         )
         batches = self._plan(counts, resident)
         times["generation"] += self._clock(t0)
@@ -271,8 +293,7 @@ class Pipeline:
             else:
                 parts.append(sort_unique(cfg, return_inverse=False, end_bit=eng.end_bit))
                 if sum(len(p) for p in parts) > self.item_cap:  # keep the merge in budget
-                    parts = [sort_unique(eng.cat(parts), return_inverse=False,
-                                         end_bit=eng.end_bit)]
+                    parts = [sort_unique(eng.cat(parts), return_inverse=False, end_bit=eng.end_bit)]
             times["dedup"] += self._clock(t0)
             if resident or not self.gpu:
                 cold.append((a, b, self._keep(offs, cfg, val)))
@@ -311,7 +332,7 @@ class Pipeline:
             rows = rows[~known]
         with torch.no_grad():
             for b0 in range(0, len(rows), self.batch_size):
-                r = rows[b0:b0 + self.batch_size]
+                r = rows[b0 : b0 + self.batch_size]
                 lp = self._log_psi(U[r], graph=False)
                 logpsi[r] = lp
                 eligible = ~in_space_U[r]
@@ -330,8 +351,14 @@ class Pipeline:
         if self.tensors:
             top = top.to(eng.device)
         s_rows_all, s_scores_all, new_rows, new_configs, new_scores = gather_selection(
-            _host(top), _host(selector.scores()), eng.to_host(U[top - offset]), k,
-            s_rows, _host(lp_s.real), n_space, comm,
+            _host(top),
+            _host(selector.scores()),
+            eng.to_host(U[top - offset]),
+            k,
+            s_rows,
+            _host(lp_s.real),
+            n_space,
+            comm,
         )
         times["inference"] += self._clock(t0)
 
@@ -367,19 +394,29 @@ class Pipeline:
         times["energy"] = self._clock(t0)
         busy = sum(times.values())
         return StageResult(
-            share=(lo, hi), psi_s=psi_s, eloc_coupled=eloc_c, eloc_variational=eloc_v,
-            hdiag=hdiag, lp_graph=lp_graph,
+            share=(lo, hi),
+            psi_s=psi_s,
+            eloc_coupled=eloc_c,
+            eloc_variational=eloc_v,
+            hdiag=hdiag,
+            lp_graph=lp_graph,
             space_pairs=self._join_pairs(pairs) if self.want_pairs else None,
             new_configs=new_configs,
             keep_rows=np.concatenate([s_rows_all, new_rows]),
             keep_configs=np.concatenate([space_configs, new_configs]),
             keep_scores=np.concatenate([s_scores_all, new_scores]),
-            n_coupled=m, n_unique=gd.metrics.unique, times=times,
-            loads=(n_loc, m, u, busy), dedup=gd.metrics, bytes_staged=staged,
+            n_coupled=m,
+            n_unique=gd.metrics.unique,
+            times=times,
+            loads=(n_loc, m, u, busy),
+            dedup=gd.metrics,
+            bytes_staged=staged,
             n_batches=len(batches),
-            peak_theoretical=self.theoretical_peak(n_loc, m, u, model_bytes) if self.gpu
+            peak_theoretical=self.theoretical_peak(n_loc, m, u, model_bytes)
+            if self.gpu
             else float("nan"),
-            pt2_numerators=pt2_num, pt2_diagonal=pt2_diag,
+            pt2_numerators=pt2_num,
+            pt2_diagonal=pt2_diag,
         )
 
     # ---------------------------------------------------------------------------- helpers
@@ -394,7 +431,8 @@ class Pipeline:
         """The source (0-based within its batch) of every entry of a batch's coupled set."""
         if self.tensors:
             return torch.repeat_interleave(
-                torch.arange(len(offs) - 1, device=self.engine.device), offs[1:] - offs[:-1])
+                torch.arange(len(offs) - 1, device=self.engine.device), offs[1:] - offs[:-1]
+            )
         return np.repeat(np.arange(len(offs) - 1, dtype=np.int64), np.diff(offs))
 
     def _nonzero(self, mask):
@@ -405,9 +443,11 @@ class Pipeline:
             return tuple(self.engine.cat(list(c)) for c in zip(*pairs, strict=True))
         if self.tensors:  # a rank without sources
             dev = self.engine.device
-            return (torch.zeros(0, dtype=torch.int64, device=dev),
-                    torch.zeros(0, dtype=torch.int64, device=dev),
-                    torch.zeros(0, dtype=torch.float64, device=dev))
+            return (
+                torch.zeros(0, dtype=torch.int64, device=dev),
+                torch.zeros(0, dtype=torch.int64, device=dev),
+                torch.zeros(0, dtype=torch.float64, device=dev),
+            )
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
 
     def _keep(self, offs, cfg, val):
@@ -417,8 +457,7 @@ class Pipeline:
         if not self.gpu:
             yield from cold
             return
-        for (a, b, _), tensors in zip(cold, self._stash.replay(c for _, _, c in cold),
-                                      strict=True):
+        for (a, b, _), tensors in zip(cold, self._stash.replay(c for _, _, c in cold), strict=True):
             yield a, b, tensors
 
     def _zeros_complex(self, n: int):

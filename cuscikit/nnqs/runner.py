@@ -204,15 +204,40 @@ class Runner(Solver):
     verbose: int = NOTE
 
     _keys = {
-        "molecule", "ansatz", "space", "comm", "device", "rank", "hamiltonian", "optimizer",
-        "iteration", "rng", "status", "schedule",
+        "molecule",
+        "ansatz",
+        "space",
+        "comm",
+        "device",
+        "rank",
+        "hamiltonian",
+        "optimizer",
+        "iteration",
+        "rng",
+        "status",
+        "schedule",
     }
     # options that shape the machinery built at construction
-    _structural = ("eps", "batch_size", "pipeline", "max_gpu_memory", "staging",
-                   "compile_inference", "seed")
+    _structural = (
+        "eps",
+        "batch_size",
+        "pipeline",
+        "max_gpu_memory",
+        "staging",
+        "compile_inference",
+        "seed",
+    )
 
-    def __init__(self, molecule, ansatz: torch.nn.Module, space: SCISpace | None = None, *,
-                 comm=None, device=None, **options):
+    def __init__(
+        self,
+        molecule,
+        ansatz: torch.nn.Module,
+        space: SCISpace | None = None,
+        *,
+        comm=None,
+        device=None,
+        **options,
+    ):
         super().__init__(**options)
         self._validate()
         self.comm = comm if comm is not None else SerialComm()
@@ -241,7 +266,10 @@ class Runner(Solver):
             ref = (getattr(molecule, "metadata", None) or {}).get("reference") or {}
             self.reference = ref.get("energy")
         self.optimizer = torch.optim.AdamW(
-            ansatz.parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+            ansatz.parameters(),
+            lr=self.lr,
+            betas=self.betas,
+            weight_decay=self.weight_decay,
             eps=self.adam_eps,
         )
         self.iteration = 0
@@ -258,6 +286,7 @@ class Runner(Solver):
     # ------------------------------------------------------------------------------ options
     def _validate(self) -> None:
         """Clear errors for bad options, before any work."""
+
         def positive_int(name, value, allow_none=False, minimum=1):
             if value is None and allow_none:
                 return
@@ -305,9 +334,15 @@ class Runner(Solver):
         else:
             engine = HostEngine(self.hamiltonian)
         self._pipeline = Pipeline(
-            engine, self.ansatz, comm=self.comm, batch_size=self.batch_size, budget=budget,
-            staging=self.staging, compile_inference=self.compile_inference,
-            want_pairs=self.inner_steps > 0, pt2=bool(self.pt2),
+            engine,
+            self.ansatz,
+            comm=self.comm,
+            batch_size=self.batch_size,
+            budget=budget,
+            staging=self.staging,
+            compile_inference=self.compile_inference,
+            want_pairs=self.inner_steps > 0,
+            pt2=bool(self.pt2),
         )
         self._kind = kind
         self._built_with = {k: getattr(self, k) for k in self._structural}
@@ -345,11 +380,13 @@ class Runner(Solver):
         self._pipeline.pt2 = bool(self.pt2)
         d = self.optimizer.defaults
         if (d["betas"], d["weight_decay"], d["eps"]) != (
-                tuple(self.betas), self.weight_decay, self.adam_eps):
+            tuple(self.betas),
+            self.weight_decay,
+            self.adam_eps,
+        ):
             d.update(betas=tuple(self.betas), weight_decay=self.weight_decay, eps=self.adam_eps)
             for g in self.optimizer.param_groups:
-                g.update(betas=tuple(self.betas), weight_decay=self.weight_decay,
-                         eps=self.adam_eps)
+                g.update(betas=tuple(self.betas), weight_decay=self.weight_decay, eps=self.adam_eps)
         if d["lr"] != self.lr:  # a new base rate (a LearningRateDecay scales from it)
             d["lr"] = self.lr
             for g in self.optimizer.param_groups:
@@ -403,18 +440,21 @@ class Runner(Solver):
         src, dst, val = (on_device(a) for a in pairs)
         src, val = src - lo, val.to(torch.complex128)
         hd = on_device(hdiag).to(torch.float64)
+
         def no_grad_log_psi(a: int, b: int) -> list[torch.Tensor]:
             with torch.no_grad():
-                return [self.ansatz.log_psi(S[c:min(c + bs, b)]) for c in range(a, b, bs)]
+                return [self.ansatz.log_psi(S[c : min(c + bs, b)]) for c in range(a, b, bs)]
 
         for _ in range(self.inner_steps):
             self.optimizer.zero_grad(set_to_none=True)
             # this rank's rows keep their graph when they fit in one batch (else the loss
             # recomputes them batch by batch); the other ranks' rows need values only
             own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs else None
-            parts = [*no_grad_log_psi(0, lo),
-                     *([own.detach()] if own is not None else no_grad_log_psi(lo, hi)),
-                     *no_grad_log_psi(hi, n)]
+            parts = [
+                *no_grad_log_psi(0, lo),
+                *([own.detach()] if own is not None else no_grad_log_psi(lo, hi)),
+                *no_grad_log_psi(hi, n),
+            ]
             lpd = torch.cat([p.to(torch.complex128) for p in parts])
             psi = torch.exp(lpd - lpd.real.max())
             prob = psi.abs() ** 2
@@ -482,13 +522,13 @@ class Runner(Solver):
 
         # Weights over S and both energies, summed over the ranks' sources.
         t0 = time.perf_counter()
-        psi_s, eloc_c, eloc_v = (torch.as_tensor(x) for x in
-                                 (r.psi_s, r.eloc_coupled, r.eloc_variational))
+        psi_s, eloc_c, eloc_v = (
+            torch.as_tensor(x) for x in (r.psi_s, r.eloc_coupled, r.eloc_variational)
+        )
         prob = psi_s.abs() ** 2
         (z,) = self._allreduce([float(prob.sum())])
         w = prob / z
-        e_c, e_v = self._allreduce([float((w * eloc_c).real.sum()),
-                                    float((w * eloc_v).real.sum())])
+        e_c, e_v = self._allreduce([float((w * eloc_c).real.sum()), float((w * eloc_v).real.sum())])
         e_c, e_v = float(e_c), float(e_v)
         eloc = eloc_c if self.estimator == "coupled" else eloc_v
         e_est = e_c if self.estimator == "coupled" else e_v
@@ -625,11 +665,18 @@ class Runner(Solver):
             return post
 
         loop = RunLoop(
-            self, callbacks, progress=progress and self.verbose > 0, desc="NNQS-SCI",
-            postfix=postfix, checkpoint=(lambda: self.save(checkpoint)) if checkpoint else None,
-            checkpoint_every=checkpoint_every, stop_on=(NonFiniteLossError,), rank=self.rank,
+            self,
+            callbacks,
+            progress=progress and self.verbose > 0,
+            desc="NNQS-SCI",
+            postfix=postfix,
+            checkpoint=(lambda: self.save(checkpoint)) if checkpoint else None,
+            checkpoint_every=checkpoint_every,
+            stop_on=(NonFiniteLossError,),
+            rank=self.rank,
             agree=(lambda flag: bool(self.comm.allreduce(int(flag), op="max")))
-            if self.distributed else None,
+            if self.distributed
+            else None,
             announce=lambda msg: log.note("NNQS-SCI: %s", msg) if self.rank == 0 else None,
         )
         try:
@@ -638,8 +685,7 @@ class Runner(Solver):
             if lock is not None:
                 lock.release()
         if self.status.status != "ok" and self.rank == 0:
-            log.note("NNQS-SCI stopped after iteration %d: %s", self.iteration,
-                     self.status.reason)
+            log.note("NNQS-SCI stopped after iteration %d: %s", self.iteration, self.status.reason)
         return self.e_tot if self._rows else float("nan")
 
     def run(self, *args, **kwargs) -> Runner:
@@ -651,9 +697,14 @@ class Runner(Solver):
         """Log the options and the setup (molecule, device, pipeline, ranks)."""
         super().dump_flags(verbose)
         log = new_logger(self, verbose=verbose)
-        log.info("molecule = %s, |S| = %d, device = %s, pipeline = %s, ranks = %d",
-                 getattr(self.molecule, "name", "?"), len(self.space), self.device,
-                 self._kind, self.comm.size)
+        log.info(
+            "molecule = %s, |S| = %d, device = %s, pipeline = %s, ranks = %d",
+            getattr(self.molecule, "name", "?"),
+            len(self.space),
+            self.device,
+            self._kind,
+            self.comm.size,
+        )
         return self
 
     # ---------------------------------------------------------------------------- checkpoints

@@ -236,7 +236,7 @@ def _torch():
 
 
 def default_torch_backend() -> str:
-    """"nccl" when every process on this host can have a GPU of its own (``LOCAL_WORLD_SIZE``
+    """ "nccl" when every process on this host can have a GPU of its own (``LOCAL_WORLD_SIZE``
     from torchrun, default 1), else "gloo": NCCL refuses two ranks on one GPU.
 
     Example:
@@ -749,8 +749,13 @@ def detect_backend(environ=None) -> str:
     return "serial"
 
 
-_LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
-                   "SLURM_LOCALID")
+_LOCAL_RANK_ENV = (
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PMI_LOCAL_RANK",
+    "SLURM_LOCALID",
+)
 
 
 def local_rank(environ=None) -> int:

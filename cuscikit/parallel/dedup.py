@@ -372,16 +372,16 @@ class GlobalDedup:
         if self.identity:
             return values
         n_requests = int(self.request_counts.sum())
-        requests = index_add(zeros(values, n_requests), self._on(values,
-                              self.request_inverse), values)
+        requests = index_add(
+            zeros(values, n_requests), self._on(values, self.request_inverse), values
+        )
         if comm.size == 1:
             sent, rc = requests, self.serve_counts
         else:
             sent, rc = comm.alltoallv(requests, self.request_counts)
             if not np.array_equal(np.asarray(rc), self.serve_counts):  # pragma: no cover
                 raise RuntimeError("reduce: contributions do not match the routing")
-        return index_add(zeros(values, len(self.unique)),
-                          self._on(sent, self.serve_index), sent)
+        return index_add(zeros(values, len(self.unique)), self._on(sent, self.serve_index), sent)
 
     def global_rows(self, positions):
         """Global rows (in the concatenation of all slices) of input keys at `positions`."""
@@ -406,10 +406,15 @@ class GlobalDedup:
             return None if a is None else _host(a)
 
         return GlobalDedup(
-            unique=to_numpy(self.unique), offsets=self.offsets, owner=host(self.owner),
-            index=host(self.index), metrics=self.metrics,
-            request_inverse=host(self.request_inverse), request_counts=self.request_counts,
-            serve_index=host(self.serve_index), serve_counts=self.serve_counts,
+            unique=to_numpy(self.unique),
+            offsets=self.offsets,
+            owner=host(self.owner),
+            index=host(self.index),
+            metrics=self.metrics,
+            request_inverse=host(self.request_inverse),
+            request_counts=self.request_counts,
+            serve_index=host(self.serve_index),
+            serve_counts=self.serve_counts,
             identity=self.identity,
         )
 
@@ -585,12 +590,26 @@ def global_dedup(
     if P == 1 and sorted_unique:  # the input is the slice: nothing to sort or route
         u = len(keys)
         stats = [u, u, u, u, clock.total(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
-                           samples_per_rank=samples_per_rank, rebalanced=rebalance)
+        metrics = _metrics(
+            comm,
+            w,
+            stats,
+            REGULAR_PHASES,
+            method="regular-sampling",
+            samples_per_rank=samples_per_rank,
+            rebalanced=rebalance,
+        )
         return GlobalDedup(
-            unique=keys, offsets=np.array([0, u], dtype=np.int64), owner=None, index=None,
-            metrics=metrics, request_inverse=None, request_counts=np.array([u], np.int64),
-            serve_index=None, serve_counts=np.array([u], np.int64), identity=True,
+            unique=keys,
+            offsets=np.array([0, u], dtype=np.int64),
+            owner=None,
+            index=None,
+            metrics=metrics,
+            request_inverse=None,
+            request_counts=np.array([u], np.int64),
+            serve_index=None,
+            serve_counts=np.array([u], np.int64),
+            identity=True,
         )
 
     # 1. local sort + unique
@@ -603,13 +622,24 @@ def global_dedup(
     if P == 1:  # the same result without exchanges: this rank owns everything
         u = len(local_unique)
         stats = [len(keys), u, u, u, clock.total(), t_local, 0.0, 0.0, 0.0, 0.0, 0.0]
-        metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
-                           samples_per_rank=samples_per_rank, rebalanced=rebalance)
+        metrics = _metrics(
+            comm,
+            w,
+            stats,
+            REGULAR_PHASES,
+            method="regular-sampling",
+            samples_per_rank=samples_per_rank,
+            rebalanced=rebalance,
+        )
         return GlobalDedup(
-            unique=local_unique, offsets=np.array([0, u], dtype=np.int64),
-            owner=ops.vector(np.zeros(len(keys), np.int64)), index=local_inverse,
-            metrics=metrics, request_inverse=local_inverse,
-            request_counts=np.array([u], np.int64), serve_index=ops.vector(np.arange(u)),
+            unique=local_unique,
+            offsets=np.array([0, u], dtype=np.int64),
+            owner=ops.vector(np.zeros(len(keys), np.int64)),
+            index=local_inverse,
+            metrics=metrics,
+            request_inverse=local_inverse,
+            request_counts=np.array([u], np.int64),
+            serve_index=ops.vector(np.arange(u)),
             serve_counts=np.array([u], np.int64),
         )
 
@@ -652,8 +682,15 @@ def global_dedup(
 
     stats = [len(keys), len(received), len(merged), len(unique), clock.total()]
     stats += [t_local, t_split, t_exchange, t_merge, t_rebalance, t_route]
-    metrics = _metrics(comm, w, stats, REGULAR_PHASES, method="regular-sampling",
-                       samples_per_rank=samples_per_rank, rebalanced=rebalance)
+    metrics = _metrics(
+        comm,
+        w,
+        stats,
+        REGULAR_PHASES,
+        method="regular-sampling",
+        samples_per_rank=samples_per_rank,
+        rebalanced=rebalance,
+    )
     if offsets is None:
         offsets = np.concatenate([[0], np.cumsum(metrics.counts)]).astype(np.int64)
     return GlobalDedup(

@@ -39,8 +39,9 @@ def _check_configs(configs: torch.Tensor, words: int | None = None) -> torch.Ten
     if configs.dtype != torch.int64:
         raise ValueError(f"configurations must be int64 (uint64 bits), got {configs.dtype}")
     if configs.ndim != 2 or (words is not None and configs.shape[1] != words):
-        raise ValueError(f"configurations must have shape (n, {words or 'words'}), got "
-                         f"{tuple(configs.shape)}")
+        raise ValueError(
+            f"configurations must have shape (n, {words or 'words'}), got {tuple(configs.shape)}"
+        )
     return configs.contiguous()
 
 
@@ -92,8 +93,13 @@ class DeviceHamiltonian:
             cut = above[self._offsets_np[1:]] - above[self._offsets_np[:-1]]
             cut_t = torch.as_tensor(cut.astype(np.int32), device=self.device)
             self._tables[eps] = self._k.Tables(
-                self.h1, self.eri, float(self.hamiltonian.e_core), self.offsets, self.targets,
-                self.values, cut_t,
+                self.h1,
+                self.eri,
+                float(self.hamiltonian.e_core),
+                self.offsets,
+                self.targets,
+                self.values,
+                cut_t,
             )  # the binding keeps the tensors alive
         return self._tables[eps]
 
@@ -109,8 +115,9 @@ def coupled_counts(dh: DeviceHamiltonian, configs: torch.Tensor, eps: float | No
     """|C(x)| per source (int64 tensor), without writing the coupled set."""
     configs = _check_configs(configs, dh.nwords)
     counts = torch.empty(len(configs), dtype=torch.int64, device=configs.device)
-    dh._k.coupled_counts(dh.tables(eps), configs, dh.n_elec(configs), _eps(dh, eps), counts,
-                         _stream(configs.device))
+    dh._k.coupled_counts(
+        dh.tables(eps), configs, dh.n_elec(configs), _eps(dh, eps), counts, _stream(configs.device)
+    )
     return counts
 
 
@@ -118,8 +125,12 @@ def _eps(dh: DeviceHamiltonian, eps: float | None) -> float:
     return dh.table_eps if eps is None else float(eps)
 
 
-def coupled(dh: DeviceHamiltonian, configs: torch.Tensor, eps: float | None = None,
-            counts: torch.Tensor | None = None):
+def coupled(
+    dh: DeviceHamiltonian,
+    configs: torch.Tensor,
+    eps: float | None = None,
+    counts: torch.Tensor | None = None,
+):
     """The coupled set of each source: (offsets (n+1,), configs (m, words), values (m,)).
 
     Source s owns rows offsets[s]:offsets[s+1], in the CPU kernel's order within a source.
@@ -133,8 +144,16 @@ def coupled(dh: DeviceHamiltonian, configs: torch.Tensor, eps: float | None = No
     m = int(offsets[-1])
     out_c = torch.empty((m, dh.nwords), dtype=torch.int64, device=configs.device)
     out_v = torch.empty(m, dtype=torch.float64, device=configs.device)
-    dh._k.coupled_write(dh.tables(eps), configs, dh.n_elec(configs), _eps(dh, eps), offsets,
-                        out_c, out_v, _stream(configs.device))
+    dh._k.coupled_write(
+        dh.tables(eps),
+        configs,
+        dh.n_elec(configs),
+        _eps(dh, eps),
+        offsets,
+        out_c,
+        out_v,
+        _stream(configs.device),
+    )
     return offsets, out_c, out_v
 
 
@@ -146,8 +165,13 @@ def diagonal(dh: DeviceHamiltonian, configs: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def local_energy_sums(offsets: torch.Tensor, values: torch.Tensor, index: torch.Tensor,
-                      psi: torch.Tensor, in_space: torch.Tensor):
+def local_energy_sums(
+    offsets: torch.Tensor,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    psi: torch.Tensor,
+    in_space: torch.Tensor,
+):
     """Per source s: sum_k values[k] psi[index[k]] over its segment, for all k (coupled
     estimator) and for those with in_space[index[k]] (variational estimator).
 
@@ -160,7 +184,13 @@ def local_energy_sums(offsets: torch.Tensor, values: torch.Tensor, index: torch.
     num_c = torch.empty(n, dtype=torch.complex128, device=dev)
     num_v = torch.empty(n, dtype=torch.complex128, device=dev)
     cuda().local_energy_sums(
-        offsets.contiguous(), values.contiguous(), index.contiguous(), torch.view_as_real(psi),
-        in_space, torch.view_as_real(num_c), torch.view_as_real(num_v), _stream(dev),
+        offsets.contiguous(),
+        values.contiguous(),
+        index.contiguous(),
+        torch.view_as_real(psi),
+        in_space,
+        torch.view_as_real(num_c),
+        torch.view_as_real(num_v),
+        _stream(dev),
     )
     return num_c, num_v

@@ -98,8 +98,7 @@ class HostEngine(Engine):
     @staticmethod
     def _in(a) -> np.ndarray:
         """This engine's array as numpy (int64 key tensors as uint64 keys)."""
-        return to_numpy(a) if is_tensor(a) and a.ndim == 2 else (
-            a.numpy() if is_tensor(a) else a)
+        return to_numpy(a) if is_tensor(a) and a.ndim == 2 else (a.numpy() if is_tensor(a) else a)
 
     def keys(self, configs):
         return self._out(np.ascontiguousarray(configs, dtype=np.uint64))
@@ -123,7 +122,8 @@ class HostEngine(Engine):
 
     def numerators(self, offsets, values, index, psi, in_space):
         offsets, values, index, psi, in_space = (
-            self._in(a) for a in (offsets, values, index, psi, in_space))
+            self._in(a) for a in (offsets, values, index, psi, in_space)
+        )
         n = len(offsets) - 1
         source = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
         contrib = values * psi[index]

@@ -140,8 +140,17 @@ class FCI(Solver):
 
         return int(0.8 * host_available_bytes())
 
-    def kernel(self, h1e=None, eri=None, norb=None, nelec=None, ci0=None, ecore: float = 0.0,
-               nroots: int | None = None, **kwargs):
+    def kernel(
+        self,
+        h1e=None,
+        eri=None,
+        norb=None,
+        nelec=None,
+        ci0=None,
+        ecore: float = 0.0,
+        nroots: int | None = None,
+        **kwargs,
+    ):
         """Lowest eigenpairs of H = h1e + eri + ecore in the (n_alpha, n_beta) sector.
 
         Args:
@@ -187,12 +196,19 @@ class FCI(Solver):
         space = SCISpace(H, self._space(norb, nelec).configs)
         guess = None
         if ci0 is not None and not (isinstance(ci0, (list, tuple)) and len(ci0) == 0):
-            g = np.asarray(ci0 if not isinstance(ci0, (list, tuple)) else np.stack(ci0, axis=1),
-                           dtype=np.float64).reshape(n_det, -1)
+            g = np.asarray(
+                ci0 if not isinstance(ci0, (list, tuple)) else np.stack(ci0, axis=1),
+                dtype=np.float64,
+            ).reshape(n_det, -1)
             guess = g
-        e, vecs = space.exact_energy(nroots, tol=self.conv_tol, return_vectors=True,
-                                     guess=guess, max_iter=self.max_cycle,
-                                     residual_tol=self.conv_tol_residual)
+        e, vecs = space.exact_energy(
+            nroots,
+            tol=self.conv_tol,
+            return_vectors=True,
+            guess=guess,
+            max_iter=self.max_cycle,
+            residual_tol=self.conv_tol_residual,
+        )
         e = np.atleast_1d(np.asarray(e, dtype=np.float64))
         self.converged = True
         self.e_tot = float(e[0]) if nroots == 1 else e
@@ -206,18 +222,20 @@ class FCI(Solver):
         sp = self._space(norb, nelec)
         c = np.asarray(ci, dtype=np.float64).reshape(-1)
         if len(c) != len(sp.configs):
-            raise ValueError(f"the CI vector has {len(c)} entries, the sector "
-                             f"{len(sp.configs)} determinants")
+            raise ValueError(
+                f"the CI vector has {len(c)} entries, the sector {len(sp.configs)} determinants"
+            )
         return c, sp
 
     def _excitations(self, c: np.ndarray, sp: _Space) -> np.ndarray:
         n = sp.norb
         need = 8 * n * n * len(c)
         if need > self._budget():
-            raise MemoryError(f"the density matrices need {need / 2**30:.1f} GiB of "
-                              f"intermediates, more than max_memory allows")
-        return np.stack([sp.apply_E(c, p, q) for p in range(n) for q in range(n)]).reshape(
-            n, n, -1)
+            raise MemoryError(
+                f"the density matrices need {need / 2**30:.1f} GiB of "
+                f"intermediates, more than max_memory allows"
+            )
+        return np.stack([sp.apply_E(c, p, q) for p in range(n) for q in range(n)]).reshape(n, n, -1)
 
     def make_rdm1(self, ci, norb: int, nelec, link_index=None) -> np.ndarray:
         """Spin-traced one-particle density matrix, dm1[p, q] = <E_qp>."""
@@ -274,5 +292,6 @@ class FCI(Solver):
         dm1, dm2 = self.make_rdm12(ci, norb, nelec)
         g = restore_eri(eri, norb, 1)
         c = np.asarray(ci).reshape(-1)
-        return float((np.einsum("pq,qp", h1e, dm1) + 0.5 * np.einsum("pqrs,pqrs", g, dm2))
-                     / (c @ c) + ecore)
+        return float(
+            (np.einsum("pq,qp", h1e, dm1) + 0.5 * np.einsum("pqrs,pqrs", g, dm2)) / (c @ c) + ecore
+        )

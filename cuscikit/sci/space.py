@@ -161,8 +161,15 @@ class SCISpace:
             from cuscikit.linalg.davidson import davidson
 
             nsolve = min(n, max(nroots, 3))
-            res = davidson(H.matmat, H.diagonal(), nsolve, tol=tol, guess=guess,
-                           max_iter=max_iter, residual_tol=residual_tol)
+            res = davidson(
+                H.matmat,
+                H.diagonal(),
+                nsolve,
+                tol=tol,
+                guess=guess,
+                max_iter=max_iter,
+                residual_tol=residual_tol,
+            )
             if not res.converged:
                 raise RuntimeError(
                     f"Davidson did not converge in {res.iterations} iterations "

@@ -32,10 +32,16 @@ def test_non_interacting_chain_is_the_tight_binding_band():
     assert abs(FCI(m).run().e_tot - 2 * levels[:3].sum()) < 1e-10
 
 
-@pytest.mark.parametrize("shape, pbc, nelec", [
-    (6, False, None), (6, True, None), ((2, 3), True, None), (5, False, (3, 2)),
-    ((2, 3), False, (2, 2)),
-])
+@pytest.mark.parametrize(
+    "shape, pbc, nelec",
+    [
+        (6, False, None),
+        (6, True, None),
+        ((2, 3), True, None),
+        (5, False, (3, 2)),
+        ((2, 3), False, (2, 2)),
+    ],
+)
 @pytest.mark.parametrize("U", [1.0, 4.0, 8.0])
 def test_exact_energies_do_not_depend_on_the_basis(shape, pbc, nelec, U):
     site = Molecule.hubbard(shape, U, pbc=pbc, nelec=nelec, basis="site")

@@ -32,10 +32,15 @@ def ops():
         return keys.sort_unique(k, return_inverse=return_inverse, end_bit=end_bit)
 
     return SimpleNamespace(
-        DeviceHamiltonian=sci_cuda.DeviceHamiltonian, coupled=sci_cuda.coupled,
-        coupled_counts=sci_cuda.coupled_counts, diagonal=sci_cuda.diagonal,
-        local_energy_sums=sci_cuda.local_energy_sums, to_device=keys.to_device,
-        to_numpy=keys.to_numpy, search=keys.search, sort_unique=sort_unique,
+        DeviceHamiltonian=sci_cuda.DeviceHamiltonian,
+        coupled=sci_cuda.coupled,
+        coupled_counts=sci_cuda.coupled_counts,
+        diagonal=sci_cuda.diagonal,
+        local_energy_sums=sci_cuda.local_energy_sums,
+        to_device=keys.to_device,
+        to_numpy=keys.to_numpy,
+        search=keys.search,
+        sort_unique=sort_unique,
     )
 
 
@@ -59,8 +64,14 @@ def _random_sources(mol, n, seed):
 
 @pytest.mark.parametrize(
     "name, eps, n",
-    [("LiH", 1e-12, 50), ("N2", 1e-12, 200), ("N2", -1.0, 100), ("N2/cc-pVDZ", 1e-12, 64),
-     ("N2/cc-pVDZ", 1e-6, 64), ("Cr2/SV", 1e-8, 8)],
+    [
+        ("LiH", 1e-12, 50),
+        ("N2", 1e-12, 200),
+        ("N2", -1.0, 100),
+        ("N2/cc-pVDZ", 1e-12, 64),
+        ("N2/cc-pVDZ", 1e-6, 64),
+        ("Cr2/SV", 1e-8, 8),
+    ],
 )
 def test_coupled_matches_cpu(ops, name, eps, n):
     mol = Molecule.load(name)
@@ -146,8 +157,9 @@ def test_local_energy_sums_match_numpy(ops):
     np.add.at(want_c, src, contrib)
     want_v = np.zeros(n, complex)
     np.add.at(want_v, src[in_space[idx]], contrib[in_space[idx]])
-    c, v = ops.local_energy_sums(*(torch.as_tensor(a, device="cuda")
-                                   for a in (offs, vals, idx, psi, in_space)))
+    c, v = ops.local_energy_sums(
+        *(torch.as_tensor(a, device="cuda") for a in (offs, vals, idx, psi, in_space))
+    )
     np.testing.assert_allclose(c.cpu().numpy(), want_c, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(v.cpu().numpy(), want_v, rtol=1e-12, atol=1e-12)
 

@@ -44,8 +44,9 @@ def test_host_staging_gives_the_same_iteration():
     host = _runner(mol, "cuda", pipeline="gpu", staging="host").run(8, progress=False).history
     assert (host["bytes_staged"] > 0).all() and (dev["bytes_staged"] == 0).all()
     # equal up to the reductions' rounding (their order may follow the buffers' alignment)
-    np.testing.assert_allclose(host["e_coupled"].to_numpy(), dev["e_coupled"].to_numpy(),
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        host["e_coupled"].to_numpy(), dev["e_coupled"].to_numpy(), rtol=0, atol=1e-12
+    )
 
 
 def _big_space(mol, n):
@@ -64,8 +65,9 @@ def _big_space(mol, n):
 def _small_float64_ansatz(mol):
     """float64, so that batch layouts and library algorithm choices cannot move the results
     beyond rounding; small, so that inference over U stays quick."""
-    return Ansatz.for_molecule(mol, seed=0, device="cuda", dtype=torch.float64, d_model=8,
-                               n_layers=1, phase_hidden=(16,))
+    return Ansatz.for_molecule(
+        mol, seed=0, device="cuda", dtype=torch.float64, d_model=8, n_layers=1, phase_hidden=(16,)
+    )
 
 
 def _pipeline(mol, ansatz, engine="cuda", cap=None, **kw):
@@ -102,8 +104,13 @@ def test_cuda_and_host_engines_give_the_same_stages():
     np.testing.assert_array_equal(gpu.new_configs, cpu.new_configs)
     np.testing.assert_array_equal(gpu.keep_rows, cpu.keep_rows)
     for name in ("eloc_coupled", "eloc_variational", "psi_s", "hdiag"):
-        np.testing.assert_allclose(_host(getattr(gpu, name)), _host(getattr(cpu, name)),
-                                   rtol=1e-10, atol=1e-10, err_msg=name)
+        np.testing.assert_allclose(
+            _host(getattr(gpu, name)),
+            _host(getattr(cpu, name)),
+            rtol=1e-10,
+            atol=1e-10,
+            err_msg=name,
+        )
     for a, b in zip(gpu.space_pairs, cpu.space_pairs, strict=True):
         np.testing.assert_array_equal(_host(a), _host(b))
 
@@ -158,13 +165,18 @@ def test_compiled_inference_matches_eager():
     ansatz = Ansatz.for_molecule(mol, seed=0, device="cuda")
     eager = _pipeline(mol, ansatz, batch_size=4096).run(space, 32)
     comp = _pipeline(mol, ansatz, batch_size=4096, compile_inference=True).run(space, 32)
-    torch.testing.assert_close(torch.as_tensor(comp.eloc_coupled),
-                               torch.as_tensor(eager.eloc_coupled), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        torch.as_tensor(comp.eloc_coupled),
+        torch.as_tensor(eager.eloc_coupled),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     # The same selection up to near-ties: the two passes pick equally many configurations and
     # their scores agree to float32 rounding.
     assert len(comp.new_configs) == len(eager.new_configs)
-    np.testing.assert_allclose(np.sort(comp.keep_scores), np.sort(eager.keep_scores),
-                               rtol=0, atol=1e-4)
+    np.testing.assert_allclose(
+        np.sort(comp.keep_scores), np.sort(eager.keep_scores), rtol=0, atol=1e-4
+    )
 
 
 def test_gpu_checkpoint_resumes_on_a_cpu_only_machine(tmp_path, monkeypatch):
@@ -192,7 +204,10 @@ def test_gpu_checkpoint_resumes_on_a_cpu_only_machine(tmp_path, monkeypatch):
     assert again.iteration == 8
     np.testing.assert_allclose(
         again.run(2, progress=False).history["e_coupled"].to_numpy()[-2:],
-        cpu.run(2, progress=False).history["e_coupled"].to_numpy()[-2:], rtol=0, atol=1e-6)
+        cpu.run(2, progress=False).history["e_coupled"].to_numpy()[-2:],
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_gpu_inner_steps_match_cpu_inner_steps():

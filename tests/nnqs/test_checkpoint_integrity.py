@@ -23,8 +23,13 @@ from cuscikit.nnqs.runner import NonFiniteLossError
 
 def _runner(seed=0):
     mol = Molecule.load("LiH")
-    return Runner(mol, Ansatz.for_molecule(mol, seed=seed, dtype=torch.float64), topk=8,
-                  seed=seed, inner_steps=1)
+    return Runner(
+        mol,
+        Ansatz.for_molecule(mol, seed=seed, dtype=torch.float64),
+        topk=8,
+        seed=seed,
+        inner_steps=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +130,9 @@ def test_a_step_that_breaks_the_weights_is_undone_and_the_run_stops(tmp_path):
     ck = tmp_path / "run.h5"
     r.run(3, progress=False, checkpoint=str(ck), checkpoint_every=1)
     assert r.status.status == "stopped" and "non-finite" in r.status.reason
-    assert r.iteration == 2 and all(torch.equal(good[k], v) for k, v in
-                                    r.ansatz.state_dict().items())
+    assert r.iteration == 2 and all(
+        torch.equal(good[k], v) for k, v in r.ansatz.state_dict().items()
+    )
     with h5py.File(ck) as f:  # the end-of-run checkpoint holds the last good iteration
         assert f.attrs["iteration"] == 2
     with pytest.raises(NonFiniteLossError):

@@ -30,8 +30,9 @@ def _space(mol, n):
 
 
 def _stages(mol, ansatz, kind, S, comm=None, **kw):
-    return Pipeline(engine(kind, mol), ansatz, comm=comm, want_pairs=True, pt2=True,
-                    **kw).run(S, 24)
+    return Pipeline(engine(kind, mol), ansatz, comm=comm, want_pairs=True, pt2=True, **kw).run(
+        S, 24
+    )
 
 
 def _pt2(r, z=None):
@@ -50,8 +51,9 @@ def _same(a, b, exact=True):
         if exact:
             np.testing.assert_array_equal(_host(getattr(a, f)), _host(getattr(b, f)), err_msg=f)
         else:
-            np.testing.assert_allclose(_host(getattr(a, f)), _host(getattr(b, f)), rtol=1e-12,
-                                       atol=1e-12, err_msg=f)
+            np.testing.assert_allclose(
+                _host(getattr(a, f)), _host(getattr(b, f)), rtol=1e-12, atol=1e-12, err_msg=f
+            )
     for x, y in zip(a.space_pairs, b.space_pairs, strict=True):
         np.testing.assert_array_equal(_host(x), _host(y))
     assert abs(_pt2(a) - _pt2(b)) <= 1e-12 * abs(_pt2(a))
@@ -83,8 +85,13 @@ def test_tensor_path_on_thread_ranks_equals_one_rank(P):
         np.testing.assert_array_equal(p.new_configs, one.new_configs)
         np.testing.assert_array_equal(p.keep_rows, one.keep_rows)
         for f in FIELDS:
-            np.testing.assert_allclose(_host(getattr(p, f)), _host(getattr(one, f))[lo:hi],
-                                       rtol=1e-12, atol=1e-12, err_msg=f)
+            np.testing.assert_allclose(
+                _host(getattr(p, f)),
+                _host(getattr(one, f))[lo:hi],
+                rtol=1e-12,
+                atol=1e-12,
+                err_msg=f,
+            )
     src = np.concatenate([_host(p.space_pairs[0]) for p in parts])
     np.testing.assert_array_equal(src, _host(one.space_pairs[0]))
     # the PT2 sums meet on their owners: the ranks' terms add up to the single-rank sum

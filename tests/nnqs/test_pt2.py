@@ -27,8 +27,9 @@ def _direct_pt2(mol, ansatz, S: np.ndarray) -> tuple[float, float]:
     return e_var, float(np.sum(np.abs(v) ** 2 / (e_var - np.diag(H)[outside])))
 
 
-@pytest.mark.parametrize("name, steps, batch", [("LiH", 2, 16384), ("H2O", 3, 16384),
-                                                ("H2O", 3, 7)])
+@pytest.mark.parametrize(
+    "name, steps, batch", [("LiH", 2, 16384), ("H2O", 3, 16384), ("H2O", 3, 7)]
+)
 def test_pt2_equals_the_direct_evaluation(name, steps, batch):
     mol = Molecule.load(name)
     ansatz = Ansatz.for_molecule(mol, seed=1, dtype=torch.float64)

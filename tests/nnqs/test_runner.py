@@ -259,8 +259,9 @@ def test_compiled_inference_matches_eager():
     mol = Molecule.load("LiH")
     runs = []
     for compiled in (False, True):
-        ansatz = Ansatz.for_molecule(mol, seed=0, d_model=8, n_layers=1, phase_hidden=(8,),
-                                     dtype=torch.float64)
+        ansatz = Ansatz.for_molecule(
+            mol, seed=0, d_model=8, n_layers=1, phase_hidden=(8,), dtype=torch.float64
+        )
         r = Runner(mol, ansatz, seed=0, compile_inference=compiled)
         r.run(3, progress=False)
         runs.append(r.history)
@@ -303,8 +304,10 @@ def test_an_inner_step_is_a_variational_step_on_the_same_space():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     # and the steps do something: a third plain iteration moves away
     two.step()
-    moved = max(float((a - b).detach().abs().max())
-                for a, b in zip(two.ansatz.parameters(), inner.ansatz.parameters(), strict=True))
+    moved = max(
+        float((a - b).detach().abs().max())
+        for a, b in zip(two.ansatz.parameters(), inner.ansatz.parameters(), strict=True)
+    )
     assert moved > 1e-8
 
 
@@ -331,8 +334,13 @@ def test_learning_rate_decay_schedule_and_exact_resume(tmp_path):
     full = a.run(10, [LearningRateDecay(4, 8, 1e-4), Spy()], progress=False).history
     np.testing.assert_allclose(seen, rates[1:] + [1e-4])  # set for the next iteration
     b = make_runner(seed=3)
-    b.run(6, [LearningRateDecay(4, 8, 1e-4)], progress=False, checkpoint=str(tmp_path / "c.h5"),
-          checkpoint_every=3)
+    b.run(
+        6,
+        [LearningRateDecay(4, 8, 1e-4)],
+        progress=False,
+        checkpoint=str(tmp_path / "c.h5"),
+        checkpoint_every=3,
+    )
     c = make_runner(seed=99).load(tmp_path / "c.h5")
     resumed = c.run(4, [LearningRateDecay(4, 8, 1e-4)], progress=False).history
     np.testing.assert_array_equal(

@@ -27,10 +27,12 @@ WORDS = {case: (1, 2, 4) for case in CASES} | {"coupled": (1,)}
 def variants(device: str) -> list[tuple[str, str, bool]]:
     """(name, impl, rebalance)."""
     if device == "cuda":
-        return [("kernel", "auto", True), ("kernel-norebalance", "auto", False),
-                ("torch", "torch", True)]
-    return [("numpy", "auto", True), ("numpy-norebalance", "auto", False),
-            ("torch", "torch", True)]
+        return [
+            ("kernel", "auto", True),
+            ("kernel-norebalance", "auto", False),
+            ("torch", "torch", True),
+        ]
+    return [("numpy", "auto", True), ("numpy-norebalance", "auto", False), ("torch", "torch", True)]
 
 
 def run(out: Path, device: str) -> dict:
@@ -51,8 +53,7 @@ def run(out: Path, device: str) -> dict:
             keys = case_keys(case, words, comm.rank, comm.size)
             t = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64)).to(dev)
             for name, impl, rebalance in variants(device):
-                res = global_dedup(t, comm, samples_per_rank=64, rebalance=rebalance,
-                                           impl=impl)
+                res = global_dedup(t, comm, samples_per_rank=64, rebalance=rebalance, impl=impl)
                 assert res.unique.device == t.device and res.index.device == t.device
                 u = np.ascontiguousarray(res.unique.cpu().numpy()).view(np.uint64)
                 vals = torch.from_numpy(key_values(u)).to(dev)

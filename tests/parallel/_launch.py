@@ -44,8 +44,10 @@ def launch(
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(gpus))
     except subprocess.TimeoutExpired as e:  # show the ranks' output (stacks of a hang)
-        text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                       for x in (e.stdout, e.stderr))
+        text = "".join(
+            x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+            for x in (e.stdout, e.stderr)
+        )
         pytest.fail(f"{cmd[:4]} still running after {timeout} s:\n{text[-6000:]}")
     reports = sorted(out.glob("rank*.json"))
     if proc.returncode != 0:

@@ -34,15 +34,22 @@ CASES = {
     "LiH": dict(system="LiH", iters=12, topk=16, max_space=None, inner_steps=0),
     # the max_space cap drops configurations from iteration 4 on; several inference batches
     # (of S too, in the inner steps, whose H_SS rows are spread over the ranks)
-    "LiH-capped": dict(system="LiH", iters=10, topk=16, max_space=60, batch_size=32,
-                       inner_steps=2),
+    "LiH-capped": dict(system="LiH", iters=10, topk=16, max_space=60, batch_size=32, inner_steps=2),
     "H2O": dict(system="H2O", iters=10, topk=32, estimator="variational", inner_steps=1),
 }
 RESUME = dict(system="LiH", iters=6, topk=8, max_space=40, inner_steps=1)
 RESUME_SPLIT = 3
 STACKS_AFTER_S = 150  # a passing check takes 8-13 s on 2 cores; the launch timeout is 240 s
-COLUMNS = ("e_tot", "e_coupled", "e_variational", "e_pt2", "loss", "n_space", "n_coupled",
-           "n_unique")
+COLUMNS = (
+    "e_tot",
+    "e_coupled",
+    "e_variational",
+    "e_pt2",
+    "loss",
+    "n_space",
+    "n_coupled",
+    "n_unique",
+)
 LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
 
 

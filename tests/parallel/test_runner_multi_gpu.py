@@ -21,8 +21,9 @@ torch = pytest.importorskip("torch")
 WORKER = Path(__file__).with_name("_runner_worker.py")
 pytestmark = [
     pytest.mark.multi_gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs two CUDA GPUs"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
+    ),
 ]
 GPU_CASES = ["LiH-capped", "H2O"]
 # NVLink multicast stays off on shared hosts
@@ -39,8 +40,9 @@ def _single_gpu(name: str) -> dict:
 def test_two_gpus_match_one_gpu(tmp_path, monkeypatch):
     for k, v in NCCL.items():
         monkeypatch.setenv(k, v)
-    launch(torchrun(2) + [str(WORKER), str(tmp_path), "gpu", ",".join(GPU_CASES)], tmp_path,
-           gpus=True)
+    launch(
+        torchrun(2) + [str(WORKER), str(tmp_path), "gpu", ",".join(GPU_CASES)], tmp_path, gpus=True
+    )
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r, rep in enumerate(reports):
         assert rep["status"] == "ok", rep.get("traceback")
@@ -53,14 +55,31 @@ def test_two_gpus_match_one_gpu(tmp_path, monkeypatch):
 
 
 def test_cli_on_two_gpus_matches_one_gpu(tmp_path, monkeypatch):
-    argv = ["nnqs", "LiH", "--iters", "6", "--topk", "16", "--device", "cuda", "--dtype",
-            "float64", "--json"]
-    one = subprocess.run([sys.executable, "-m", "cuscikit", *argv], capture_output=True,
-                         text=True, env=env(gpus=True), timeout=300)
+    argv = [
+        "nnqs",
+        "LiH",
+        "--iters",
+        "6",
+        "--topk",
+        "16",
+        "--device",
+        "cuda",
+        "--dtype",
+        "float64",
+        "--json",
+    ]
+    one = subprocess.run(
+        [sys.executable, "-m", "cuscikit", *argv],
+        capture_output=True,
+        text=True,
+        env=env(gpus=True),
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr
     cmd = torchrun(2) + ["-m", "cuscikit", *argv]
-    two = subprocess.run(cmd, capture_output=True, text=True, env=env(gpus=True, **NCCL),
-                         timeout=300)
+    two = subprocess.run(
+        cmd, capture_output=True, text=True, env=env(gpus=True, **NCCL), timeout=300
+    )
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout.splitlines()[-1]), json.loads(two.stdout.splitlines()[-1])
     assert (a["ranks"], b["ranks"]) == (1, 2) and a["pipeline"] == b["pipeline"] == "gpu"

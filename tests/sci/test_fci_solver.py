@@ -62,8 +62,9 @@ def test_energies_rdms_and_spin_match_direct_spin1(name, spin, nroots):
         np.testing.assert_allclose(dm1, r1, atol=tol)
         np.testing.assert_allclose(dm2, r2, atol=tol)
         np.testing.assert_allclose(solver.make_rdm1(c, norb, nelec), r1, atol=tol)
-        for a, b in zip(solver.make_rdm1s(c, norb, nelec), ref.make_rdm1s(cr, norb, nelec),
-                        strict=True):
+        for a, b in zip(
+            solver.make_rdm1s(c, norb, nelec), ref.make_rdm1s(cr, norb, nelec), strict=True
+        ):
             np.testing.assert_allclose(a, b, atol=tol)
         ss, mult = solver.spin_square(c, norb, nelec)
         ss_ref, mult_ref = ref.spin_square(cr, norb, nelec)
