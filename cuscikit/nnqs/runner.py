@@ -670,7 +670,7 @@ class Runner(Solver):
             progress=progress and self.verbose > 0,
             desc="NNQS-SCI",
             postfix=postfix,
-            checkpoint=(lambda: self.save(checkpoint)) if checkpoint else None,
+            checkpoint=(lambda: self._save_good(checkpoint, log)) if checkpoint else None,
             checkpoint_every=checkpoint_every,
             stop_on=(NonFiniteLossError,),
             rank=self.rank,
@@ -687,6 +687,18 @@ class Runner(Solver):
         if self.status.status != "ok" and self.rank == 0:
             log.note("NNQS-SCI stopped after iteration %d: %s", self.iteration, self.status.reason)
         return self.e_tot if self._rows else float("nan")
+
+    def _save_good(self, path: str, log) -> None:
+        """`save` during a run: a state that is not finite (weights made non-finite outside
+        a step) leaves the checkpoint as it was and stops nothing more than the save; the bad
+        state goes beside it (``*.nonfinite.h5``) and the run reports it."""
+        from cuscikit.nnqs.checkpoint import NonFiniteStateError
+
+        try:
+            self.save(path)
+        except NonFiniteStateError as exc:
+            if self.rank == 0:
+                log.warn("NNQS-SCI: %s", exc)
 
     def run(self, *args, **kwargs) -> Runner:
         """`kernel` with the same arguments; returns the runner (``runner.run(100).history``)."""
