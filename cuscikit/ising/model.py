@@ -483,7 +483,7 @@ def _pack(bits: np.ndarray) -> np.ndarray:
 
 def _check_edges(n, i, j, w, base: int, where: str = "edge list") -> None:
     lo, hi = base, n - 1 + base
-    for name, a in (("i", i), ("j", j)):
+    for a in (i, j):
         bad = np.flatnonzero((a < lo) | (a > hi))
         if len(bad):
             k = int(bad[0])
