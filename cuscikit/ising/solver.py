@@ -278,7 +278,11 @@ def solve(
     replica_spins = unpack_signs(rep_words, model.n)
     spins = replica_spins[b].copy()
     exact = model.exact
-    energy = int(best_e) if exact else float(best_e)
+    if exact:
+        energy = int(best_e)
+    else:  # the kernel scored with float32 couplings: rescore in float64
+        rep_e = model.energy(replica_spins)
+        energy = model.energy(spins)
     t_polish = 0.0
     if polish:
         t2 = time.perf_counter()
