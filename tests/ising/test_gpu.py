@@ -29,7 +29,7 @@ def test_gpu_equals_cpu_bytes(kind, n, steps):
     cpu = run_kernel(m, 8, steps, 0.5, 2024, device="cpu")
     gpu = run_kernel(m, 8, steps, 0.5, 2024, device="cuda")
     names = ("energy", "checksum", "best_energy", "best_signs", "x", "y")
-    for name, c, g in zip(names, cpu, gpu):
+    for name, c, g in zip(names, cpu, gpu, strict=True):
         assert c.dtype == g.dtype and c.shape == g.shape, name
         assert c.tobytes() == g.tobytes(), f"{name} differs between CPU and GPU"
 

@@ -38,7 +38,7 @@ def test_twin_is_byte_identical(kind, n):
     m = random_model(kind, n, seed=n, field=(n % 2 == 1))
     got = run_kernel(m, agents=3, steps=40, dt=0.5, seed=12345 + n)
     want = run_reference(m, replicas=3, steps=40, dt=0.5, seed=12345 + n)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert g.tobytes() == w.tobytes()
 
@@ -50,7 +50,7 @@ def test_twin_request_and_seed_words():
     for request in (0, 5):
         got = run_kernel(m, 2, 10, 0.75, big, request=request)
         want = run_reference(m, 2, 10, 0.75, big, request=request)
-        assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+        assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
     a = run_kernel(m, 2, 10, 0.5, 1)[4]
     b = run_kernel(m, 2, 10, 0.5, 1 + 2**32)[4]
     assert not np.array_equal(a, b)

@@ -80,7 +80,7 @@ def test_cut_matches_edge_sum():
         G[u][v]["weight"] = (u * 7 + v) % 5 - 2
     m = IsingModel.from_networkx(G)
     r = solve(m, agents=8, steps=200, seed=1)
-    side = dict(zip(m.labels, r.spins))
+    side = dict(zip(m.labels, r.spins, strict=True))
     cut = sum(d["weight"] for u, v, d in G.edges(data=True) if side[u] != side[v])
     assert r.cut == cut == m.cut(r.spins)
     assert isinstance(r.cut, int)
