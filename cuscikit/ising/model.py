@@ -21,7 +21,7 @@ Example (a triangle: the best cut has 2 edges):
     >>> import numpy as np
     >>> m = IsingModel.from_edges(3, [(0, 1, 1), (1, 2, 1), (0, 2, 1)])
     >>> m.kind, m.n
-    ('ternary', 3)
+    ('binary', 3)
     >>> s = np.array([1, -1, -1])
     >>> m.energy(s), m.cut(s)
     (-1, 2)
