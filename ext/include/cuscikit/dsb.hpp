@@ -144,10 +144,11 @@ struct Coupling {
 };
 
 // The contribution of word w of the signs (vw) to row i's sum, in the kind's own units.
-CSK_HD std::int32_t word_sum(const Coupling& c, int i, int w, std::uint32_t vw) {
+template <int K>
+CSK_HD std::int32_t word_sum_k(const Coupling& c, int i, int w, std::uint32_t vw) {
   const std::size_t at = static_cast<std::size_t>(i) * c.nwords + w;
-  if (c.kind == kBinary) return popc(c.plus[at] ^ vw);
-  if (c.kind == kTernary) return popc(c.plus[at] & vw) - popc(c.minus[at] & vw);
+  if (K == kBinary) return popc(c.plus[at] ^ vw);
+  if (K == kTernary) return popc(c.plus[at] & vw) - popc(c.minus[at] & vw);
   const std::int8_t* row = c.j8 + at * 32;
   std::int32_t acc = 0;
   for (int bit = 0; bit < 32; ++bit) {
@@ -155,6 +156,12 @@ CSK_HD std::int32_t word_sum(const Coupling& c, int i, int w, std::uint32_t vw) 
     acc += ((vw >> bit) & 1u) ? j : -j;
   }
   return acc;
+}
+
+CSK_HD std::int32_t word_sum(const Coupling& c, int i, int w, std::uint32_t vw) {
+  if (c.kind == kBinary) return word_sum_k<kBinary>(c, i, w, vw);
+  if (c.kind == kTernary) return word_sum_k<kTernary>(c, i, w, vw);
+  return word_sum_k<kInt8>(c, i, w, vw);
 }
 
 // a_i = sum_{j != i} J_ij s_j + h_i from row i's summed word contributions.
