@@ -16,6 +16,8 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
+// K: the coupling kind (csk::dsb::Kind), fixed per launch.
+template <int K>
 __global__ void __launch_bounds__(kThreads)
     dsb_kernel(csk::dsb::Coupling c, int replicas, int steps, float dt, float a0, float c0,
                std::uint64_t seed, std::uint32_t request, float* xs, float* ys, long long* energy,
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < rows; ++r) {
         const int i = g * 32 + r;
         std::int32_t acc = 0;
-        for (int w = lane; w < W; w += 32) acc += csk::dsb::word_sum(c, i, w, v[w]);
+        for (int w = lane; w < W; w += 32) acc += csk::dsb::word_sum_k<K>(c, i, w, v[w]);
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFull, acc, off);
         if (lane == r) mine = acc;
       }
@@ -187,14 +189,17 @@ float run_dsb(const RunArgs& a, const RunOut& o) {
                              degree.as<const std::int32_t>(),
                              j8.as<const std::int8_t>(),
                              h.as<const std::int32_t>()};
+  auto kernel = a.kind == csk::dsb::kBinary    ? dsb_kernel<csk::dsb::kBinary>
+                : a.kind == csk::dsb::kTernary ? dsb_kernel<csk::dsb::kTernary>
+                                               : dsb_kernel<csk::dsb::kInt8>;
   if (shared_bytes > 48 * 1024)
-    CSK_CUDA_CHECK(cudaFuncSetAttribute(dsb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CSK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(shared_bytes)));
   cudaEvent_t start, stop;
   CSK_CUDA_CHECK(cudaEventCreate(&start));
   CSK_CUDA_CHECK(cudaEventCreate(&stop));
   CSK_CUDA_CHECK(cudaEventRecord(start, 0));
-  dsb_kernel<<<static_cast<unsigned>(a.replicas), kThreads, shared_bytes, 0>>>(
+  kernel<<<static_cast<unsigned>(a.replicas), kThreads, shared_bytes, 0>>>(
       c, a.replicas, a.steps, a.dt, a.a0, a.c0, a.seed, a.request, x.as<float>(), y.as<float>(),
       energy.as<long long>(), checksum.as<unsigned long long>(), best_energy.as<long long>(),
       best_signs.as<std::uint32_t>());
