@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--no-baselines", action="store_true")
     args = ap.parse_args()
     gdir = Path(args.gset_dir)
+    if not (gdir / "best_known.json").is_file():
+        raise SystemExit(f"no best_known.json in {gdir}: give the graphs' folder with --gset-dir")
     best_known = json.loads((gdir / "best_known.json").read_text())
     rows = []
     for g in args.graphs:
