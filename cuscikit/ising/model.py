@@ -94,6 +94,16 @@ class IsingModel:
         source: str = "ising",
         max_bytes: int | None = None,
     ):
+        limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+        shape = getattr(J, "shape", None)
+        if shape is not None and len(shape) == 2 and shape[0] == shape[1]:
+            least = shape[0] * ((shape[0] + 31) // 32) * 4  # one bit plane, the smallest kind
+            if least > limit:
+                raise ValueError(
+                    f"the couplings of this model need at least {_fmt_bytes(least)} (n = "
+                    f"{shape[0]}), above the limit of {_fmt_bytes(limit)} (max_bytes or "
+                    "CUSCIKIT_ISING_MAX_BYTES)"
+                )
         if sp.issparse(J):
             J = sp.csr_matrix(J)
         else:
@@ -153,7 +163,6 @@ class IsingModel:
             raise ValueError(f"{len(self.labels)} labels for {n} spins")
         self.source = source
         self.kind = self._choose_kind()
-        limit = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         need = self.storage_bytes()
         if need > limit:
             raise ValueError(

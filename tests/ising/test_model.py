@@ -138,8 +138,11 @@ def test_edges_validation():
 
 def test_memory_budget_refused_with_size():
     J = sp.diags([np.ones(2999), np.ones(2999)], [1, -1], dtype=np.int64)  # a path
-    with pytest.raises(ValueError, match=r"need 2\.2 MiB as ternary.*limit of 1\.0 MiB"):
-        IsingModel(J, max_bytes=2**20)
+    with pytest.raises(ValueError, match=r"need 2\.2 MiB as ternary.*limit of 2\.0 MiB"):
+        IsingModel(J, max_bytes=2**21)
+    huge = sp.csr_matrix((10**6, 10**6), dtype=np.int64)  # refused before any conversion
+    with pytest.raises(ValueError, match=r"at least 116\.4 GiB \(n = 1000000\)"):
+        IsingModel(huge)
 
 
 def test_qubo_matrix_and_dict_agree():
