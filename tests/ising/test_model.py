@@ -6,7 +6,6 @@ import gzip
 import os
 from pathlib import Path
 
-import networkx as nx
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -60,6 +59,7 @@ def test_maxcut_offset_and_cut():
 
 
 def test_networkx_labels():
+    nx = pytest.importorskip("networkx")
     G = nx.Graph()
     G.add_edge("u", "v", weight=2)
     G.add_edge("v", "w")

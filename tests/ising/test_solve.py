@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 import pytest
 from ising_cases import brute_force, random_model
@@ -75,6 +74,7 @@ def test_reproducible_and_seed_dependent():
 
 
 def test_cut_matches_edge_sum():
+    nx = pytest.importorskip("networkx")
     G = nx.gnm_random_graph(40, 150, seed=3)
     for u, v in G.edges:
         G[u][v]["weight"] = (u * 7 + v) % 5 - 2
