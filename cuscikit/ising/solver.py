@@ -240,6 +240,12 @@ def solve(
     """
     _check(model, agents, steps, dt, seed, a0, time_limit, restarts)
     device = resolve(device)
+    if model.kind == "float32" and device != "cpu":
+        raise ValueError(
+            "float32 couplings run on the CPU only; scale J and h to integers (|J| <= 127) for "
+            "the GPU"
+        )
+    _backend(device)  # a missing extension or GPU fails here, before any work
     t0 = time.perf_counter()
     arrays = model.coupling_arrays()
     t_prep = time.perf_counter() - t0
