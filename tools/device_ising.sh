@@ -26,7 +26,7 @@ python -c "import cuscikit._cuda as c; print('cuda kernels for sm', c.build_arch
   | tee -a "$OUT/machine.txt"
 
 echo "== GPU tests"
-timeout 240 python -m pytest -m gpu tests/ising -q -p no:cacheprovider -rA \
+timeout 300 python -m pytest -m gpu tests/ising -q -p no:cacheprovider -rA \
   > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest exit status $?" | tee -a "$OUT/pytest_gpu.log"
 tail -15 "$OUT/pytest_gpu.log"

@@ -246,10 +246,9 @@ class IsingModel:
         """The coupling scale 0.5 sqrt(n_e - 1) / sqrt(F), F = ||J||_F^2 + 2 ||h||^2 and
         n_e = n + [h != 0], computed in float64 and rounded once to float32 (so both backends
         use the same value); 0 for a model without couplings."""
-        if self.exact:
-            F = int((self.J.data.astype(object) ** 2).sum()) + 2 * int(
-                (self.h.astype(object) ** 2).sum()
-            )
+        if self.exact:  # |J_ij| <= 127: the int64 sum of squares cannot overflow
+            F = int(np.sum(self.J.data.astype(np.int64) ** 2, dtype=np.int64))
+            F += 2 * sum(int(v) * int(v) for v in self.h[self.h != 0])
         else:
             F = float((self.J.data**2).sum() + 2 * (self.h**2).sum())
         ne = self.n + int(bool(np.any(self.h)))

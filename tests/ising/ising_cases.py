@@ -11,11 +11,11 @@ def random_model(kind: str, n: int, seed: int, field: bool = False) -> IsingMode
     """A random symmetric J of the given storage kind (and a small integer field)."""
     rng = np.random.default_rng(seed)
     if kind == "binary":
-        J = rng.choice(np.array([-1, 1]), (n, n))
+        J = (2 * rng.integers(0, 2, (n, n), dtype=np.int8) - 1).astype(np.int8)
     elif kind == "ternary":
-        J = rng.choice(np.array([-1, 0, 0, 1]), (n, n))
+        J = rng.integers(-1, 2, (n, n), dtype=np.int8)
     elif kind == "int8":
-        J = rng.integers(-127, 128, (n, n))
+        J = rng.integers(-127, 128, (n, n), dtype=np.int8)
     else:
         J = rng.normal(size=(n, n))
     J = np.triu(J, 1)

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.gpu
         ("int8", 1000, 200),
         ("binary", 10000, 200),
         ("int8", 10000, 200),
-        ("ternary", 10000, 100),
         ("ternary", 33, 100),
         ("int8", 1, 10),
     ],
