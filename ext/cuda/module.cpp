@@ -25,6 +25,7 @@ NB_MODULE(_cuda, m) {
   bind_guga(m.def_submodule("guga", "GUGA CI kernels"));
 #endif
 #ifdef CSK_SYSTEM_ISING
-  bind_ising(m.def_submodule("ising", "dSB Ising kernels"));
+  nanobind::module_ ising = m.def_submodule("ising", "dSB Ising kernels");
+  bind_ising(ising);
 #endif
 }

@@ -1,0 +1,167 @@
+"""dSB solution quality on MAX-CUT benchmarks (G-set, K2000) at equal wall time, against a plain
+simulated annealing (numpy, replicas vectorised, single-spin Metropolis sweeps with a geometric
+temperature schedule) and the PyPI package simulated-bifurcation (discrete mode without early
+stopping, and its defaults), with the best-known cut as the anchor.
+
+dSB runs first (``--steps`` steps, or restarts within ``--time-budget``); each baseline then gets
+the same wall time. Graphs are read from ``--gset-dir`` (default: ../shared/data/gset next to the
+repository, or $CUSCIKIT_GSET_DIR); nothing is copied.
+
+    python benchmarks/ising_quality.py --graphs G1 G43 --agents 32 --steps 1000 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from _common import machine, print_table
+
+from cuscikit.ising import IsingModel, solve
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gset"
+
+
+def simulated_annealing(model: IsingModel, replicas: int, seconds: float, seed: int) -> float:
+    """Best energy of plain Metropolis SA (beta 0.1 -> 3 / mean|J|, geometric) in `seconds`."""
+    rng = np.random.default_rng(seed)
+    J = model.J.tocsr()
+    n = model.n
+    h = model.h.astype(np.float64)
+    s = rng.choice([-1.0, 1.0], (replicas, n))
+    a = np.asarray(J @ s.T).T + h  # local fields
+    scale = np.abs(J.data).mean() if J.nnz else 1.0
+
+    def energy(s, a):
+        return -0.5 * (s * (a + h)).sum(1)
+
+    def sweep(beta):
+        u = rng.random((replicas, n))
+        for i in range(n):
+            d = 2 * s[:, i] * a[:, i]  # energy change of flipping spin i
+            flip = (d <= 0) | (u[:, i] < np.exp(-beta * np.maximum(d, 0)))
+            if flip.any():
+                s[flip, i] *= -1
+                lo, hi = J.indptr[i], J.indptr[i + 1]
+                a[np.ix_(flip, J.indices[lo:hi])] += 2 * s[flip, i][:, None] * J.data[lo:hi]
+
+    t0 = time.perf_counter()
+    sweep(0.1 / scale)
+    per_sweep = time.perf_counter() - t0
+    sweeps = max(1, int((seconds - per_sweep) / per_sweep))
+    best = energy(s, a).min()
+    for beta in np.geomspace(0.1 / scale, 3.0 / scale, sweeps):
+        sweep(beta)
+        best = min(best, energy(s, a).min())
+    return float(best)
+
+
+def sb_package(model: IsingModel, seconds: float, discrete: bool, agents: int, device: str):
+    """Best energy from the simulated-bifurcation package under a timeout, or None."""
+    try:
+        import simulated_bifurcation as sb
+        import torch
+    except ImportError:
+        return None
+    J = torch.tensor(model.J.toarray(), dtype=torch.float32)
+    h = torch.tensor(model.h, dtype=torch.float32)
+    kw = dict(domain="spin", device=device, verbose=False, timeout=seconds)
+    if discrete:
+        kw |= dict(mode="discrete", early_stopping=False, agents=agents, max_steps=10**7)
+    with warnings.catch_warnings():  # "no agent has converged": expected under a timeout
+        warnings.simplefilter("ignore")
+        spins, _ = sb.minimize(-J / 2, -h, **kw)
+    return model.energy(spins.cpu().numpy().astype(np.int64))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--gset-dir", default=os.environ.get("CUSCIKIT_GSET_DIR", str(DEFAULT_DIR)))
+    ap.add_argument("--graphs", nargs="+", default=["G1", "G22", "G43", "K2000"])
+    ap.add_argument("--agents", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--dt", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="dSB restarts within this many seconds (and every method gets it)",
+    )
+    ap.add_argument("--sa-replicas", type=int, default=16)
+    ap.add_argument("--no-baselines", action="store_true")
+    args = ap.parse_args()
+    gdir = Path(args.gset_dir)
+    if not (gdir / "best_known.json").is_file():
+        raise SystemExit(f"no best_known.json in {gdir}: give the graphs' folder with --gset-dir")
+    best_known = json.loads((gdir / "best_known.json").read_text())
+    rows = []
+    for g in args.graphs:
+        model = IsingModel.from_gset(gdir / best_known[g]["file"])
+        r = solve(
+            model,
+            agents=args.agents,
+            steps=args.steps,
+            dt=args.dt,
+            seed=args.seed,
+            device=args.device,
+            time_limit=args.time_budget,
+        )
+        t = r.wall_s
+        wtot = -model.offset
+
+        def cut(e, wtot=wtot):
+            return None if e is None else int(round((wtot - e) / 2))
+
+        sa = sbd = sbp = None
+        if not args.no_baselines:
+            sa = cut(simulated_annealing(model, args.sa_replicas, t, args.seed))
+            sbd = cut(sb_package(model, t, True, args.agents, args.device))
+            sbp = cut(sb_package(model, t, False, 128, args.device))
+        ref = best_known[g]["best_cut"]
+        rows.append(
+            [
+                g,
+                model.n,
+                ref,
+                r.cut,
+                f"{100 * (ref - r.cut) / ref:.2f}",
+                r.restarts,
+                f"{t:.2f}",
+                sa,
+                sbd,
+                sbp,
+            ]
+        )
+    print(
+        f"machine: {machine()}; dSB on {args.device}: agents {args.agents}, steps "
+        f"{args.steps}, dt {args.dt}, seed {args.seed}"
+    )
+    print_table(
+        "MAX-CUT at equal wall time (best cut; gap to best known in %)",
+        [
+            "graph",
+            "n",
+            "best_known",
+            "dSB",
+            "gap%",
+            "runs",
+            "wall_s",
+            "SA",
+            "sb-pkg dSB",
+            "sb-pkg default",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
