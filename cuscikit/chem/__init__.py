@@ -15,7 +15,7 @@ from cuscikit.chem.fcidump import (
     write_fcidump,
 )
 from cuscikit.chem.geometry import parse_geometry
-from cuscikit.chem.molecule import Molecule, SymmetryWarning
+from cuscikit.chem.molecule import Molecule, SymmetryWarning, check_state_symmetry
 
 __all__ = [
     "Molecule",
@@ -25,6 +25,7 @@ __all__ = [
     "FCIDumpError",
     "FCIDumpWarning",
     "SymmetryWarning",
+    "check_state_symmetry",
     "parse_geometry",
     "restore_eri",
     "list_datasets",

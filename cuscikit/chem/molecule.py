@@ -21,11 +21,34 @@ from cuscikit.chem.fcidump import check_symmetry_labels, read_fcidump, write_fci
 from cuscikit.chem.geometry import check_geometry, normalize_unit, nuclear_charge, parse_geometry
 from cuscikit.chem.integrals import MAX_ORBITALS, restore_eri, validate_integrals
 
-__all__ = ["Molecule", "MAX_ORBITALS", "SymmetryWarning", "aufbau_energy"]
+__all__ = ["Molecule", "MAX_ORBITALS", "SymmetryWarning", "aufbau_energy", "check_state_symmetry"]
 
 
 class SymmetryWarning(UserWarning):
-    """The integrals ask for a state symmetry (ISYM) that cuscikit's solvers do not impose."""
+    """The integrals ask for a state symmetry (ISYM) that cuscikit's solvers do not impose
+    (they refuse such a system: `check_state_symmetry`)."""
+
+
+def check_state_symmetry(system: Any) -> None:
+    """Refuse a system whose integrals ask for a state irrep (``isym`` other than 1).
+
+    cuscikit's solvers do not restrict configurations to an irrep: they return the lowest state
+    of any symmetry. ISYM=1 is what writers put when nothing was asked for (PySCF writes it for
+    every file, the triplet O2 of the bundled set included, whose ground state is B1g), so 1
+    means "no request"; any other value is a request the solvers cannot honour, and they say
+    so before any work instead of returning a state of another symmetry.
+
+    Raises:
+        ValueError: one line, naming the irrep and the way to accept any symmetry.
+    """
+    isym = int(getattr(system, "isym", 1) or 1)
+    if isym != 1:
+        name = getattr(system, "name", "the integrals")
+        raise ValueError(
+            f"{name}: ISYM={isym} asks for the lowest state of irrep {isym}, and cuscikit's "
+            "solvers do not restrict configurations to an irrep (they find the lowest state of "
+            "any symmetry); set ISYM=1 in the file (or molecule.isym = 1) to accept that"
+        )
 
 
 # PySCF irrep id -> Molpro irrep number (as pyscf.tools.fcidump.ORBSYM_MAP)
@@ -156,8 +179,8 @@ class Molecule:
     Attributes:
         norb, nelec, h1e, eri, e_core, e_hf, e_scf, name, orbsym, isym, metadata, mol, scf,
         mo_coeff, ncore, e_fci (after :meth:`fci`). ``isym`` is the state irrep an FCIDUMP asked
-        for (``ISYM``, 1 otherwise); the solvers do not restrict to it (see
-        :meth:`from_integrals`).
+        for (``ISYM``, 1 otherwise); the solvers refuse any other than 1 (see
+        `check_state_symmetry`).
 
     Raises:
         ValueError: one line, before any SCF: a geometry field that is not a plain number, an
@@ -340,8 +363,9 @@ class Molecule:
             has = "with ORBSYM" if self.orbsym is not None else "without ORBSYM"
             warnings.warn(
                 f"{self.name}: ISYM={self.isym} ({has}) asks for the lowest state of irrep "
-                f"{self.isym}; cuscikit's solvers do not restrict configurations to an irrep and "
-                "return the lowest state of any symmetry (ISYM is kept and written back)",
+                f"{self.isym}; cuscikit's solvers do not restrict configurations to an irrep (they "
+                "would find the lowest state of any symmetry) and refuse it; ISYM is kept and "
+                "written back",
                 SymmetryWarning,
                 stacklevel=2,
             )
@@ -528,6 +552,7 @@ class Molecule:
         """
         from pyscf import fci
 
+        check_state_symmetry(self)
         solver = fci.direct_spin1.FCI()
         solver.conv_tol = conv_tol
         solver.max_cycle = max_cycle

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from cuscikit.backends import resolve_device
+from cuscikit.chem.molecule import check_state_symmetry
 from cuscikit.lib.callbacks import Callback, EarlyStopping, RunLoop, RunStatus
 from cuscikit.lib.logger import NOTE, new_logger
 from cuscikit.lib.solver import Solver
@@ -240,6 +241,7 @@ class Runner(Solver):
     ):
         super().__init__(**options)
         self._validate()
+        check_state_symmetry(molecule)
         self.comm = comm if comm is not None else SerialComm()
         self.rank = self.comm.rank
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)

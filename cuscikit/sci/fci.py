@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from cuscikit.backends.keys import KeyIndex, sort_unique
+from cuscikit.chem.molecule import check_state_symmetry
 from cuscikit.lib.logger import new_logger
 from cuscikit.lib.solver import Solver
 from cuscikit.sci.configs import all_determinants, normalize_nelec
@@ -172,6 +173,7 @@ class FCI(Solver):
             mol = self.molecule
             if mol is None:
                 raise ValueError("give integrals (h1e, eri, norb, nelec) or build FCI(molecule)")
+            check_state_symmetry(mol)
             h1e, eri, norb, nelec, ecore = mol.h1e, mol.eri, mol.norb, mol.nelec, mol.e_core
         nroots = self.nroots if nroots is None else int(nroots)
         h1e = np.asarray(h1e, dtype=np.float64)

@@ -410,3 +410,41 @@ def test_isym_warns_and_round_trips(tmp_path: Path) -> None:
     m.to_fcidump(tmp_path / "F.gz")
     d = read_fcidump(tmp_path / "F.gz")
     assert (d.isym, d.orbsym) == (2, (1, 2))
+
+
+def test_solvers_refuse_a_state_irrep_they_cannot_honour(tmp_path: Path) -> None:
+    """ISYM other than 1 is a request for one irrep; the solvers (which find the lowest state of
+    any symmetry) refuse it before any work, the API and the command line alike; ISYM=1 (what
+    writers put when nothing was asked for) is accepted."""
+    import json
+    import subprocess
+    import sys
+
+    from cuscikit.sci import FCI
+
+    h, g = np.diag([-1.0, -0.5]), _h2_full(0.3, 0.3)
+    with pytest.warns(SymmetryWarning):
+        m = Molecule.from_integrals(h, g, 2, orbsym=[1, 2], isym=2, name="toy")
+    with pytest.raises(ValueError, match="ISYM=2 asks for the lowest state of irrep 2"):
+        FCI(m).kernel()
+    with pytest.raises(ValueError, match="ISYM=2"):
+        m.fci()
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from cuscikit import Ansatz, Runner
+
+    with pytest.raises(ValueError, match="ISYM=2"):
+        Runner(m, Ansatz.for_molecule(m, seed=0))
+    path = tmp_path / "toy.fcidump"
+    m.to_fcidump(path)
+    r = subprocess.run(
+        [sys.executable, "-m", "cuscikit", "fci", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["status"] == "error"
+    assert "ISYM=2" in r.stdout
+    m.isym = 1  # accept the lowest state of any symmetry
+    e, _ = FCI(m).kernel()
+    assert e == pytest.approx(m.fci(), abs=1e-10)
