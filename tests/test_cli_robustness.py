@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import h5py
 import pytest
@@ -119,3 +121,30 @@ def test_reports_carry_a_status_and_no_bare_nan(capsys):
     assert main(["fci", "LiH", "--json"]) == 0
     text = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(text)["status"] == "ok" and "NaN" not in text
+
+
+def test_warnings_reach_the_json_report(tmp_path, capsys):
+    """A file cut short (no core line, no one-electron integrals) still solves, with warnings
+    on stderr and in the JSON report, so a script reading only the JSON sees them."""
+    import gzip
+
+    from cuscikit.chem.datasets import dataset_fcidump_path
+
+    lines = gzip.open(dataset_fcidump_path("LiH"), "rt").read().splitlines()
+    cut = tmp_path / "cut.fcidump"
+    cut.write_text("\n".join(lines[: int(0.7 * len(lines))]) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "cuscikit", "fci", str(cut), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out, err = r.stdout, r.stderr
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["status"] == "ok"
+    assert any("no core-energy line" in w for w in report["warnings"])
+    assert any("no one-electron integrals" in w for w in report["warnings"])
+    assert "no core-energy line" in err
+    assert main(["fci", "LiH", "--json"]) == 0  # a clean run reports no warnings
+    assert "warnings" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -90,12 +90,43 @@ def _finish(args, status: int) -> int:
     return status
 
 
-def main(argv: list[str] | None = None) -> int:
-    from cuscikit.parallel.comm import CommError
+class _RecordWarnings:
+    """Warnings are shown on stderr as usual and also collected (``"warnings"`` in the JSON
+    report), so that a script reading only the JSON still sees them."""
 
+    def __init__(self, seen: list[str]):
+        self.seen = seen
+
+    def __enter__(self):
+        import warnings
+
+        self.show = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            self.seen.append(f"{category.__name__}: {message}")
+            self.show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        return self
+
+    def __exit__(self, *exc):
+        import warnings
+
+        warnings.showwarning = self.show
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _Parser.json_requested = "--json" in argv
     args = build_parser().parse_args(argv)
+    args.warnings = []
+    with _RecordWarnings(args.warnings):
+        return _run(args)
+
+
+def _run(args) -> int:
+    from cuscikit.parallel.comm import CommError
+
     try:
         status = args.func(args)
     except UsageError as exc:

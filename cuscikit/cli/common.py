@@ -86,13 +86,17 @@ def _finite(obj):
 
 def emit(args, report: dict, lines: list[str]) -> None:
     """Print the report's lines and, with --json, the report as the last line (rank 0 only);
-    the JSON carries ``"status"`` ("ok" unless the report says otherwise)."""
+    the JSON carries ``"status"`` ("ok" unless the report says otherwise) and the run's
+    ``"warnings"`` when there were any."""
     if rank_of(args) != 0:  # on several ranks, rank 0 reports
         return
     for line in lines:
         print(line)
     if getattr(args, "json", False):
-        print(json.dumps(_finite({"status": "ok", **report}), allow_nan=False), flush=True)
+        report = {"status": "ok", **report}
+        if getattr(args, "warnings", None):
+            report["warnings"] = list(args.warnings)
+        print(json.dumps(_finite(report), allow_nan=False), flush=True)
     args.reported = True
 
 
@@ -107,6 +111,8 @@ def emit_error(args, exc: BaseException, status: str = "error") -> None:
             "error": str(exc) or type(exc).__name__,
             "error_type": type(exc).__name__,
         }
+        if getattr(args, "warnings", None):
+            report["warnings"] = list(args.warnings)
         print(json.dumps(_finite(report), allow_nan=False), flush=True)
 
 
