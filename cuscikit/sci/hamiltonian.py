@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -65,6 +66,15 @@ def full_eri(eri: np.ndarray, norb: int) -> np.ndarray:
     return np.ascontiguousarray(restore_eri(eri, norb, 1))
 
 
+def _finite_eps(eps) -> float:
+    """A screening threshold: a finite float (NaN would turn every comparison, and so the
+    screening, off)."""
+    value = float(eps)
+    if not math.isfinite(value):
+        raise ValueError(f"eps must be a finite number, got {eps!r}")
+    return value
+
+
 class Hamiltonian:
     """H = sum h_pq a+_p a_q + 1/2 sum (pq|rs) a+_p a+_r a_s a_q + E_core on configurations.
 
@@ -96,7 +106,7 @@ class Hamiltonian:
         self.nwords = n_words(norb)
         self.nelec = None if nelec is None else normalize_nelec(nelec, norb)
         self.e_core = float(e_core)
-        self.eps = float(eps)
+        self.eps = _finite_eps(eps)
         self.h1e = h1e
         need = table_bytes(norb)
         budget = host_available_bytes()
@@ -142,7 +152,7 @@ class Hamiltonian:
         return arr
 
     def _eps(self, eps: float | None) -> float:
-        eps = self.eps if eps is None else float(eps)
+        eps = self.eps if eps is None else _finite_eps(eps)
         if eps < self.eps:
             raise ValueError(
                 f"eps={eps} is below the table threshold {self.eps}: build the Hamiltonian "

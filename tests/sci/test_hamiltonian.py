@@ -155,3 +155,17 @@ def test_screening_threshold_validation():
         H.diagonal(np.zeros((1, 2), np.uint64))
     with pytest.raises(ValueError, match="eri does not match"):
         Hamiltonian(h1, np.zeros((3, 3, 3, 3)), 0.0)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_screening_threshold_is_refused(eps):
+    """NaN compares false with everything: taken as given it would switch screening off."""
+    from cuscikit import Molecule
+    from cuscikit.sci import SCISpace
+
+    mol = Molecule.load("LiH")
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+        SCISpace.hf(mol, eps=eps)
+    H = SCISpace.hf(mol).hamiltonian
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+        H.coupled(SCISpace.hf(mol).configs, eps=eps)
