@@ -163,7 +163,9 @@ class Molecule:
     Args:
         atom: geometry in PySCF's formats (``"H 0 0 0; H 0 0 0.74"``, newlines, commas, a
             numeric Z-matrix, a list of ``(symbol, (x, y, z))``, an ``.xyz`` file name), parsed
-            as plain numbers before PySCF sees it (:func:`cuscikit.chem.geometry.parse_geometry`).
+            as plain numbers before PySCF sees it (:func:`cuscikit.chem.geometry.parse_geometry`);
+            or a PySCF ``gto.Mole`` or RHF/ROHF object (as `from_pyscf`, the other arguments
+            but ``frozen_core``, ``cas`` and ``name`` then come from it).
         basis: basis name or PySCF basis dict; names PySCF lacks come from basis_set_exchange.
         charge: total charge (an integer).
         spin: ``n_alpha - n_beta`` (2S, an integer).
@@ -208,6 +210,10 @@ class Molecule:
         verbose: int = 0,
         thorough_scf: bool = False,
     ) -> None:
+        if hasattr(atom, "nao_nr") or (hasattr(atom, "mo_coeff") and hasattr(atom, "mol")):
+            other = Molecule.from_pyscf(atom, frozen_core, cas, name, thorough_scf)
+            self.__dict__.update(other.__dict__)
+            return
         unit = normalize_unit(unit)
         atoms = parse_geometry(atom)
         check_geometry(atoms, unit)
@@ -253,6 +259,13 @@ class Molecule:
         _validate_nelec(nelecas, ncas)  # electron count and orbital limit, before any SCF
 
         mf = _converge_scf(mol, thorough=thorough_scf)
+        self._from_scf(mf, ncore, ncas, nelecas, name)
+        self.basis, self.charge, self.spin, self.unit = basis, charge, spin, unit
+        self.frozen_core, self.cas = frozen_core, cas
+
+    def _from_scf(self, mf: Any, ncore: int, ncas: int, nelecas: tuple[int, int], name) -> None:
+        """The active-space integrals of a converged SCF in its molecular orbitals."""
+        mol = mf.mol
         nmo = mf.mo_coeff.shape[1]
         if ncore + ncas > nmo:  # linear dependencies removed orbitals
             raise ValueError(f"active space {ncore}+{ncas} exceeds the {nmo} molecular orbitals")
@@ -273,8 +286,78 @@ class Molecule:
         self.mol, self.scf, self.mo_coeff = mol, mf, mf.mo_coeff
         self.ncore = ncore
         self.e_scf = float(mf.e_tot)
-        self.basis, self.charge, self.spin, self.unit = basis, charge, spin, unit
+
+    @classmethod
+    def from_pyscf(
+        cls,
+        obj: Any,
+        frozen_core: bool | int = False,
+        cas: tuple[int, int] | None = None,
+        name: str | None = None,
+        thorough_scf: bool = False,
+    ) -> Molecule:
+        """A Molecule from a PySCF ``gto.Mole`` (cuscikit runs the SCF) or from a restricted
+        SCF object (RHF/ROHF; its orbitals are used as they are).
+
+        Args:
+            obj: a built ``pyscf.gto.Mole`` or an SCF object with ``mol`` and ``mo_coeff``.
+            frozen_core, cas, name, thorough_scf: as for `Molecule`.
+
+        Raises:
+            ValueError: one line: not a Mole or SCF object, an unrestricted SCF (two sets of
+                orbitals), an SCF that has not run, or what `Molecule` refuses.
+
+        Example:
+            >>> from pyscf import gto, scf
+            >>> mol = gto.M(atom="H 0 0 0; H 0 0 0.74", basis="sto-3g", verbose=0)
+            >>> mf = scf.RHF(mol).run()
+            >>> m = Molecule.from_pyscf(mf)
+            >>> bool(abs(m.e_hf - mf.e_tot) < 1e-10), m.norb, m.nelec
+            (True, 2, (1, 1))
+            >>> bool(abs(Molecule.from_pyscf(mol).e_hf - mf.e_tot) < 1e-8)
+            True
+        """
+        if hasattr(obj, "mo_coeff") and hasattr(obj, "mol"):
+            mf = obj
+            if mf.mo_coeff is None:
+                raise ValueError("the SCF object has not run (mo_coeff is None): call .run() first")
+            mo = np.asarray(mf.mo_coeff)
+            if mo.ndim != 2:
+                raise ValueError(
+                    "an unrestricted SCF has two sets of orbitals: give an RHF or ROHF object"
+                )
+            if not getattr(mf, "converged", True):
+                warnings.warn("the SCF object did not converge", stacklevel=2)
+            mol = mf.mol
+            ncore, ncas, nelecas = _active_space(mol, frozen_core, cas, mo.shape[1])
+            _validate_nelec(nelecas, ncas)
+            self = cls.__new__(cls)
+            self._from_scf(mf, ncore, ncas, nelecas, name)
+        elif hasattr(obj, "atom_coords") and hasattr(obj, "nao_nr"):
+            mol = obj
+            if not getattr(mol, "_built", True):
+                mol.build()
+            atoms = [(mol.atom_symbol(i), tuple(mol.atom_coord(i))) for i in range(mol.natm)]
+            self = cls(
+                atoms,
+                basis=mol.basis,
+                charge=mol.charge,
+                spin=mol.spin,
+                unit="Bohr",
+                frozen_core=frozen_core,
+                cas=cas,
+                symmetry=mol.symmetry,
+                name=name,
+                thorough_scf=thorough_scf,
+            )
+            return self
+        else:
+            raise ValueError(
+                f"expected a pyscf.gto.Mole or an SCF object, not {type(obj).__name__}"
+            )
+        self.basis, self.charge, self.spin, self.unit = mol.basis, mol.charge, mol.spin, "Bohr"
         self.frozen_core, self.cas = frozen_core, cas
+        return self
 
     # ------------------------------------------------------------------ other constructors
     def _set_integrals(

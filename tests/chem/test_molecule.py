@@ -448,3 +448,34 @@ def test_solvers_refuse_a_state_irrep_they_cannot_honour(tmp_path: Path) -> None
     m.isym = 1  # accept the lowest state of any symmetry
     e, _ = FCI(m).kernel()
     assert e == pytest.approx(m.fci(), abs=1e-10)
+
+
+def test_from_pyscf_mole_and_scf_objects() -> None:
+    """`Molecule.from_pyscf` (and `Molecule(mol)`, `Molecule(mf)`) against PySCF's own RHF,
+    ROHF and FCI energies; unrestricted or unrun SCF objects and other types are refused."""
+    from pyscf import fci, gto, scf
+
+    from cuscikit.sci import FCI
+
+    mol = gto.M(atom="Li 0 0 0; H 0 0 1.6", basis="sto-3g", verbose=0)
+    mf = scf.RHF(mol).run(conv_tol=1e-12)
+    e_fci = fci.FCI(mf).kernel()[0]
+    for m in (Molecule.from_pyscf(mf), Molecule(mf), Molecule.from_pyscf(mol), Molecule(mol)):
+        assert m.e_hf == pytest.approx(mf.e_tot, abs=1e-8)
+        assert (m.norb, m.nelec) == (6, (2, 2))
+        assert FCI(m).kernel()[0] == pytest.approx(e_fci, abs=1e-8)
+    assert Molecule.from_pyscf(mf).scf is mf  # the given orbitals, as they are
+    m = Molecule.from_pyscf(mf, frozen_core=1)
+    assert (m.norb, m.nelec) == (5, (1, 1))
+
+    triplet = gto.M(atom="C 0 0 0; H 0 0.9 0.6; H 0 -0.9 0.6", basis="sto-3g", spin=2, verbose=0)
+    rohf = scf.ROHF(triplet).run(conv_tol=1e-12)
+    m = Molecule.from_pyscf(rohf)
+    assert m.nelec == (5, 3) and m.e_hf == pytest.approx(rohf.e_tot, abs=1e-8)
+
+    with pytest.raises(ValueError, match="two sets of orbitals"):
+        Molecule.from_pyscf(scf.UHF(triplet).run())
+    with pytest.raises(ValueError, match="has not run"):
+        Molecule.from_pyscf(scf.RHF(mol))
+    with pytest.raises(ValueError, match="expected a pyscf.gto.Mole"):
+        Molecule.from_pyscf("H 0 0 0; H 0 0 0.74")
