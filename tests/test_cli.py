@@ -209,3 +209,17 @@ def test_max_gpu_memory_takes_byte_counts(capsys):
         with pytest.raises(SystemExit):
             parse(["nnqs", "LiH", "--max-gpu-memory", bad])
         assert "byte count" in capsys.readouterr().err
+
+
+def test_every_option_has_help_and_every_command_a_description():
+    import argparse
+
+    from cuscikit.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, sp in sub.choices.items():
+        assert sp.description, f"cuscikit {name} has no description"
+        for action in sp._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"cuscikit {name} {action.option_strings or action.dest}"

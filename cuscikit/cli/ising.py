@@ -32,7 +32,12 @@ def register(sub) -> None:
     s.add_argument("--steps", type=positive_int, default=2000, help="steps of the pump schedule")
     s.add_argument("--dt", type=finite_float, default=0.5, help="time step")
     s.add_argument("--seed", type=_seed, default=0, help="64-bit seed of the initial state")
-    s.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    s.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="where the replicas run (the same bytes on both; auto: cuda when available)",
+    )
     s.add_argument(
         "--time-limit",
         type=finite_float,
