@@ -53,6 +53,62 @@ def host_available_bytes() -> int:
         return 1 << 62
 
 
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), or None elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+class HostPeak:
+    """The peak resident memory of this process over a stretch of code: a thread samples it
+    every `interval` seconds (and at both ends), so what was freed before the stretch does not
+    count, unlike the lifetime peak (``ru_maxrss``). A spike shorter than the interval can be
+    missed. Where the resident size cannot be read, `peak` is the lifetime peak.
+
+    Example:
+        >>> import numpy as np
+        >>> with HostPeak() as hp:
+        ...     a = np.ones(50_000_000 // 8)  # 50 MB, touched
+        >>> bool(hp.peak - hp.start > 45_000_000)
+        True
+        >>> del a
+    """
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = float(interval)
+        self.start = self.peak = 0
+
+    def _sample(self) -> None:
+        rss = resident_bytes()
+        if rss is not None and rss > self.peak:
+            self.peak = rss
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> HostPeak:
+        import threading
+
+        self.start = self.peak = resident_bytes() or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cuscikit-host-peak", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if resident_bytes() is None:  # pragma: no cover - not Linux
+            import resource
+
+            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 class MemoryBudget:
     """How many bytes a solver may hold on `device`.
 

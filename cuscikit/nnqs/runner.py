@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from cuscikit.backends import resolve_device
+from cuscikit.backends.memory import HostPeak
 from cuscikit.chem.molecule import check_state_symmetry
 from cuscikit.lib.callbacks import Callback, EarlyStopping, RunLoop, RunStatus
 from cuscikit.lib.logger import NOTE, new_logger
@@ -510,12 +511,25 @@ class Runner(Solver):
         return all(bool(torch.isfinite(p).all()) for p in self.ansatz.parameters())
 
     def step(self) -> dict:
-        """One NNQS-SCI iteration. Returns its history row (also appended to `history`)."""
+        """One NNQS-SCI iteration. Returns its history row (also appended to `history`).
+
+        ``peak_memory_bytes`` is this iteration's peak: on a GPU PyTorch's allocator peak
+        (reset first), on the CPU the process's resident size sampled during the iteration
+        (`cuscikit.backends.memory.HostPeak`), not its lifetime peak."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            row = self._step()
+            row["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+            return row
+        with HostPeak() as hp:
+            row = self._step()
+        row["peak_memory_bytes"] = hp.peak
+        return row
+
+    def _step(self) -> dict:
         self._sync_options()
         t = {s: 0.0 for s in STAGES}
         t_start = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
         S = self.space.configs
         n = len(S)
         r = self._pipeline.run(S, self.topk)
@@ -599,7 +613,7 @@ class Runner(Solver):
         }
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
-        row["peak_memory_bytes"] = _peak_memory(self.device)
+        row["peak_memory_bytes"] = 0  # set by `step` once the iteration's peak is known
         row["peak_theoretical_bytes"] = r.peak_theoretical
         row["bytes_staged"] = r.bytes_staged
         row["n_batches"] = r.n_batches
@@ -769,11 +783,3 @@ class Runner(Solver):
             bad = np.flatnonzero(failed).tolist()
             raise CheckpointError(f"{path}: ranks {bad} could not read the checkpoint")
         return self
-
-
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB

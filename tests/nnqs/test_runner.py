@@ -389,3 +389,17 @@ def test_runner_options_are_checked_like_a_solvers():
     r.eps = 1e-10  # a structural option after the run started is refused
     with pytest.raises(ValueError, match="fixed once a run has started"):
         r.step()
+
+
+def test_cpu_peak_memory_is_the_iterations_own():
+    """An array allocated and freed between iterations is not the next iteration's peak (the
+    process's lifetime peak would be)."""
+    import resource
+
+    r = make_runner()
+    r.step()
+    big = np.ones(400_000_000 // 8)  # 400 MB, touched, then freed
+    del big
+    row = r.step()
+    lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 0 < row["peak_memory_bytes"] < lifetime - 300_000_000
