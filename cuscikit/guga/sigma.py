@@ -56,7 +56,9 @@ class Engine:
         self.drt = drt
         self.core = drt.core
         self.mod = load()
-        self.nthreads = int(nthreads or 0)
+        # small spaces run on one thread: waking a team costs more than the work, and under
+        # PySCF (its own OpenMP team) idle threads compete for the same cores
+        self.nthreads = int(nthreads or (1 if drt.n_csf < 20000 else 0))
         n = drt.norb
         self.norb = n
         self.npair = n * (n + 1) // 2
