@@ -107,9 +107,7 @@ class Engine:
         sigma = np.zeros(self.ncsf)
         for i, (k0, count) in enumerate(self.blocks):
             args = self._args(i)
-            T = self.mod.gather_pairs(
-                self.core, *args, self.symmap, self.npair, c, self.nthreads
-            )
+            T = self.mod.gather_pairs(self.core, *args, self.symmap, self.npair, c, self.nthreads)
             G = T @ V
             if h is not None:
                 G += np.outer(c[k0 : k0 + count], h)

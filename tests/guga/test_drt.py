@@ -29,8 +29,8 @@ TABLE = [
 
 def _weyl(n, N, twos):
     s2 = twos
-    return (s2 + 1) * math.comb(n + 1, (N - s2) // 2) * math.comb(n + 1, n - (N + s2) // 2) // (
-        n + 1
+    return (
+        (s2 + 1) * math.comb(n + 1, (N - s2) // 2) * math.comb(n + 1, n - (N + s2) // 2) // (n + 1)
     )
 
 
