@@ -81,6 +81,7 @@ class Engine:
                 self.blocks.append((start, stop - start))
                 start = stop
         self._lists: dict[int, tuple] = {}
+        self._work = None  # (T, G) buffers reused between calls
 
     def lists(self, i: int):
         """(offsets, bra, code, w) of block i (cached or rebuilt)."""
@@ -105,15 +106,22 @@ class Engine:
         """
         c = np.ascontiguousarray(c, dtype=np.float64).reshape(-1)
         sigma = np.zeros(self.ncsf)
+        npair = self.npair
+        # one GEMM carries the one-body term too: T gets a column c_k, V a row h
+        ld = npair + (h is not None)
+        if h is not None:
+            V = np.vstack([V, np.asarray(h, dtype=np.float64)[None, :]])
+        V = np.ascontiguousarray(V)
+        rows = max(count for _, count in self.blocks)
+        if self._work is None or self._work[0].shape[0] < rows or self._work[0].shape[1] != ld:
+            self._work = (np.empty((rows, ld)), np.empty((rows, npair)))
+        T_all, G_all = self._work
         for i, (k0, count) in enumerate(self.blocks):
             args = self._args(i)
-            T = self.mod.gather_pairs(self.core, *args, self.symmap, self.npair, c, self.nthreads)
-            G = T @ V
-            if h is not None:
-                G += np.outer(c[k0 : k0 + count], h)
-            self.mod.scatter_pairs(
-                self.core, *args, self.symmap, self.npair, G, sigma, self.nthreads
-            )
+            T, G = T_all[:count], G_all[:count]
+            self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
+            np.matmul(T, V, out=G)
+            self.mod.scatter_pairs(self.core, *args, self.symmap, npair, G, sigma, self.nthreads)
         return sigma
 
     def diagonal(self, h1: np.ndarray, eri4: np.ndarray) -> np.ndarray:

@@ -131,21 +131,22 @@ void bind_guga(nb::module_& m) {
       "gather_pairs",
       [](const Drt& d, In<std::int64_t> offsets, In<std::int32_t> bra, In<std::uint16_t> code,
          In<double> w, In<std::uint8_t> steps, std::int64_t k0, In<std::int32_t> symmap, int npair,
-         In<double> c, int nthreads) {
+         In<double> c, nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu> T,
+         int nthreads) {
         BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
         if (static_cast<std::int64_t>(c.size()) != d.ncsf)
           throw std::invalid_argument("c must hold ncsf entries");
         if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
           throw std::invalid_argument("symmap must hold norb^2 entries");
-        std::vector<double> T(static_cast<size_t>(v.count) * npair);
-        {
-          nb::gil_scoped_release rel;
-          csk::guga::gather_pairs(d, v, symmap.data(), npair, c.data(), T.data(), nthreads);
-        }
-        return to_numpy(std::move(T), {static_cast<size_t>(v.count), static_cast<size_t>(npair)});
+        if (static_cast<std::int64_t>(T.shape(0)) < v.count ||
+            T.shape(1) < static_cast<size_t>(npair))
+          throw std::invalid_argument("T must be at least (count, npair)");
+        nb::gil_scoped_release rel;
+        csk::guga::gather_pairs(d, v, symmap.data(), npair, c.data(), T.data(),
+                                static_cast<int>(T.shape(1)), nthreads);
       },
       "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "symmap"_a, "npair"_a,
-      "c"_a, "nthreads"_a = 0);
+      "c"_a, "T"_a, "nthreads"_a = 0, "Fill T (count, ld) in place.");
 
   m.def(
       "scatter_pairs",

@@ -194,14 +194,15 @@ std::vector<std::uint8_t> csf_steps(const Drt& drt, std::int64_t k0, std::int64_
 }
 
 void gather_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
-                  const double* c, double* T, int nthreads) {
+                  const double* c, double* T, int ld, int nthreads) {
   const int n = drt.norb;
   nthreads = threads_or_default(nthreads);
 #pragma omp parallel for schedule(dynamic, 256) num_threads(nthreads)
   for (std::int64_t k = 0; k < v.count; ++k) {
-    double* row = T + k * npair;
+    double* row = T + k * ld;
     for (int P = 0; P < npair; ++P) row[P] = 0.0;
     const double ck = c[v.k0 + k];
+    if (ld > npair) row[npair] = ck;  // the column that carries the one-body term
     for (int r = 0; r < n; ++r) row[symmap[r * n + r]] = step_occupation(v.steps[k * n + r]) * ck;
     for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
       row[symmap[v.code[e]]] += v.w[e] * c[v.bra[e]];

@@ -55,9 +55,10 @@ struct BlockView {
   std::int64_t count;
 };
 
-// T[k, P(p,q)] = ((E_pq + E_qp) c)_k for p != q, T[k, P(r,r)] = n_r(k) c_k.
+// T[k, P(p,q)] = ((E_pq + E_qp) c)_k for p != q, T[k, P(r,r)] = n_r(k) c_k; rows of length
+// ld >= npair, and T[k, npair] = c_k when ld > npair.
 void gather_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
-                  const double* c, double* T, int nthreads);
+                  const double* c, double* T, int ld, int nthreads);
 // sigma_m += sum_P <m|E^sym_P|k> G[k, P] over the kets k of the block (per-thread buffers).
 void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
                    const double* G, double* sigma, std::int64_t ncsf, int nthreads);
