@@ -73,7 +73,7 @@ class DRT:
         n_csf: number of CSFs (= L[head]).
 
     Example:
-        >>> DRT(10, 10, 2).n_csf
+        >>> DRT(10, 10, 4).n_csf
         12375
     """
 
