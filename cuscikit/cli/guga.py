@@ -1,7 +1,7 @@
 """`cuscikit guga`: exact CI in spin-adapted CSFs (GUGA) of a system, or the sizes of a DRT.
 
-    cuscikit guga N2 --spin 0 --nroots 2 --json
-    cuscikit guga --drt 12 12 0
+cuscikit guga N2 --spin 0 --nroots 2 --json
+cuscikit guga --drt 12 12 0
 """
 
 from __future__ import annotations

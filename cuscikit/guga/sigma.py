@@ -67,6 +67,7 @@ class Engine:
         self.steps = drt.steps()
         counts = self.core.counts(0, self.ncsf, self.nthreads)
         self.n_entries = int(counts.sum())
+        self._counts = counts
         self.cached = ENTRY_BYTES * self.n_entries <= budget
         if self.cached:
             self.blocks = [(0, self.ncsf)]
@@ -88,7 +89,8 @@ class Engine:
         if i in self._lists:
             return self._lists[i]
         k0, count = self.blocks[i]
-        lst = self.core.lists(k0, count, self.nthreads)
+        known = np.ascontiguousarray(self._counts[k0 : k0 + count])
+        lst = self.core.lists(k0, count, self.nthreads, known)
         if self.cached:
             self._lists[i] = lst
         return lst
@@ -116,7 +118,7 @@ class Engine:
         if self._work is None or self._work[0].shape[0] < rows or self._work[0].shape[1] != ld:
             self._work = (np.empty((rows, ld)), np.empty((rows, npair)))
         T_all, G_all = self._work
-        for i, (k0, count) in enumerate(self.blocks):
+        for i, (_, count) in enumerate(self.blocks):
             args = self._args(i)
             T, G = T_all[:count], G_all[:count]
             self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)

@@ -2,6 +2,7 @@
 // builds the DRT and validates shapes; these bindings check sizes again and release the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/tuple.h>
 
 #include <stdexcept>
@@ -109,14 +110,18 @@ void bind_guga(nb::module_& m) {
           "k0"_a, "count"_a, "nthreads"_a = 0, "Coupling entries per ket.")
       .def(
           "lists",
-          [](const Drt& d, std::int64_t k0, std::int64_t count, int nthreads) {
+          [](const Drt& d, std::int64_t k0, std::int64_t count, int nthreads,
+             std::optional<In<std::int64_t>> counts) {
             check_range(d, k0, count);
+            if (counts && static_cast<std::int64_t>(counts->size()) != count)
+              throw std::invalid_argument("counts must hold count entries");
+            const std::int64_t* known = counts ? counts->data() : nullptr;
             if (d.ncsf >= (std::int64_t(1) << 31))
               throw std::invalid_argument("more than 2^31 - 1 CSFs");
             csk::guga::Lists l;
             {
               nb::gil_scoped_release rel;
-              l = csk::guga::build_lists(d, k0, count, nthreads);
+              l = csk::guga::build_lists(d, k0, count, nthreads, known);
             }
             const size_t total = l.w.size();
             return nb::make_tuple(to_numpy(std::move(l.offsets), {static_cast<size_t>(count) + 1}),
@@ -124,7 +129,7 @@ void bind_guga(nb::module_& m) {
                                   to_numpy(std::move(l.code), {total}),
                                   to_numpy(std::move(l.w), {total}));
           },
-          "k0"_a, "count"_a, "nthreads"_a = 0,
+          "k0"_a, "count"_a, "nthreads"_a = 0, "counts"_a = nb::none(),
           "(offsets, bra, code, w): w = <bra|E_pq|k0 + k>, code = p * norb + q.");
 
   m.def(

@@ -154,10 +154,12 @@ std::vector<std::int64_t> count_lists(const Drt& drt, std::int64_t k0, std::int6
   return counts;
 }
 
-Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads) {
+Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads,
+                  const std::int64_t* known) {
   nthreads = threads_or_default(nthreads);
   Lists out;
-  std::vector<std::int64_t> counts = count_lists(drt, k0, count, nthreads);
+  std::vector<std::int64_t> counts = known ? std::vector<std::int64_t>(known, known + count)
+                                           : count_lists(drt, k0, count, nthreads);
   out.offsets.assign(count + 1, 0);
   for (std::int64_t k = 0; k < count; ++k) out.offsets[k + 1] = out.offsets[k] + counts[k];
   const std::int64_t total = out.offsets[count];

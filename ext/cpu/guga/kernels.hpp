@@ -36,7 +36,9 @@ struct Lists {
   std::vector<double> w;
 };
 
-Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads);
+// counts: the entries per ket (count_lists) when known, else nullptr (counted here).
+Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads,
+                  const std::int64_t* counts = nullptr);
 std::vector<std::int64_t> count_lists(const Drt& drt, std::int64_t k0, std::int64_t count,
                                       int nthreads);
 std::vector<std::uint8_t> csf_steps(const Drt& drt, std::int64_t k0, std::int64_t count,
