@@ -97,6 +97,12 @@ class GUGASolver(Solver):
         self.converged = False
         self._engines: dict = {}
 
+    def copy(self) -> GUGASolver:
+        """A shallow copy (PySCF's ``StreamObject.copy``; used by ``fci.addons.fix_spin_``)."""
+        import copy
+
+        return copy.copy(self)
+
     # --- spaces ----------------------------------------------------------------------------------
     def _budget(self) -> int:
         if self.max_memory is not None:
@@ -261,6 +267,13 @@ class GUGASolver(Solver):
                 warnings.warn("GUGASolver ignores wfnsym (no point-group symmetry)", stacklevel=2)
         if not math.isfinite(float(ecore)):
             raise ValueError(f"ecore must be finite, got {ecore}")
+        twos = self._twos(nelec)[1]
+        ss_value = getattr(self, "ss_value", None)  # set by PySCF's fix_spin_
+        if ss_value is not None and abs(ss_value - 0.25 * twos * (twos + 2)) > 1e-8:
+            raise ValueError(
+                f"fix_spin_ asks for <S^2> = {ss_value}, but this CSF space has S(S+1) = "
+                f"{0.25 * twos * (twos + 2)}; set GUGASolver(spin=2S) instead"
+            )
         eng, matvec = self._hop(h1e, eri, norb, nelec)
         n = eng.ncsf
         if not 1 <= nroots <= n:

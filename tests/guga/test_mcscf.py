@@ -84,3 +84,19 @@ def test_state_averaged_casscf_matches_pyscf():
     e = ours.kernel()[0]
     assert e == pytest.approx(ref.kernel()[0], abs=1e-8)
     np.testing.assert_allclose(ours.e_states, ref.e_states, atol=1e-7)
+
+
+def test_fix_spin_is_harmless_and_a_wrong_spin_is_refused():
+    mf = _mf("H2O")
+    plain = mcscf.CASCI(mf, 4, 4)
+    plain.fcisolver = GUGASolver(mf.mol)
+    fixed = mcscf.CASCI(mf, 4, 4)
+    fixed.fcisolver = fci.addons.fix_spin_(GUGASolver(mf.mol), ss=0)
+    assert fixed.kernel()[0] == pytest.approx(plain.kernel()[0], abs=1e-10)
+    wrong = mcscf.CASCI(mf, 4, 4)
+    wrong.fcisolver = fci.addons.fix_spin_(GUGASolver(mf.mol), ss=2)
+    with pytest.raises(ValueError, match="S\\(S\\+1\\)"):
+        wrong.kernel()
+    ci = plain.ci
+    top = GUGASolver().large_ci(ci, 4, (2, 2), tol=0.1)
+    assert top and abs(top[0][0]) > 0.9 and top[0][1] == "2200"
