@@ -24,7 +24,9 @@ struct Frame {
   std::int64_t dy;  // sum of bra minus ket arc weights so far
 };
 
-// Every <m|E_pq|n> != 0 of one ket n (steps and vertices given), p != q, in order of (p, q).
+// Every <m|E_pq|n> != 0 of one ket n (steps and vertices given), p != q. One search per start
+// orbital lo and direction: the middle segments are shared by every end orbital hi > lo, and a
+// loop is closed at each arc where the end segment lands on the ket's vertex.
 template <class Emit>
 void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::int64_t rank,
                        Emit&& emit) {
@@ -35,24 +37,18 @@ void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::
   const std::int32_t* bv = drt.b.data();
   const std::int64_t* y = drt.y.data();
   Frame stack[2 * kMaxOrb + 8];
-  for (int p = 0; p < n; ++p) {
-    const int occ_p = step_occupation(steps[p]);
-    if (occ_p == 2) continue;
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      const int occ_q = step_occupation(steps[q]);
-      if (occ_q == 0) continue;
-      const bool raising = p < q;
-      const int lo = raising ? p : q;
-      const int hi = raising ? q : p;
+  for (int lo = 0; lo < n - 1; ++lo) {
+    const int occ_lo = step_occupation(steps[lo]);
+    for (int raising = 0; raising < 2; ++raising) {
+      // raising: E_{lo,hi}, an electron moves down to lo; lowering: E_{hi,lo}, up from lo
+      if (raising ? occ_lo == 2 : occ_lo == 0) continue;
       const int kstart = raising ? kRaiseStart : kLowerStart;
       const int kmid = raising ? kRaiseMiddle : kLowerMiddle;
       const int kend = raising ? kRaiseEnd : kLowerEnd;
-      const std::uint16_t code = static_cast<std::uint16_t>(p * n + q);
       int top = 0;
       {
         const int d = steps[lo];
-        const int target = step_occupation(d) + (raising ? 1 : -1);
+        const int target = occ_lo + (raising ? 1 : -1);
         const int ku = verts[lo + 1];
         const int bk = bv[ku];
         for (int dp = 0; dp < 4; ++dp) {
@@ -70,10 +66,24 @@ void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::
         const Frame f = stack[--top];
         const int i = f.level + 1;
         const int d = steps[i];
+        const int occ = step_occupation(d);
         const int ku = verts[i + 1];
         const int bk = bv[ku];
-        if (i < hi) {
-          const int occ = step_occupation(d);
+        // close the loop at i
+        if (raising ? occ > 0 : occ < 2) {
+          const int target = occ + (raising ? -1 : 1);
+          for (int dp = 0; dp < 4; ++dp) {
+            if (step_occupation(dp) != target) continue;
+            if (up[4 * f.vert + dp] != ku) continue;
+            const double v = seg[segment_index(kend, dp, d, 1, bk, bmax)];
+            if (v == 0.0) continue;
+            const int p = raising ? lo : i, q = raising ? i : lo;
+            emit(rank + f.dy + y[4 * ku + dp] - y[4 * ku + d],
+                 static_cast<std::uint16_t>(p * n + q), f.val * v);
+          }
+        }
+        // or pass through i as a middle segment
+        if (i + 1 < n) {
           for (int dp = 0; dp < 4; ++dp) {
             if (step_occupation(dp) != occ) continue;
             const int u = up[4 * f.vert + dp];
@@ -83,15 +93,6 @@ void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::
             const double v = seg[segment_index(kmid, dp, d, delta, bk, bmax)];
             if (v == 0.0) continue;
             stack[top++] = Frame{i, u, f.val * v, f.dy + y[4 * u + dp] - y[4 * ku + d]};
-          }
-        } else {
-          const int target = step_occupation(d) + (raising ? -1 : 1);
-          for (int dp = 0; dp < 4; ++dp) {
-            if (step_occupation(dp) != target) continue;
-            if (up[4 * f.vert + dp] != ku) continue;
-            const double v = seg[segment_index(kend, dp, d, 1, bk, bmax)];
-            if (v == 0.0) continue;
-            emit(rank + f.dy + y[4 * ku + dp] - y[4 * ku + d], code, f.val * v);
           }
         }
       }
