@@ -83,6 +83,7 @@ class Engine:
                 start = stop
         self._lists: dict[int, tuple] = {}
         self._work = None  # (T, G) buffers reused between calls
+        self.rows = 32768  # kets per gather / GEMM / scatter step
 
     def lists(self, i: int):
         """(offsets, bra, code, w) of block i (cached or rebuilt)."""
@@ -95,9 +96,14 @@ class Engine:
             self._lists[i] = lst
         return lst
 
-    def _args(self, i):
+    def _chunks(self, i):
+        """Row ranges of block i, each at most `rows` kets: the list arguments of each and the
+        (start, count) of its kets (work buffers stay small whatever the block)."""
         k0, count = self.blocks[i]
-        return (*self.lists(i), self.steps[k0 : k0 + count], k0)
+        off, bra, code, w = self.lists(i)
+        for a in range(0, count, self.rows):
+            b = min(count, a + self.rows)
+            yield (off[a : b + 1], bra, code, w, self.steps[k0 + a : k0 + b], k0 + a), k0 + a, b - a
 
     # --- sigma -----------------------------------------------------------------------------------
     def contract(self, c: np.ndarray, V: np.ndarray, h: np.ndarray | None = None) -> np.ndarray:
@@ -114,16 +120,18 @@ class Engine:
         if h is not None:
             V = np.vstack([V, np.asarray(h, dtype=np.float64)[None, :]])
         V = np.ascontiguousarray(V)
-        rows = max(count for _, count in self.blocks)
+        rows = min(self.rows, max(count for _, count in self.blocks))
         if self._work is None or self._work[0].shape[0] < rows or self._work[0].shape[1] != ld:
             self._work = (np.empty((rows, ld)), np.empty((rows, npair)))
         T_all, G_all = self._work
-        for i, (_, count) in enumerate(self.blocks):
-            args = self._args(i)
-            T, G = T_all[:count], G_all[:count]
-            self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
-            np.matmul(T, V, out=G)
-            self.mod.scatter_pairs(self.core, *args, self.symmap, npair, G, sigma, self.nthreads)
+        for i in range(len(self.blocks)):
+            for args, _, count in self._chunks(i):
+                T, G = T_all[:count], G_all[:count]
+                self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
+                np.matmul(T, V, out=G)
+                self.mod.scatter_pairs(
+                    self.core, *args, self.symmap, npair, G, sigma, self.nthreads
+                )
         return sigma
 
     def diagonal(self, h1: np.ndarray, eri4: np.ndarray) -> np.ndarray:
@@ -137,10 +145,11 @@ class Engine:
         occ = OCC[self.steps].astype(np.float64)
         out = occ @ hp + 0.5 * np.einsum("kp,pr,kr->k", occ, J, occ, optimize=True)
         Kc = np.ascontiguousarray(K.reshape(-1))
-        for i, (k0, count) in enumerate(self.blocks):
-            out[k0 : k0 + count] += 0.5 * self.mod.exchange_diagonal(
-                self.core, *self._args(i), Kc, self.nthreads
-            )
+        for i in range(len(self.blocks)):
+            for args, k0, count in self._chunks(i):
+                out[k0 : k0 + count] += 0.5 * self.mod.exchange_diagonal(
+                    self.core, *args, Kc, self.nthreads
+                )
         return out
 
     # --- density matrices ------------------------------------------------------------------------
@@ -152,10 +161,12 @@ class Engine:
         same = bra is ket or np.array_equal(bra, ket)
         M = np.zeros((n * n, n * n))
         d1 = np.zeros(n * n)
-        for i, (k0, count) in enumerate(self.blocks):
-            args = self._args(i)
-            tk = self.mod.gather_generators(self.core, *args, ket, self.nthreads)
-            tb = tk if same else self.mod.gather_generators(self.core, *args, bra, self.nthreads)
-            M += tb.T @ tk
-            d1 += bra[k0 : k0 + count] @ tk
+        for i in range(len(self.blocks)):
+            for args, k0, count in self._chunks(i):
+                tk = self.mod.gather_generators(self.core, *args, ket, self.nthreads)
+                tb = (
+                    tk if same else self.mod.gather_generators(self.core, *args, bra, self.nthreads)
+                )
+                M += tb.T @ tk
+                d1 += bra[k0 : k0 + count] @ tk
         return d1.reshape(n, n), M

@@ -170,6 +170,16 @@ def test_blocked_and_cached_sigma_agree():
     small = Engine(drt, budget=0, block_bytes=14 * 500, nthreads=2)
     assert len(small.blocks) > 3 and not small.cached
     np.testing.assert_allclose(small.contract(c, V, h), full, atol=1e-12)
+    chunked = Engine(drt)
+    chunked.rows = 37  # row ranges inside one cached block
+    np.testing.assert_allclose(chunked.contract(c, V, h), full, atol=1e-12)
+    g4 = np.asarray(fci.direct_spin1.ao2mo.restore(4, eri, norb))
+    for eng in (small, chunked):
+        np.testing.assert_allclose(eng.diagonal(h1, g4), Engine(drt).diagonal(h1, g4), atol=1e-12)
+        d1, M = eng.generator_products(c, c[::-1].copy())
+        r1, rM = Engine(drt).generator_products(c, c[::-1].copy())
+        np.testing.assert_allclose(d1, r1, atol=1e-10)
+        np.testing.assert_allclose(M, rM, atol=1e-10)
 
 
 def test_kernel_outputs_have_pyscf_shapes():

@@ -43,11 +43,12 @@ BlockView view_of(const Drt& drt, const In<std::int64_t>& offsets, const In<std:
                   std::int64_t k0) {
   const std::int64_t count = static_cast<std::int64_t>(offsets.size()) - 1;
   if (count < 0) throw std::invalid_argument("offsets must hold count + 1 entries");
+  // offsets index bra, code and w; a row range of a larger block passes its slice of offsets
   const std::int64_t total = offsets.data()[count];
-  if (static_cast<std::int64_t>(bra.size()) != total ||
-      static_cast<std::int64_t>(code.size()) != total ||
-      static_cast<std::int64_t>(w.size()) != total)
-    throw std::invalid_argument("bra, code and w must hold offsets[-1] entries");
+  if (static_cast<std::int64_t>(code.size()) != static_cast<std::int64_t>(bra.size()) ||
+      static_cast<std::int64_t>(w.size()) != static_cast<std::int64_t>(bra.size()) ||
+      static_cast<std::int64_t>(bra.size()) < total || (count > 0 && offsets.data()[0] < 0))
+    throw std::invalid_argument("bra, code and w must hold at least offsets[-1] entries");
   if (static_cast<std::int64_t>(steps.size()) != count * drt.norb)
     throw std::invalid_argument("steps must be (count, norb)");
   if (k0 < 0 || k0 + count > drt.ncsf) throw std::invalid_argument("block outside the CSFs");
