@@ -197,8 +197,8 @@ class GUGASolver(Solver):
         return s * (s + 1) * np.asarray(fcivec, dtype=np.float64)
 
     def _hop(self, h1e, eri, norb: int, nelec):
+        _, g4, hp = self._operator(h1e, eri, norb)  # validates before any table is built
         eng = self._engine(norb, nelec)
-        _, g4, hp = self._operator(h1e, eri, norb)
         V, h = 0.5 * g4, _pack(hp)
 
         def matvec(X):
@@ -207,6 +207,7 @@ class GUGASolver(Solver):
                 return eng.contract(X, V, h)
             return np.stack([eng.contract(X[:, k], V, h) for k in range(X.shape[1])], axis=1)
 
+        matvec.g4 = g4
         return eng, matvec
 
     def energy(self, h1e, eri, fcivec, norb: int, nelec) -> float:
@@ -278,8 +279,7 @@ class GUGASolver(Solver):
         n = eng.ncsf
         if not 1 <= nroots <= n:
             raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
-        h1e, g4, _ = self._operator(h1e, eri, norb)
-        hdiag = eng.diagonal(h1e, g4)
+        hdiag = eng.diagonal(np.asarray(h1e, dtype=np.float64), matvec.g4)
         guess = self._guess(ci0, n, nroots)
         if n <= max(pspace_size, nroots) and guess is None and not davidson_only:
             H = matvec(np.eye(n))
