@@ -149,6 +149,8 @@ class GUGASolver(Solver):
     # --- Hamiltonian -----------------------------------------------------------------------------
     def _operator(self, h1e, eri, norb: int):
         norb = int(norb)
+        if norb > MAX_NORB:
+            raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
         h1e = np.asarray(h1e, dtype=np.float64)
         if h1e.shape != (norb, norb):
             raise ValueError(f"h1e has shape {h1e.shape}, expected ({norb}, {norb})")
