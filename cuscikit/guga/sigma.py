@@ -113,7 +113,8 @@ class Engine:
         absorbed h2eff of PySCF's `absorb_h1e` and h None, it is PySCF's `contract_2e`.
         """
         c = np.ascontiguousarray(c, dtype=np.float64).reshape(-1)
-        sigma = np.zeros(self.ncsf)
+        nbuf = self.nthreads or self.mod.max_threads()
+        sigma = np.zeros((nbuf, self.ncsf))  # one buffer per thread, summed at the end
         npair = self.npair
         # one GEMM carries the one-body term too: T gets a column c_k, V a row h
         ld = npair + (h is not None)
@@ -132,7 +133,7 @@ class Engine:
                 self.mod.scatter_pairs(
                     self.core, *args, self.symmap, npair, G, sigma, self.nthreads
                 )
-        return sigma
+        return sigma[0] if nbuf == 1 else sigma.sum(axis=0)
 
     def diagonal(self, h1: np.ndarray, eri4: np.ndarray) -> np.ndarray:
         """Exact <m|H - ecore|m> of every CSF, from h1 (n, n) and 4-fold packed ERIs."""

@@ -162,13 +162,14 @@ void bind_guga(nb::module_& m) {
         BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
         if (G.size() != static_cast<size_t>(v.count) * npair)
           throw std::invalid_argument("G must be (count, npair)");
-        if (static_cast<std::int64_t>(sigma.size()) != d.ncsf)
-          throw std::invalid_argument("sigma must hold ncsf entries");
+        if (sigma.ndim() != 2 || static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf ||
+            sigma.shape(0) < 1)
+          throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
         if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
           throw std::invalid_argument("symmap must hold norb^2 entries");
         nb::gil_scoped_release rel;
         csk::guga::scatter_pairs(d, v, symmap.data(), npair, G.data(), sigma.data(), d.ncsf,
-                                 nthreads);
+                                 static_cast<int>(sigma.shape(0)), nthreads);
       },
       "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "symmap"_a, "npair"_a,
       "G"_a, "sigma"_a, "nthreads"_a = 0);

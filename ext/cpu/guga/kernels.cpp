@@ -213,25 +213,17 @@ void gather_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap
 }
 
 void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
-                   const double* G, double* sigma, std::int64_t ncsf, int nthreads) {
+                   const double* G, double* sigma, std::int64_t ncsf, int nbuf, int nthreads) {
   const int n = drt.norb;
   nthreads = threads_or_default(nthreads);
-  // Row k's own diagonal term needs no buffer.
+  if (nthreads > nbuf) nthreads = nbuf;
+  // Row k's own diagonal term goes to buffer 0 (k is owned by this call alone).
   for (std::int64_t k = 0; k < v.count; ++k) {
     const double* g = G + k * npair;
     double s = 0.0;
     for (int r = 0; r < n; ++r) s += step_occupation(v.steps[k * n + r]) * g[symmap[r * n + r]];
     sigma[v.k0 + k] += s;
   }
-  if (nthreads <= 1) {
-    for (std::int64_t k = 0; k < v.count; ++k) {
-      const double* g = G + k * npair;
-      for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
-        sigma[v.bra[e]] += v.w[e] * g[symmap[v.code[e]]];
-    }
-    return;
-  }
-  std::vector<double> buf(static_cast<size_t>(nthreads - 1) * ncsf, 0.0);
 #pragma omp parallel num_threads(nthreads)
   {
 #ifdef CSK_HAVE_OPENMP
@@ -239,19 +231,12 @@ void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symma
 #else
     const int tid = 0;
 #endif
-    double* out = tid == 0 ? sigma : buf.data() + static_cast<size_t>(tid - 1) * ncsf;
+    double* out = sigma + static_cast<size_t>(tid) * ncsf;  // this thread's buffer
 #pragma omp for schedule(dynamic, 256)
     for (std::int64_t k = 0; k < v.count; ++k) {
       const double* g = G + k * npair;
       for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
         out[v.bra[e]] += v.w[e] * g[symmap[v.code[e]]];
-    }
-    // implicit barrier above; then reduce the buffers into sigma by slices
-#pragma omp for schedule(static)
-    for (std::int64_t m = 0; m < ncsf; ++m) {
-      double s = 0.0;
-      for (int t = 0; t < nthreads - 1; ++t) s += buf[static_cast<size_t>(t) * ncsf + m];
-      sigma[m] += s;
     }
   }
 }

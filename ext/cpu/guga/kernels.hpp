@@ -61,9 +61,10 @@ struct BlockView {
 // ld >= npair, and T[k, npair] = c_k when ld > npair.
 void gather_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
                   const double* c, double* T, int ld, int nthreads);
-// sigma_m += sum_P <m|E^sym_P|k> G[k, P] over the kets k of the block (per-thread buffers).
+// sigma_m += sum_P <m|E^sym_P|k> G[k, P] over the kets k of the block. `sigma` holds nbuf
+// buffers of ncsf entries, one per thread (no races; the caller sums them), at most nbuf threads.
 void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
-                   const double* G, double* sigma, std::int64_t ncsf, int nthreads);
+                   const double* G, double* sigma, std::int64_t ncsf, int nbuf, int nthreads);
 // t[k, r * norb + s] = (E_rs c)_k for every (r, s).
 void gather_generators(const Drt& drt, const BlockView& v, const double* c, double* t,
                        int nthreads);
