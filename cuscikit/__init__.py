@@ -18,6 +18,8 @@ from cuscikit.sci import FCI, Hamiltonian, SCISpace
 _LAZY = {
     "Ansatz": "cuscikit.nnqs",
     "Runner": "cuscikit.nnqs",
+    "DRT": "cuscikit.guga",
+    "GUGASolver": "cuscikit.guga",
 }
 
 

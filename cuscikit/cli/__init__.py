@@ -32,7 +32,7 @@ from cuscikit.cli.common import (
 )
 
 # The subcommand modules, in the order `cuscikit --help` lists them ("nnqs" adds "demo" too).
-COMMANDS = ("nnqs", "info", "fcidump", "fci", "ising")
+COMMANDS = ("nnqs", "info", "fcidump", "fci", "guga", "ising")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,7 +6,8 @@ NB_MODULE(_core, m) {
   m.doc() = "cuscikit CPU kernels (C++17, OpenMP)";
   bind_sci(m);
 #ifdef CSK_SYSTEM_GUGA
-  bind_guga(m.def_submodule("guga", "GUGA CI kernels"));
+  nanobind::module_ guga = m.def_submodule("guga", "GUGA CI kernels");
+  bind_guga(guga);
 #endif
 #ifdef CSK_SYSTEM_ISING
   nanobind::module_ ising = m.def_submodule("ising", "dSB Ising kernels");

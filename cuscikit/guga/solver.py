@@ -1,0 +1,400 @@
+"""`GUGASolver`: exact CI in a CSF basis with PySCF's fcisolver interface.
+
+The solver diagonalises H in the configuration state functions of one spin S (a DRT), so every
+root is a pure spin state: no spin contamination and no spin penalty. Its signatures are those
+of ``pyscf.fci.direct_spin1.FCISolver``, so it drops into ``mcscf.CASCI``, ``mcscf.CASSCF`` and
+``mcscf.state_average_``. Conventions (as PySCF's): E = sum_pq h_pq dm1[q, p] + 1/2 sum_pqrs
+(pq|rs) dm2[p, q, r, s] + ecore with dm1[p, q] = <E_qp> and dm2[p, q, r, s] = <E_pq E_rs> -
+delta_qr <E_ps>. CI vectors are CSF vectors in the DRT's lexical order (`DRT.csf_to_dets` turns
+them into PySCF determinant vectors).
+
+Example:
+    >>> import numpy as np
+    >>> from cuscikit import Molecule
+    >>> mol = Molecule.load("LiH")
+    >>> e, ci = GUGASolver().kernel(mol.h1e, mol.eri, mol.norb, mol.nelec, ecore=mol.e_core)
+    >>> round(e, 8)
+    -7.78446028
+    >>> GUGASolver().spin_square(ci, mol.norb, mol.nelec)
+    (0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+
+import numpy as np
+
+from cuscikit.guga.drt import DRT, MAX_NORB, split_nelec
+from cuscikit.guga.sigma import Engine, pair_index
+from cuscikit.lib.logger import new_logger
+from cuscikit.lib.solver import Solver
+
+__all__ = ["GUGASolver"]
+
+
+def _eri4(eri, norb: int) -> np.ndarray:
+    from cuscikit.chem.integrals import restore_eri
+
+    return np.ascontiguousarray(restore_eri(np.asarray(eri, dtype=np.float64), norb, 4))
+
+
+def _pack(h: np.ndarray) -> np.ndarray:
+    """Lower triangle of a symmetric matrix in pair order (i >= j, ij = i(i+1)/2 + j)."""
+    i, j = np.tril_indices(len(h))
+    return np.ascontiguousarray(h[i, j])
+
+
+class GUGASolver(Solver):
+    """Exact CI in the CSFs of one spin, a PySCF fcisolver.
+
+    Options (PySCF's names and defaults):
+        conv_tol: energy convergence of the Davidson solver (1e-10).
+        conv_tol_residual: residual norm per root (None: sqrt(conv_tol)).
+        max_cycle, max_space, lindep, level_shift: Davidson controls.
+        davidson_only: never diagonalise densely (small spaces are, when no ci0 is given).
+        pspace_size: largest space diagonalised densely.
+        nroots: roots returned by `kernel`.
+        spin: 2S; None takes n_alpha - n_beta of the nelec passed to `kernel`.
+        orbsym, wfnsym: accepted for PySCF compatibility; point-group symmetry is not used.
+        max_memory: MB the vectors and caches may take (None: 80 % of the host's available
+            memory); a space that does not fit is refused before any work.
+        threads: OpenMP threads of the kernels (0: the runtime's default).
+
+    Results: ``e_tot``, ``ci``, ``converged``, ``eci`` (after `kernel`).
+    """
+
+    conv_tol: float = 1e-10
+    conv_tol_residual: float | None = None
+    lindep: float = 1e-14
+    max_cycle: int = 100
+    max_space: int = 12
+    level_shift: float = 1e-3
+    davidson_only: bool = False
+    pspace_size: int = 400
+    nroots: int = 1
+    spin: int | None = None
+    orbsym = None
+    wfnsym = None
+    max_memory: float | None = None
+    threads: int = 0
+    device: str = "cpu"
+    _keys = {"e_tot", "ci", "converged", "eci", "mol", "stdout", "norb", "nelec"}
+
+    def __init__(self, mol=None, spin: int | None = None, **options):
+        super().__init__(**options)
+        self.mol = mol
+        self.stdout = getattr(mol, "stdout", sys.stdout)
+        if mol is not None and hasattr(mol, "verbose") and "verbose" not in options:
+            self.verbose = mol.verbose
+        if spin is not None:
+            self.spin = int(spin)
+        self.e_tot = None
+        self.eci = None
+        self.ci = None
+        self.converged = False
+        self._engines: dict = {}
+
+    def copy(self) -> GUGASolver:
+        """A shallow copy (PySCF's ``StreamObject.copy``; used by ``fci.addons.fix_spin_``)."""
+        import copy
+
+        return copy.copy(self)
+
+    # --- spaces ----------------------------------------------------------------------------------
+    def _budget(self) -> int:
+        if self.max_memory is not None:
+            return int(float(self.max_memory) * 1e6)
+        from cuscikit.backends.memory import host_available_bytes
+
+        return int(0.8 * host_available_bytes())
+
+    def _twos(self, nelec) -> tuple[tuple[int, int], int]:
+        (na, nb), twos = split_nelec(nelec, self.spin)
+        if twos < abs(na - nb):
+            raise ValueError(f"spin 2S = {twos} cannot hold n_alpha - n_beta = {na - nb}")
+        return (na, nb), twos
+
+    def _engine(self, norb: int, nelec) -> Engine:
+        norb = int(norb)
+        (na, nb), twos = self._twos(nelec)
+        if norb > MAX_NORB:
+            raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
+        key = (norb, na + nb, twos, int(self.threads or 0))
+        if key not in self._engines:
+            drt = DRT(norb, na + nb, twos)
+            n = drt.n_csf
+            if n >= 2**31:
+                raise ValueError(f"{n} CSFs: beyond the 2^31 - 1 supported on the CPU")
+            # Davidson space (max_space + a few) and the step vectors, per CSF
+            need = n * (8 * (2 * (self.max_space + 4 * self.nroots) + 4) + norb)
+            budget = self._budget()
+            if need > budget:
+                raise ValueError(
+                    f"{n:,} CSFs need about {need:,} bytes for the Davidson vectors, more than "
+                    f"the {budget:,} bytes allowed (max_memory)"
+                )
+            eng = Engine(drt, budget=(budget - need) // 2, nthreads=self.threads or 0)
+            self._engines = {key: eng}
+        return self._engines[key]
+
+    def _check_ci(self, ci, eng: Engine) -> np.ndarray:
+        c = np.asarray(ci, dtype=np.float64).reshape(-1)
+        if c.size != eng.ncsf:
+            raise ValueError(f"the CI vector has {c.size} entries, the CSF space {eng.ncsf}")
+        return c
+
+    # --- Hamiltonian -----------------------------------------------------------------------------
+    def _operator(self, h1e, eri, norb: int):
+        norb = int(norb)
+        if norb > MAX_NORB:
+            raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
+        h1e = np.asarray(h1e, dtype=np.float64)
+        if h1e.shape != (norb, norb):
+            raise ValueError(f"h1e has shape {h1e.shape}, expected ({norb}, {norb})")
+        if not np.allclose(h1e, h1e.T, atol=1e-10):
+            raise ValueError("h1e is not symmetric")
+        g4 = _eri4(eri, norb)
+        sym = pair_index(norb).reshape(norb, norb)
+        # h'_pq = h_pq - 1/2 sum_r (pr|rq)
+        hp = h1e - 0.5 * np.einsum("prrq->pq", g4[sym][:, :, sym])
+        return h1e, g4, hp
+
+    def make_hdiag(self, h1e, eri, norb: int, nelec, compress=False) -> np.ndarray:
+        """<m|H|m> of every CSF (without a core energy)."""
+        eng = self._engine(norb, nelec)
+        h1e, g4, _ = self._operator(h1e, eri, norb)
+        return eng.diagonal(h1e, g4)
+
+    def absorb_h1e(self, h1e, eri, norb: int, nelec, fac: float = 1.0) -> np.ndarray:
+        """PySCF's h2eff: the one-body part folded into the two-body integrals (4-fold)."""
+        from cuscikit.chem.integrals import restore_eri
+
+        na, nb = split_nelec(nelec, self.spin)[0]
+        h2e = restore_eri(np.asarray(eri, dtype=np.float64), norb, 1)
+        f1e = np.asarray(h1e, dtype=np.float64) - np.einsum("jiik->jk", h2e) * 0.5
+        f1e = f1e * (1.0 / (na + nb + 1e-100))
+        for k in range(norb):
+            h2e[k, k, :, :] += f1e
+            h2e[:, :, k, k] += f1e
+        return restore_eri(h2e, norb, 4) * fac
+
+    def contract_2e(self, eri, fcivec, norb: int, nelec, link_index=None, **kwargs) -> np.ndarray:
+        """sum_pqrs eri[pq, rs] E_pq E_rs c for PySCF's absorbed h2eff (any packing)."""
+        eng = self._engine(norb, nelec)
+        c = self._check_ci(fcivec, eng)
+        return eng.contract(c, _eri4(eri, norb))
+
+    def contract_1e(self, f1e, fcivec, norb: int, nelec, link_index=None) -> np.ndarray:
+        """sum_pq f1e[p, q] E_pq c (f1e symmetric)."""
+        eng = self._engine(norb, nelec)
+        c = self._check_ci(fcivec, eng)
+        return eng.contract(c, np.zeros((eng.npair, eng.npair)), _pack(np.asarray(f1e)))
+
+    def contract_ss(self, fcivec, norb: int, nelec) -> np.ndarray:
+        """S^2 c = S(S+1) c: every CSF of the space has the same spin."""
+        s = 0.5 * self._twos(nelec)[1]
+        return s * (s + 1) * np.asarray(fcivec, dtype=np.float64)
+
+    def _hop(self, h1e, eri, norb: int, nelec):
+        _, g4, hp = self._operator(h1e, eri, norb)  # validates before any table is built
+        eng = self._engine(norb, nelec)
+        V, h = 0.5 * g4, _pack(hp)
+
+        def matvec(X):
+            X = np.asarray(X, dtype=np.float64)
+            if X.ndim == 1:
+                return eng.contract(X, V, h)
+            return np.stack([eng.contract(X[:, k], V, h) for k in range(X.shape[1])], axis=1)
+
+        matvec.g4 = g4
+        return eng, matvec
+
+    def energy(self, h1e, eri, fcivec, norb: int, nelec) -> float:
+        """<c|H|c> / <c|c> without a core energy."""
+        eng, matvec = self._hop(h1e, eri, norb, nelec)
+        c = self._check_ci(fcivec, eng)
+        return float(c @ matvec(c) / (c @ c))
+
+    # --- kernel ----------------------------------------------------------------------------------
+    def kernel(
+        self,
+        h1e,
+        eri,
+        norb: int,
+        nelec,
+        ci0=None,
+        tol=None,
+        lindep=None,
+        max_cycle=None,
+        max_space=None,
+        nroots=None,
+        davidson_only=None,
+        pspace_size=None,
+        orbsym=None,
+        wfnsym=None,
+        ecore: float = 0.0,
+        **kwargs,
+    ):
+        """Lowest roots of H = h1e + eri + ecore in the CSFs of spin S.
+
+        Args:
+            h1e: (norb, norb) symmetric one-electron integrals.
+            eri: two-electron integrals (chemists' notation), full or 4/8-fold packed; not
+                modified.
+            norb: active orbitals.
+            nelec: (n_alpha, n_beta) or a total count; 2S = the ``spin`` option or
+                n_alpha - n_beta.
+            ci0: a guess vector or a list of them (CSF basis), or None.
+            tol, lindep, max_cycle, max_space, nroots, davidson_only, pspace_size: override the
+                options for this call.
+            orbsym, wfnsym: accepted, not used (a warning if given).
+            ecore: a constant added to every energy.
+            **kwargs: PySCF's extra keywords (``verbose``, ``max_memory``): accepted, ignored.
+
+        Returns:
+            (e, ci): a float and a vector for one root; an array and a list for several.
+        """
+        self.check_sanity()
+        log = new_logger(self)
+        nroots = int(self.nroots if nroots is None else nroots)
+        tol = float(self.conv_tol if tol is None else tol)
+        max_cycle = int(self.max_cycle if max_cycle is None else max_cycle)
+        max_space = int(self.max_space if max_space is None else max_space)
+        davidson_only = self.davidson_only if davidson_only is None else davidson_only
+        pspace_size = int(self.pspace_size if pspace_size is None else pspace_size)
+        if orbsym is not None or wfnsym is not None or self.wfnsym is not None:
+            if wfnsym is not None or self.wfnsym is not None:
+                warnings.warn("GUGASolver ignores wfnsym (no point-group symmetry)", stacklevel=2)
+        if not math.isfinite(float(ecore)):
+            raise ValueError(f"ecore must be finite, got {ecore}")
+        twos = self._twos(nelec)[1]
+        ss_value = getattr(self, "ss_value", None)  # set by PySCF's fix_spin_
+        if ss_value is not None and abs(ss_value - 0.25 * twos * (twos + 2)) > 1e-8:
+            raise ValueError(
+                f"fix_spin_ asks for <S^2> = {ss_value}, but this CSF space has S(S+1) = "
+                f"{0.25 * twos * (twos + 2)}; set GUGASolver(spin=2S) instead"
+            )
+        eng, matvec = self._hop(h1e, eri, norb, nelec)
+        n = eng.ncsf
+        if not 1 <= nroots <= n:
+            raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
+        hdiag = eng.diagonal(np.asarray(h1e, dtype=np.float64), matvec.g4)
+        guess = self._guess(ci0, n, nroots)
+        if n <= max(pspace_size, nroots) and guess is None and not davidson_only:
+            H = matvec(np.eye(n))
+            w, v = np.linalg.eigh(0.5 * (H + H.T))
+            e, vecs, conv = w[:nroots], v[:, :nroots], [True] * nroots
+        else:
+            from cuscikit.linalg.davidson import davidson
+
+            resid = self.conv_tol_residual or math.sqrt(tol)
+            if guess is None:
+                k0 = min(n, max(nroots + 2, 2 * nroots))
+                order = np.argsort(hdiag, kind="stable")[:k0]
+                guess = np.zeros((n, k0))
+                guess[order, np.arange(k0)] = 1.0
+                guess += 1e-5 * np.random.default_rng(1).standard_normal(guess.shape)
+            res = davidson(
+                matvec,
+                hdiag,
+                nroots,
+                tol=tol,
+                residual_tol=resid,
+                max_iter=max_cycle,
+                max_space=max(max_space + 4 * (nroots - 1), 2 * nroots + 2),
+                guess=guess,
+            )
+            e, vecs = res.energies, res.vectors
+            conv = [bool(res.converged)] * nroots
+            if not res.converged:
+                log.warn("GUGASolver: Davidson not converged after %d cycles", res.iterations)
+        e = np.asarray(e, dtype=np.float64) + float(ecore)
+        vecs = vecs / np.linalg.norm(vecs, axis=0)
+        self.norb, self.nelec = int(norb), nelec
+        if nroots == 1:
+            self.e_tot, self.ci, self.converged = float(e[0]), vecs[:, 0].copy(), conv[0]
+        else:
+            self.e_tot = e
+            self.ci = [vecs[:, k].copy() for k in range(nroots)]
+            self.converged = conv
+        self.eci = self.e_tot
+        log.info("GUGASolver: %d CSFs (2S = %d), E = %s", n, self._twos(nelec)[1], self.e_tot)
+        return self.e_tot, self.ci
+
+    @staticmethod
+    def _guess(ci0, n: int, nroots: int):
+        if ci0 is None:
+            return None
+        if isinstance(ci0, np.ndarray) and ci0.size == n:
+            vecs = [ci0.reshape(-1)]
+        elif isinstance(ci0, (list, tuple)):
+            vecs = [np.asarray(x).reshape(-1) for x in ci0 if np.asarray(x).size == n]
+        else:
+            return None
+        if not vecs:
+            return None
+        G = np.stack(vecs, axis=1).astype(np.float64)
+        if G.shape[1] < nroots:
+            rng = np.random.default_rng(7)
+            G = np.hstack([G, rng.standard_normal((n, nroots - G.shape[1]))])
+        return G
+
+    # --- density matrices ------------------------------------------------------------------------
+    def _rdm12(self, bra, ket, norb: int, nelec):
+        eng = self._engine(norb, nelec)
+        b, k = self._check_ci(bra, eng), self._check_ci(ket, eng)
+        d1, M = eng.generator_products(b, k)
+        n = norb
+        dm1 = d1.T.copy()  # dm1[p, q] = <bra|E_qp|ket>
+        dm2 = M.reshape(n, n, n, n).transpose(1, 0, 2, 3).copy()  # <E_pq E_rs>
+        for q in range(n):
+            dm2[:, q, q, :] -= dm1.T  # - delta_qr <E_ps> = - dm1[s, p]
+        return dm1, dm2
+
+    def make_rdm1(self, fcivec, norb: int, nelec, link_index=None) -> np.ndarray:
+        """Spin-traced dm1[p, q] = <E_qp>."""
+        eng = self._engine(norb, nelec)
+        c = self._check_ci(fcivec, eng)
+        return eng.generator_products(c, c)[0].T.copy()
+
+    def make_rdm12(self, fcivec, norb: int, nelec, link_index=None, reorder: bool = True):
+        """(dm1, dm2) spin-traced, dm2[p, q, r, s] = <E_pq E_rs> - delta_qr <E_ps>."""
+        return self._rdm12(fcivec, fcivec, norb, nelec)
+
+    def trans_rdm1(self, cibra, ciket, norb: int, nelec, link_index=None) -> np.ndarray:
+        """dm1[p, q] = <bra|E_qp|ket>."""
+        eng = self._engine(norb, nelec)
+        b, k = self._check_ci(cibra, eng), self._check_ci(ciket, eng)
+        return eng.generator_products(b, k)[0].T.copy()
+
+    def trans_rdm12(self, cibra, ciket, norb: int, nelec, link_index=None, reorder=True):
+        """(dm1, dm2) between two states, PySCF's conventions."""
+        return self._rdm12(cibra, ciket, norb, nelec)
+
+    def make_rdm1s(self, fcivec, norb: int, nelec, link_index=None):
+        """(dm1_alpha, dm1_beta) at M = (n_alpha - n_beta) / 2 (Wigner-Eckart from dm1, dm2)."""
+        (na, nb), twos = self._twos(nelec)
+        dm1, dm2 = self.make_rdm12(fcivec, norb, nelec)
+        if twos == 0:
+            return 0.5 * dm1, 0.5 * dm1
+        s = 0.5 * twos
+        m = 0.5 * (na - nb)
+        N = na + nb
+        Q = m / (2 * s * (s + 1)) * ((4 - N) * dm1 - 2 * np.einsum("rpqr->pq", dm2))
+        return 0.5 * (dm1 + Q), 0.5 * (dm1 - Q)
+
+    def spin_square(self, fcivec, norb: int, nelec) -> tuple[float, float]:
+        """(<S^2>, 2S + 1): exact in a CSF basis."""
+        s = 0.5 * self._twos(nelec)[1]
+        return s * (s + 1), 2 * s + 1
+
+    def large_ci(self, fcivec, norb: int, nelec, tol: float = 0.1, return_strs: bool = True):
+        """[(coefficient, step string '0ud2', '')] of the CSFs with |c| >= tol."""
+        eng = self._engine(norb, nelec)
+        c = self._check_ci(fcivec, eng)
+        idx = np.flatnonzero(np.abs(c) >= tol)
+        idx = idx[np.argsort(-np.abs(c[idx]))]
+        return [(float(c[i]), "".join("0ud2"[d] for d in eng.steps[i]), "") for i in idx]

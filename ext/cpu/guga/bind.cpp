@@ -1,0 +1,211 @@
+// nanobind bindings of the GUGA CI kernels, `cuscikit._core.guga`. Python (cuscikit.guga)
+// builds the DRT and validates shapes; these bindings check sizes again and release the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "../bindings.hpp"
+#include "kernels.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using csk::guga::BlockView;
+using csk::guga::Drt;
+
+template <typename T>
+using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
+}
+
+template <typename T>
+std::vector<T> copy_of(const In<T>& a, size_t expect, const char* what) {
+  if (a.size() != expect)
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(a.size()) +
+                                " entries, expected " + std::to_string(expect));
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+BlockView view_of(const Drt& drt, const In<std::int64_t>& offsets, const In<std::int32_t>& bra,
+                  const In<std::uint16_t>& code, const In<double>& w, const In<std::uint8_t>& steps,
+                  std::int64_t k0) {
+  const std::int64_t count = static_cast<std::int64_t>(offsets.size()) - 1;
+  if (count < 0) throw std::invalid_argument("offsets must hold count + 1 entries");
+  // offsets index bra, code and w; a row range of a larger block passes its slice of offsets
+  const std::int64_t total = offsets.data()[count];
+  if (static_cast<std::int64_t>(code.size()) != static_cast<std::int64_t>(bra.size()) ||
+      static_cast<std::int64_t>(w.size()) != static_cast<std::int64_t>(bra.size()) ||
+      static_cast<std::int64_t>(bra.size()) < total || (count > 0 && offsets.data()[0] < 0))
+    throw std::invalid_argument("bra, code and w must hold at least offsets[-1] entries");
+  if (static_cast<std::int64_t>(steps.size()) != count * drt.norb)
+    throw std::invalid_argument("steps must be (count, norb)");
+  if (k0 < 0 || k0 + count > drt.ncsf) throw std::invalid_argument("block outside the CSFs");
+  return BlockView{offsets.data(), bra.data(), code.data(), w.data(), steps.data(), k0, count};
+}
+
+void check_range(const Drt& drt, std::int64_t k0, std::int64_t count) {
+  if (k0 < 0 || count < 0 || k0 + count > drt.ncsf)
+    throw std::invalid_argument("CSF range outside 0.." + std::to_string(drt.ncsf));
+}
+
+}  // namespace
+
+void bind_guga(nb::module_& m) {
+  nb::class_<Drt>(m, "DrtCore")
+      .def(
+          "__init__",
+          [](Drt* self, int norb, int head, In<std::int32_t> up, In<std::int32_t> down,
+             In<std::int32_t> b, In<std::int64_t> L, In<std::int64_t> y) {
+            const size_t nv = b.size();
+            if (head < 0 || static_cast<size_t>(head) >= nv)
+              throw std::invalid_argument("head outside the vertices");
+            Drt* d = new (self) Drt();
+            d->norb = norb;
+            d->nvert = static_cast<int>(nv);
+            d->head = head;
+            d->up = copy_of(up, 4 * nv, "up");
+            d->down = copy_of(down, 4 * nv, "down");
+            d->b = copy_of(b, nv, "b");
+            d->L = copy_of(L, nv, "L");
+            d->y = copy_of(y, 4 * nv, "y");
+            d->finish();
+          },
+          "norb"_a, "head"_a, "up"_a, "down"_a, "b"_a, "L"_a, "y"_a)
+      .def_prop_ro("ncsf", [](const Drt& d) { return d.ncsf; })
+      .def_prop_ro("norb", [](const Drt& d) { return d.norb; })
+      .def(
+          "steps",
+          [](const Drt& d, std::int64_t k0, std::int64_t count, int nthreads) {
+            check_range(d, k0, count);
+            std::vector<std::uint8_t> s;
+            {
+              nb::gil_scoped_release rel;
+              s = csk::guga::csf_steps(d, k0, count, nthreads);
+            }
+            return to_numpy(std::move(s), {static_cast<size_t>(count), size_t(d.norb)});
+          },
+          "k0"_a, "count"_a, "nthreads"_a = 0, "Step vectors (count, norb) of CSFs k0...")
+      .def(
+          "counts",
+          [](const Drt& d, std::int64_t k0, std::int64_t count, int nthreads) {
+            check_range(d, k0, count);
+            std::vector<std::int64_t> c;
+            {
+              nb::gil_scoped_release rel;
+              c = csk::guga::count_lists(d, k0, count, nthreads);
+            }
+            return to_numpy(std::move(c), {static_cast<size_t>(count)});
+          },
+          "k0"_a, "count"_a, "nthreads"_a = 0, "Coupling entries per ket.")
+      .def(
+          "lists",
+          [](const Drt& d, std::int64_t k0, std::int64_t count, int nthreads,
+             std::optional<In<std::int64_t>> counts) {
+            check_range(d, k0, count);
+            if (counts && static_cast<std::int64_t>(counts->size()) != count)
+              throw std::invalid_argument("counts must hold count entries");
+            const std::int64_t* known = counts ? counts->data() : nullptr;
+            if (d.ncsf >= (std::int64_t(1) << 31))
+              throw std::invalid_argument("more than 2^31 - 1 CSFs");
+            csk::guga::Lists l;
+            {
+              nb::gil_scoped_release rel;
+              l = csk::guga::build_lists(d, k0, count, nthreads, known);
+            }
+            const size_t total = l.w.size();
+            return nb::make_tuple(to_numpy(std::move(l.offsets), {static_cast<size_t>(count) + 1}),
+                                  to_numpy(std::move(l.bra), {total}),
+                                  to_numpy(std::move(l.code), {total}),
+                                  to_numpy(std::move(l.w), {total}));
+          },
+          "k0"_a, "count"_a, "nthreads"_a = 0, "counts"_a = nb::none(),
+          "(offsets, bra, code, w): w = <bra|E_pq|k0 + k>, code = p * norb + q.");
+
+  m.def(
+      "gather_pairs",
+      [](const Drt& d, In<std::int64_t> offsets, In<std::int32_t> bra, In<std::uint16_t> code,
+         In<double> w, In<std::uint8_t> steps, std::int64_t k0, In<std::int32_t> symmap, int npair,
+         In<double> c, nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu> T,
+         int nthreads) {
+        BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
+          throw std::invalid_argument("symmap must hold norb^2 entries");
+        if (static_cast<std::int64_t>(T.shape(0)) < v.count ||
+            T.shape(1) < static_cast<size_t>(npair))
+          throw std::invalid_argument("T must be at least (count, npair)");
+        nb::gil_scoped_release rel;
+        csk::guga::gather_pairs(d, v, symmap.data(), npair, c.data(), T.data(),
+                                static_cast<int>(T.shape(1)), nthreads);
+      },
+      "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "symmap"_a, "npair"_a,
+      "c"_a, "T"_a, "nthreads"_a = 0, "Fill T (count, ld) in place.");
+
+  m.def(
+      "scatter_pairs",
+      [](const Drt& d, In<std::int64_t> offsets, In<std::int32_t> bra, In<std::uint16_t> code,
+         In<double> w, In<std::uint8_t> steps, std::int64_t k0, In<std::int32_t> symmap, int npair,
+         In<double> G, nb::ndarray<double, nb::c_contig, nb::device::cpu> sigma, int nthreads) {
+        BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
+        if (G.size() != static_cast<size_t>(v.count) * npair)
+          throw std::invalid_argument("G must be (count, npair)");
+        if (sigma.ndim() != 2 || static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf ||
+            sigma.shape(0) < 1)
+          throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
+        if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
+          throw std::invalid_argument("symmap must hold norb^2 entries");
+        nb::gil_scoped_release rel;
+        csk::guga::scatter_pairs(d, v, symmap.data(), npair, G.data(), sigma.data(), d.ncsf,
+                                 static_cast<int>(sigma.shape(0)), nthreads);
+      },
+      "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "symmap"_a, "npair"_a,
+      "G"_a, "sigma"_a, "nthreads"_a = 0);
+
+  m.def(
+      "gather_generators",
+      [](const Drt& d, In<std::int64_t> offsets, In<std::int32_t> bra, In<std::uint16_t> code,
+         In<double> w, In<std::uint8_t> steps, std::int64_t k0, In<double> c, int nthreads) {
+        BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        const size_t nn = static_cast<size_t>(d.norb) * d.norb;
+        std::vector<double> t(static_cast<size_t>(v.count) * nn);
+        {
+          nb::gil_scoped_release rel;
+          csk::guga::gather_generators(d, v, c.data(), t.data(), nthreads);
+        }
+        return to_numpy(std::move(t), {static_cast<size_t>(v.count), nn});
+      },
+      "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "c"_a, "nthreads"_a = 0);
+
+  m.def(
+      "exchange_diagonal",
+      [](const Drt& d, In<std::int64_t> offsets, In<std::int32_t> bra, In<std::uint16_t> code,
+         In<double> w, In<std::uint8_t> steps, std::int64_t k0, In<double> K, int nthreads) {
+        BlockView v = view_of(d, offsets, bra, code, w, steps, k0);
+        if (K.size() != static_cast<size_t>(d.norb * d.norb))
+          throw std::invalid_argument("K must be (norb, norb)");
+        std::vector<double> out(static_cast<size_t>(v.count));
+        {
+          nb::gil_scoped_release rel;
+          csk::guga::exchange_diagonal(d, v, K.data(), out.data(), nthreads);
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(v.count)});
+      },
+      "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "K"_a, "nthreads"_a = 0);
+
+  m.def("max_threads", &csk::guga::max_threads);
+}

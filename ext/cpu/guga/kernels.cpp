@@ -1,0 +1,276 @@
+// GUGA CI loop search and the sigma / RDM gathers on the CPU (OpenMP over kets).
+#include "kernels.hpp"
+
+#include <cuscikit/guga_segments.hpp>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#ifdef CSK_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+namespace csk {
+namespace guga {
+
+namespace {
+
+constexpr int kMaxOrb = 64;
+
+struct Frame {
+  int level;  // the last orbital whose bra step is fixed
+  int vert;   // the bra's vertex above that orbital
+  double val;
+  std::int64_t dy;  // sum of bra minus ket arc weights so far
+};
+
+// Every <m|E_pq|n> != 0 of one ket n (steps and vertices given), p != q. One search per start
+// orbital lo and direction: the middle segments are shared by every end orbital hi > lo, and a
+// loop is closed at each arc where the end segment lands on the ket's vertex.
+template <class Emit>
+void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::int64_t rank,
+                       Emit&& emit) {
+  const int n = drt.norb;
+  const int bmax = drt.bmax;
+  const double* seg = drt.seg.data();
+  const std::int32_t* up = drt.up.data();
+  const std::int32_t* bv = drt.b.data();
+  const std::int64_t* y = drt.y.data();
+  Frame stack[2 * kMaxOrb + 8];
+  for (int lo = 0; lo < n - 1; ++lo) {
+    const int occ_lo = step_occupation(steps[lo]);
+    for (int raising = 0; raising < 2; ++raising) {
+      // raising: E_{lo,hi}, an electron moves down to lo; lowering: E_{hi,lo}, up from lo
+      if (raising ? occ_lo == 2 : occ_lo == 0) continue;
+      const int kstart = raising ? kRaiseStart : kLowerStart;
+      const int kmid = raising ? kRaiseMiddle : kLowerMiddle;
+      const int kend = raising ? kRaiseEnd : kLowerEnd;
+      int top = 0;
+      {
+        const int d = steps[lo];
+        const int target = occ_lo + (raising ? 1 : -1);
+        const int ku = verts[lo + 1];
+        const int bk = bv[ku];
+        for (int dp = 0; dp < 4; ++dp) {
+          if (step_occupation(dp) != target) continue;
+          const int u = up[4 * verts[lo] + dp];
+          if (u < 0) continue;
+          const int delta = bk - bv[u];
+          if (delta != 1 && delta != -1) continue;
+          const double v = seg[segment_index(kstart, dp, d, delta, bk, bmax)];
+          if (v == 0.0) continue;
+          stack[top++] = Frame{lo, u, v, y[4 * u + dp] - y[4 * ku + d]};
+        }
+      }
+      while (top > 0) {
+        const Frame f = stack[--top];
+        const int i = f.level + 1;
+        const int d = steps[i];
+        const int occ = step_occupation(d);
+        const int ku = verts[i + 1];
+        const int bk = bv[ku];
+        // close the loop at i
+        if (raising ? occ > 0 : occ < 2) {
+          const int target = occ + (raising ? -1 : 1);
+          for (int dp = 0; dp < 4; ++dp) {
+            if (step_occupation(dp) != target) continue;
+            if (up[4 * f.vert + dp] != ku) continue;
+            const double v = seg[segment_index(kend, dp, d, 1, bk, bmax)];
+            if (v == 0.0) continue;
+            const int p = raising ? lo : i, q = raising ? i : lo;
+            emit(rank + f.dy + y[4 * ku + dp] - y[4 * ku + d],
+                 static_cast<std::uint16_t>(p * n + q), f.val * v);
+          }
+        }
+        // or pass through i as a middle segment
+        if (i + 1 < n) {
+          for (int dp = 0; dp < 4; ++dp) {
+            if (step_occupation(dp) != occ) continue;
+            const int u = up[4 * f.vert + dp];
+            if (u < 0) continue;
+            const int delta = bk - bv[u];
+            if (delta != 1 && delta != -1) continue;
+            const double v = seg[segment_index(kmid, dp, d, delta, bk, bmax)];
+            if (v == 0.0) continue;
+            stack[top++] = Frame{i, u, f.val * v, f.dy + y[4 * u + dp] - y[4 * ku + d]};
+          }
+        }
+      }
+    }
+  }
+}
+
+int threads_or_default(int nthreads) { return nthreads > 0 ? nthreads : max_threads(); }
+
+}  // namespace
+
+int max_threads() {
+#ifdef CSK_HAVE_OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void Drt::finish() {
+  if (norb < 1 || norb > kMaxOrb) throw std::invalid_argument("norb must be in 1..64");
+  bmax = norb + 3;
+  seg.assign(segment_table_size(bmax), 0.0);
+  fill_segment_table(seg.data(), bmax);
+  ncsf = L[head];
+}
+
+void Drt::unrank(std::int64_t r, int* steps, int* verts) const {
+  int v = head;
+  verts[norb] = v;
+  for (int k = norb - 1; k >= 0; --k) {
+    int chosen = -1;
+    for (int d = 3; d >= 0; --d) {
+      const int w = down[4 * v + d];
+      if (w < 0) continue;
+      if (r >= y[4 * v + d]) {
+        chosen = d;
+        break;
+      }
+    }
+    r -= y[4 * v + chosen];
+    steps[k] = chosen;
+    v = down[4 * v + chosen];
+    verts[k] = v;
+  }
+}
+
+std::vector<std::int64_t> count_lists(const Drt& drt, std::int64_t k0, std::int64_t count,
+                                      int nthreads) {
+  std::vector<std::int64_t> counts(count);
+  nthreads = threads_or_default(nthreads);
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nthreads)
+  for (std::int64_t k = 0; k < count; ++k) {
+    int steps[kMaxOrb], verts[kMaxOrb + 1];
+    drt.unrank(k0 + k, steps, verts);
+    std::int64_t c = 0;
+    for_each_coupling(drt, steps, verts, k0 + k, [&](std::int64_t, std::uint16_t, double) { ++c; });
+    counts[k] = c;
+  }
+  return counts;
+}
+
+Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads,
+                  const std::int64_t* known) {
+  nthreads = threads_or_default(nthreads);
+  Lists out;
+  std::vector<std::int64_t> counts = known ? std::vector<std::int64_t>(known, known + count)
+                                           : count_lists(drt, k0, count, nthreads);
+  out.offsets.assign(count + 1, 0);
+  for (std::int64_t k = 0; k < count; ++k) out.offsets[k + 1] = out.offsets[k] + counts[k];
+  const std::int64_t total = out.offsets[count];
+  out.bra.resize(total);
+  out.code.resize(total);
+  out.w.resize(total);
+#pragma omp parallel for schedule(dynamic, 64) num_threads(nthreads)
+  for (std::int64_t k = 0; k < count; ++k) {
+    int steps[kMaxOrb], verts[kMaxOrb + 1];
+    drt.unrank(k0 + k, steps, verts);
+    std::int64_t pos = out.offsets[k];
+    for_each_coupling(drt, steps, verts, k0 + k, [&](std::int64_t m, std::uint16_t c, double w) {
+      out.bra[pos] = static_cast<std::int32_t>(m);
+      out.code[pos] = c;
+      out.w[pos] = w;
+      ++pos;
+    });
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> csf_steps(const Drt& drt, std::int64_t k0, std::int64_t count,
+                                    int nthreads) {
+  const int n = drt.norb;
+  std::vector<std::uint8_t> out(static_cast<size_t>(count) * n);
+  nthreads = threads_or_default(nthreads);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (std::int64_t k = 0; k < count; ++k) {
+    int steps[kMaxOrb], verts[kMaxOrb + 1];
+    drt.unrank(k0 + k, steps, verts);
+    for (int i = 0; i < n; ++i) out[k * n + i] = static_cast<std::uint8_t>(steps[i]);
+  }
+  return out;
+}
+
+void gather_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
+                  const double* c, double* T, int ld, int nthreads) {
+  const int n = drt.norb;
+  nthreads = threads_or_default(nthreads);
+#pragma omp parallel for schedule(dynamic, 256) num_threads(nthreads)
+  for (std::int64_t k = 0; k < v.count; ++k) {
+    double* row = T + k * ld;
+    for (int P = 0; P < npair; ++P) row[P] = 0.0;
+    const double ck = c[v.k0 + k];
+    if (ld > npair) row[npair] = ck;  // the column that carries the one-body term
+    for (int r = 0; r < n; ++r) row[symmap[r * n + r]] = step_occupation(v.steps[k * n + r]) * ck;
+    for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
+      row[symmap[v.code[e]]] += v.w[e] * c[v.bra[e]];
+  }
+}
+
+void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symmap, int npair,
+                   const double* G, double* sigma, std::int64_t ncsf, int nbuf, int nthreads) {
+  const int n = drt.norb;
+  nthreads = threads_or_default(nthreads);
+  if (nthreads > nbuf) nthreads = nbuf;
+  // Row k's own diagonal term goes to buffer 0 (k is owned by this call alone).
+  for (std::int64_t k = 0; k < v.count; ++k) {
+    const double* g = G + k * npair;
+    double s = 0.0;
+    for (int r = 0; r < n; ++r) s += step_occupation(v.steps[k * n + r]) * g[symmap[r * n + r]];
+    sigma[v.k0 + k] += s;
+  }
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef CSK_HAVE_OPENMP
+    const int tid = omp_get_thread_num();
+#else
+    const int tid = 0;
+#endif
+    double* out = sigma + static_cast<size_t>(tid) * ncsf;  // this thread's buffer
+#pragma omp for schedule(dynamic, 256)
+    for (std::int64_t k = 0; k < v.count; ++k) {
+      const double* g = G + k * npair;
+      for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
+        out[v.bra[e]] += v.w[e] * g[symmap[v.code[e]]];
+    }
+  }
+}
+
+void gather_generators(const Drt& drt, const BlockView& v, const double* c, double* t,
+                       int nthreads) {
+  const int n = drt.norb;
+  const int nn = n * n;
+  nthreads = threads_or_default(nthreads);
+#pragma omp parallel for schedule(dynamic, 256) num_threads(nthreads)
+  for (std::int64_t k = 0; k < v.count; ++k) {
+    double* row = t + k * nn;
+    for (int i = 0; i < nn; ++i) row[i] = 0.0;
+    const double ck = c[v.k0 + k];
+    for (int r = 0; r < n; ++r) row[r * n + r] = step_occupation(v.steps[k * n + r]) * ck;
+    // entry (m, p, q, w): w = <m|E_pq|k> = <k|E_qp|m>, a term of (E_qp c)_k
+    for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e) {
+      const int p = v.code[e] / n, q = v.code[e] % n;
+      row[q * n + p] += v.w[e] * c[v.bra[e]];
+    }
+  }
+}
+
+void exchange_diagonal(const Drt& drt, const BlockView& v, const double* K, double* out,
+                       int nthreads) {
+  nthreads = threads_or_default(nthreads);
+#pragma omp parallel for schedule(dynamic, 256) num_threads(nthreads)
+  for (std::int64_t k = 0; k < v.count; ++k) {
+    double s = 0.0;
+    for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
+      s += v.w[e] * v.w[e] * K[v.code[e]];
+    out[k] = s;
+  }
+}
+
+}  // namespace guga
+}  // namespace csk
