@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from cuscikit.chem.molecule import check_state_symmetry
 from cuscikit.cli.common import (
     UsageError,
     add_json,
@@ -61,6 +62,7 @@ def run(args) -> int:
     if args.system is None:
         raise UsageError("give a system (FCIDUMP or dataset) or --drt NORB NELEC 2S")
     mol = load_molecule(args.system)
+    check_state_symmetry(mol)  # ISYM other than 1: a request the solver cannot honour
     na, nb = mol.nelec
     twos = abs(na - nb) if args.spin is None else args.spin
     try:
