@@ -68,13 +68,15 @@ class HostPeak:
     count, unlike the lifetime peak (``ru_maxrss``). A spike shorter than the interval can be
     missed. Where the resident size cannot be read, `peak` is the lifetime peak.
 
-    Example:
-        >>> import numpy as np
+    Example (fresh pages from the system, so that no allocator can reuse resident ones):
+        >>> import mmap
         >>> with HostPeak() as hp:
-        ...     a = np.ones(50_000_000 // 8)  # 50 MB, touched
+        ...     block = mmap.mmap(-1, 50_000_000)
+        ...     for page in range(0, 50_000_000, 4096):  # 50 MB, touched
+        ...         block[page] = 1
         >>> bool(hp.peak - hp.start > 45_000_000)
         True
-        >>> del a
+        >>> block.close()
     """
 
     def __init__(self, interval: float = 0.005):

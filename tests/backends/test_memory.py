@@ -1,6 +1,7 @@
 """Host memory measures of `cuscikit.backends.memory`."""
 
-import numpy as np
+import mmap
+
 import pytest
 
 
@@ -11,12 +12,18 @@ def test_host_peak_sees_a_spike_and_not_what_was_freed_before():
 
     if resident_bytes() is None:
         pytest.skip("the resident size cannot be read here")
-    big = np.ones(200_000_000 // 8)  # 200 MB, freed before the measured stretch
-    del big
+
+    def touched(nbytes):  # fresh pages from the system, whatever the allocator keeps
+        block = mmap.mmap(-1, nbytes)
+        for page in range(0, nbytes, 4096):
+            block[page] = 1
+        return block
+
+    touched(200_000_000).close()  # 200 MB, returned before the measured stretch
     with HostPeak(interval=0.002) as hp:
-        a = np.ones(80_000_000 // 8)  # 80 MB held for 50 ms, then freed inside
+        block = touched(80_000_000)  # 80 MB held for 50 ms, then returned inside
         time.sleep(0.05)
-        del a
+        block.close()
         time.sleep(0.01)
     assert hp.peak - hp.start > 70_000_000
     assert hp.peak - hp.start < 150_000_000  # the earlier 200 MB do not count
