@@ -107,6 +107,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         estimator=args.estimator,
         seed=args.seed,
         max_space=args.max_space,
+        prune_weight=args.prune_weight,
         device=args.device,
         pipeline=args.pipeline,
         max_gpu_memory=args.max_gpu_memory,
@@ -251,6 +252,13 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         help="the energy the loss follows (both are reported)",
     )
     s.add_argument("--max-space", type=positive_int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
+    s.add_argument(
+        "--prune-weight",
+        type=finite_float,
+        default=None,
+        help="after each growth step drop the configurations of smallest |psi| whose share of "
+        "the weight on S is at most this (off by default)",
+    )
     s.add_argument(
         "--inner-steps",
         type=non_negative_int,

@@ -144,6 +144,11 @@ class Runner(Solver):
             x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
             computed and kept in the history.
         max_space: cap on |S| (None: no cap).
+        prune_weight: None (default: S only grows, up to `max_space`) or a weight w: after
+            each growth step the configurations of smallest |psi| whose summed share of
+            sum |psi|^2 over S is at most w are dropped (pruning by weight, not by count; the
+            cap still applies). The history's ``weight_dropped`` is that share, whichever rule
+            dropped configurations.
         eps: screening threshold of the coupled sets.
         lr, betas, weight_decay, adam_eps: AdamW settings.
         batch_size: configurations per inference batch.
@@ -189,6 +194,7 @@ class Runner(Solver):
     topk: int = DEFAULT_TOPK
     estimator: str = "coupled"
     max_space: int | None = DEFAULT_MAX_SPACE
+    prune_weight: float | None = None
     eps: float = DEFAULT_EPS
     lr: float = DEFAULT_LR
     betas: tuple[float, float] = (0.9, 0.99)
@@ -299,6 +305,12 @@ class Runner(Solver):
 
         positive_int("topk", self.topk)
         positive_int("max_space", self.max_space, allow_none=True)
+        if self.prune_weight is not None and not (
+            isinstance(self.prune_weight, (int, float))
+            and not isinstance(self.prune_weight, bool)
+            and 0 <= self.prune_weight < 1
+        ):
+            raise ValueError(f"prune_weight must be None or in [0, 1), got {self.prune_weight!r}")
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
         if self.estimator not in ESTIMATORS:
@@ -586,9 +598,9 @@ class Runner(Solver):
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
         t0 = time.perf_counter()
         n_new = self.space.add(r.new_configs) if len(r.new_configs) else 0
-        if self.max_space is not None and len(self.space) > self.max_space:
-            order = np.lexsort((r.keep_rows, -r.keep_scores))[: self.max_space]
-            self.space = SCISpace(self.molecule, r.keep_configs[order], eps=self.eps)
+        keep, weight_dropped = _kept(r.keep_rows, r.keep_scores, self.max_space, self.prune_weight)
+        if keep is not None:
+            self.space = SCISpace(self.molecule, r.keep_configs[keep], eps=self.eps)
         self.iteration += 1
         t["other"] = time.perf_counter() - t0
         total = time.perf_counter() - t_start
@@ -610,6 +622,7 @@ class Runner(Solver):
             "n_unique": r.n_unique,
             "n_new": n_new,
             "n_space_next": len(self.space),
+            "weight_dropped": weight_dropped,
         }
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
@@ -783,3 +796,25 @@ class Runner(Solver):
             bad = np.flatnonzero(failed).tolist()
             raise CheckpointError(f"{path}: ranks {bad} could not read the checkpoint")
         return self
+
+
+def _kept(rows, scores, max_space, prune_weight):
+    """Which configurations of S + new stay: ``(indices or None, dropped weight share)``.
+
+    Ordered by decreasing ln|psi| (`scores`), ties by global row. Pruning drops the longest tail
+    whose share of sum |psi|^2 is at most `prune_weight`; the cap keeps the first `max_space`.
+    None: all stay (S is left as grown)."""
+    n = len(scores)
+    limit = n if max_space is None else min(n, int(max_space))
+    if prune_weight is None and limit == n:
+        return None, 0.0
+    order = np.lexsort((rows, -scores))
+    w = np.exp(2.0 * (scores[order] - scores[order[0]])) if n else np.zeros(0)
+    share = w / w.sum() if n else w
+    tail = np.cumsum(share[::-1])[::-1]  # tail[i]: share of order[i:]
+    k = limit
+    if prune_weight is not None:
+        k = min(k, max(1, int(np.count_nonzero(tail > prune_weight))))
+    if k == n:
+        return None, 0.0
+    return order[:k], float(tail[k])
