@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "../bindings.hpp"
+#include "cuscikit/numpy_out.hpp"
 #include "kernels.hpp"
 
 namespace nb = nanobind;
@@ -17,18 +18,13 @@ using namespace nb::literals;
 
 namespace {
 
+using csk::to_numpy;
+
 using csk::guga::BlockView;
 using csk::guga::Drt;
 
 template <typename T>
 using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
-
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
-}
 
 template <typename T>
 std::vector<T> copy_of(const In<T>& a, size_t expect, const char* what) {
@@ -207,5 +203,5 @@ void bind_guga(nb::module_& m) {
       },
       "drt"_a, "offsets"_a, "bra"_a, "code"_a, "w"_a, "steps"_a, "k0"_a, "K"_a, "nthreads"_a = 0);
 
-  m.def("max_threads", &csk::guga::max_threads);
+  m.def("max_threads", &csk::max_threads);
 }

@@ -22,6 +22,7 @@
 #pragma GCC target("popcnt")
 #endif
 #include "cuscikit/dsb.hpp"
+#include "cuscikit/numpy_out.hpp"
 
 static_assert(FLT_EVAL_METHOD == 0, "float expressions must be evaluated in float");
 
@@ -30,15 +31,10 @@ using namespace nb::literals;
 
 namespace {
 
-template <typename T>
-using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using csk::to_numpy;
 
 template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
-}
+using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 struct Options {
   int n, nwords, replicas, steps;

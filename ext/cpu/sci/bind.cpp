@@ -12,12 +12,15 @@
 #include <string>
 
 #include "../bindings.hpp"
+#include "cuscikit/numpy_out.hpp"
 #include "kernels.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
+
+using csk::to_numpy;
 
 using ConfigArray = nb::ndarray<const std::uint64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F64Array = nb::ndarray<const double, nb::c_contig, nb::device::cpu>;
@@ -27,13 +30,6 @@ nb::ndarray<nb::numpy, T> to_numpy(csk::Buffer<T>&& b, std::initializer_list<siz
   T* raw = b.data.release();
   nb::capsule owner(raw, [](void* p) noexcept { delete[] static_cast<T*>(p); });
   return nb::ndarray<nb::numpy, T>(raw, shape, owner);
-}
-
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
 void check_words(const csk::Hamiltonian& H, const ConfigArray& c, const char* what) {

@@ -12,21 +12,17 @@
 
 #include "../bindings.hpp"
 #include "api.hpp"
+#include "cuscikit/numpy_out.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace {
 
-template <typename T>
-using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using csk::to_numpy;
 
 template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
-}
+using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 void need(size_t have, size_t want, const char* what) {
   if (have != want)
