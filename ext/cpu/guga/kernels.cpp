@@ -6,10 +6,6 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#ifdef CSK_HAVE_OPENMP
-#include <omp.h>
-#endif
-
 namespace csk {
 namespace guga {
 
@@ -103,14 +99,6 @@ void for_each_coupling(const Drt& drt, const int* steps, const int* verts, std::
 int threads_or_default(int nthreads) { return nthreads > 0 ? nthreads : max_threads(); }
 
 }  // namespace
-
-int max_threads() {
-#ifdef CSK_HAVE_OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 void Drt::finish() {
   if (norb < 1 || norb > kMaxOrb) throw std::invalid_argument("norb must be in 1..64");
@@ -226,11 +214,7 @@ void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symma
   }
 #pragma omp parallel num_threads(nthreads)
   {
-#ifdef CSK_HAVE_OPENMP
-    const int tid = omp_get_thread_num();
-#else
-    const int tid = 0;
-#endif
+    const int tid = thread_id();
     double* out = sigma + static_cast<size_t>(tid) * ncsf;  // this thread's buffer
 #pragma omp for schedule(dynamic, 256)
     for (std::int64_t k = 0; k < v.count; ++k) {

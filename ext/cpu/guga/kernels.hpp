@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../threads.hpp"
+
 namespace csk {
 namespace guga {
 
@@ -71,8 +73,6 @@ void gather_generators(const Drt& drt, const BlockView& v, const double* c, doub
 // out[k] = sum over the entries of ket k of w^2 K[code].
 void exchange_diagonal(const Drt& drt, const BlockView& v, const double* K, double* out,
                        int nthreads);
-
-int max_threads();
 
 }  // namespace guga
 }  // namespace csk

@@ -4,6 +4,8 @@
 #include <memory>
 #include <vector>
 
+#include "../threads.hpp"
+
 #include "hamiltonian.hpp"
 
 namespace csk {
@@ -87,8 +89,5 @@ void symmetric_csr_matvec(const std::int64_t* indptr, const std::int32_t* indice
 UniqueResult unique_keys(const std::uint64_t* keys, std::int64_t n, int nwords);
 void lookup_keys(const KeyIndex& index, const std::uint64_t* queries, std::int64_t n, int nwords,
                  std::int64_t* out);
-
-int max_threads();
-int thread_id();  // OpenMP thread number inside a parallel region, 0 without OpenMP
 
 }  // namespace csk
