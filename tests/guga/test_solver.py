@@ -13,16 +13,7 @@ import pytest
 from cuscikit.guga import DRT, GUGASolver
 
 pytest.importorskip("pyscf")
-from pyscf import fci, gto, lib, mcscf, scf  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _pyscf_one_thread():
-    # PySCF's OpenMP team on a small problem spends its time waiting on busy cores
-    old = lib.num_threads()
-    lib.num_threads(1)
-    yield
-    lib.num_threads(old)
+from pyscf import fci, gto, mcscf, scf  # noqa: E402
 
 
 @functools.cache
