@@ -34,7 +34,8 @@ namespace {
 using csk::to_numpy;
 
 template <typename T>
-using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using In = csk::HostVector<T>;
+using csk::need;
 
 struct Options {
   int n, nwords, replicas, steps;
@@ -149,12 +150,6 @@ Options check(int n, int replicas, int steps, float dt, float a0, float c0, std:
   if (replicas < 1) throw std::invalid_argument("replicas must be >= 1");
   if (steps < 1) throw std::invalid_argument("steps must be >= 1");
   return Options{n, (n + 31) / 32, replicas, steps, dt, a0, c0, seed, request};
-}
-
-void need(size_t have, size_t want, const char* what) {
-  if (have != want)
-    throw std::invalid_argument(std::string(what) + " has " + std::to_string(have) +
-                                " entries, expected " + std::to_string(want));
 }
 
 }  // namespace

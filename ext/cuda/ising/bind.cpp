@@ -22,13 +22,8 @@ namespace {
 using csk::to_numpy;
 
 template <typename T>
-using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-void need(size_t have, size_t want, const char* what) {
-  if (have != want)
-    throw std::invalid_argument(std::string(what) + " has " + std::to_string(have) +
-                                " entries, expected " + std::to_string(want));
-}
+using In = csk::HostVector<T>;
+using csk::need;
 
 float g_last_ms = 0.0f;
 
