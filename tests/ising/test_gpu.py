@@ -19,9 +19,12 @@ pytestmark = pytest.mark.gpu
         ("ternary", 1000, 200),
         ("int8", 1000, 200),
         ("binary", 10000, 200),
+        ("ternary", 10000, 200),
         ("int8", 10000, 200),
         ("ternary", 33, 100),
         ("int8", 1, 10),
+        ("binary", 129, 30),  # one spin past a 128-spin tile
+        ("int8", 300, 20),
     ],
 )
 def test_gpu_equals_cpu_bytes(kind, n, steps):
