@@ -160,9 +160,11 @@ def run_kernel(
     device: str = "cpu",
     request: int = 0,
     arrays: dict | None = None,
+    tile_replicas: int = 0,
 ):
     """One dSB run in the compiled kernels: (energy[S+1, B], checksum[S+1, B], best_energy[B],
-    best_signs[B, W], x[B, n], y[B, n])."""
+    best_signs[B, W], x[B, n], y[B, n]). `tile_replicas` (CUDA only): replicas per block tile of
+    the GPU kernel, 64 or 128 (0: chosen from the sizes); it changes the speed, not the bytes."""
     arrays = model.coupling_arrays() if arrays is None else arrays
     ext = _backend(device)
     c0 = float(model.c0())
@@ -176,6 +178,7 @@ def run_kernel(
         return ext.run_float(
             model.n, arrays["J"], arrays["h"], agents, steps, dt, a0, c0, seed, request
         )
+    extra = {"tile_replicas": tile_replicas} if device == "cuda" else {}
     return ext.run_exact(
         arrays["kind"],
         model.n,
@@ -191,6 +194,7 @@ def run_kernel(
         c0,
         seed,
         request,
+        **extra,
     )
 
 

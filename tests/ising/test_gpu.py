@@ -37,6 +37,15 @@ def test_gpu_equals_cpu_bytes(kind, n, steps):
         assert c.tobytes() == g.tobytes(), f"{name} differs between CPU and GPU"
 
 
+@pytest.mark.parametrize("tile", [64, 128])
+def test_gpu_tile_width_changes_no_bytes(tile):
+    m = random_model("int8", 700, seed=3, field=True)
+    cpu = run_kernel(m, 200, 30, 0.5, 99, device="cpu")
+    gpu = run_kernel(m, 200, 30, 0.5, 99, device="cuda", tile_replicas=tile)
+    for c, g in zip(cpu, gpu, strict=True):
+        assert c.tobytes() == g.tobytes()
+
+
 def test_gpu_replicas_independent_of_count():
     m = random_model("binary", 1000, seed=5)
     few = run_kernel(m, 8, 50, 0.5, 7, device="cuda")

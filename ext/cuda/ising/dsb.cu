@@ -11,7 +11,9 @@
 // cuscikit/dsb.hpp to the block's (spin, replica) pairs in registers, writes the next signs, adds
 // the block's part of each replica's energy and checksum (exact 64-bit integer sums, order-free),
 // and packs the current sign words. The last block to finish a replica tile (a counter per tile)
-// turns the sums into the per-step record and keeps the best signs.
+// turns the sums into the per-step record and flags the replicas whose energy improved; in the
+// next step every block copies its own words of those replicas into the best signs (the words are
+// double-buffered), so no block copies whole sign vectors at the end of a step.
 //
 // Bit planes (+-1, ternary) and int8 rows are expanded once per run into the padded int8 J;
 // padding rows and columns are zero, so padded spins and replicas contribute nothing.
@@ -26,15 +28,14 @@
 namespace csk::gpu::ising {
 namespace {
 
-constexpr int kBM = 128;  // spins per block tile
-constexpr int kBN = 128;  // replicas per block tile
-constexpr int kBK = 64;   // bytes of J row (couplings) per pipeline stage
+constexpr int kBM = 128;     // spins per block tile
+constexpr int kBNMax = 128;  // replicas per block tile: 32 NI, NI = 4 or 2 (kernel template)
+constexpr int kBK = 64;      // bytes of J row (couplings) per pipeline stage
 constexpr int kStages = 4;
-constexpr int kThreads = 256;   // 8 warps: 2 (spins, 64 each) x 4 (replicas, 32 each)
+constexpr int kThreads = 256;   // 8 warps: 2 (spins, 64 each) x 4 (replicas, 8 NI each)
 constexpr int kLds = kBK + 16;  // shared row stride in bytes: ldmatrix rows hit distinct banks
 constexpr int kTile = kBM * kLds;
-constexpr std::size_t kSmemBytes = std::size_t(2) * kStages * kTile;
-static_assert(kBM == kBN, "A and B tiles share the loader");
+constexpr std::size_t smem_bytes(int bn) { return std::size_t(kStages) * (kBM + bn) * kLds; }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -70,15 +71,18 @@ struct StepArgs {
   const std::int32_t* h;
   int n, npad, B, W, steps, k, row_tiles;
   float dt, a0, c0;
-  unsigned long long* energy;    // row k-1 of the record: accumulates sum s (a + h), then E
-  unsigned long long* checksum;  // row k-1 of the record
-  std::uint32_t* words;          // B x W: the sign words of s^(k-1)
-  long long* best;               // B
-  std::uint32_t* best_signs;     // B x W
-  unsigned* counters;            // per replica tile: blocks done this step
+  unsigned long long* energy;       // row k-1 of the record: accumulates sum s (a + h), then E
+  unsigned long long* checksum;     // row k-1 of the record
+  std::uint32_t* words;             // B x W: the sign words of s^(k-1)
+  const std::uint32_t* words_prev;  // B x W: those of s^(k-2)
+  long long* best;                  // B
+  int* improved;                    // B: E(s^(k-2)) was a new best (set by step k-1)
+  std::uint32_t* best_signs;        // B x W
+  unsigned* counters;               // per replica tile: blocks done this step
 };
 
-// Copy k-tile kt of the block's J rows (A) and sign rows (B) into stage `st`.
+// Copy k-tile kt of the block's J rows (A) and BN sign rows (B) into one pipeline stage.
+template <int BN>
 __device__ __forceinline__ void load_stage(std::int8_t* sa, std::int8_t* sb, const StepArgs& p,
                                            int i0, int b0, int kt) {
   for (int c = threadIdx.x; c < kBM * (kBK / 16); c += kThreads) {
@@ -86,22 +90,30 @@ __device__ __forceinline__ void load_stage(std::int8_t* sa, std::int8_t* sb, con
     const int col = (c % (kBK / 16)) * 16;
     const std::size_t ka = static_cast<std::size_t>(kt) * kBK + col;
     cp_async16(sa + row * kLds + col, p.J + static_cast<std::size_t>(i0 + row) * p.npad + ka);
+  }
+  for (int c = threadIdx.x; c < BN * (kBK / 16); c += kThreads) {
+    const int row = c / (kBK / 16);
+    const int col = (c % (kBK / 16)) * 16;
+    const std::size_t ka = static_cast<std::size_t>(kt) * kBK + col;
     cp_async16(sb + row * kLds + col, p.s_cur + static_cast<std::size_t>(b0 + row) * p.npad + ka);
   }
 }
 
+// NI: n8 replica tiles per warp; the block tile is 128 spins x BN = 32 NI replicas.
+template <int NI>
 __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
+  constexpr int kBN = 32 * NI;
+  static_assert(NI == 2 || NI == 4, "NI is 2 or 4");
   extern __shared__ __align__(16) std::int8_t smem[];
   __shared__ unsigned long long sh_twice[kBN];
   __shared__ unsigned long long sh_check[kBN];
-  __shared__ int sh_better[kBN];
   __shared__ int sh_last;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int wm = warp >> 2;  // 0..1: spins wm*64 ..
-  const int wn = warp & 3;   // 0..3: replicas wn*32 ..
+  const int wn = warp & 3;   // 0..3: replicas wn*8*NI ..
   const int i0 = blockIdx.x * kBM;
   const int b0 = blockIdx.y * kBN;
   if (tid < kBN) {
@@ -109,20 +121,21 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
     sh_check[tid] = 0ull;
   }
 
-  int acc[4][4][4];
+  int acc[4][NI][4];
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
+    for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0;
 
   std::int8_t* sA = smem;
   std::int8_t* sB = smem + kStages * kTile;
+  constexpr int kTileB = kBN * kLds;
   const int KT = p.npad / kBK;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KT) load_stage(sA + s * kTile, sB + s * kTile, p, i0, b0, s);
+    if (s < KT) load_stage<kBN>(sA + s * kTile, sB + s * kTileB, p, i0, b0, s);
     cp_async_commit();
   }
   // ldmatrix lane addresses: A (16 x 32 bytes) as four 8x16-byte matrices in the order of the
@@ -135,25 +148,26 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
     const std::int8_t* a = sA + (kt % kStages) * kTile;
-    const std::int8_t* b = sB + (kt % kStages) * kTile;
+    const std::int8_t* b = sB + (kt % kStages) * kTileB;
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 32) {
-      unsigned af[4][4], bf[2][4];
+      unsigned af[4][4], bf[NI / 2][4];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
         ldmatrix_x4(af[mi], a + (wm * 64 + mi * 16 + a_row) * kLds + kk + a_col);
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj)
-        ldmatrix_x4(bf[nj], b + (wn * 32 + nj * 16 + b_row) * kLds + kk + b_col);
+      for (int nj = 0; nj < NI / 2; ++nj)
+        ldmatrix_x4(bf[nj], b + (wn * 8 * NI + nj * 16 + b_row) * kLds + kk + b_col);
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < NI; ++ni)
           mma_s8(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
     }
     const int next = kt + kStages - 1;
     if (next < KT)
-      load_stage(sA + (next % kStages) * kTile, sB + (next % kStages) * kTile, p, i0, b0, next);
+      load_stage<kBN>(sA + (next % kStages) * kTile, sB + (next % kStages) * kTileB, p, i0, b0,
+                      next);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -164,9 +178,9 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
   const float dta0 = csk::dsb::fmul(p.dt, p.a0);
   const int g = lane >> 2;
   const int q = lane & 3;
-  long long tw[4][2];
+  long long tw[NI][2];
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni) tw[ni][0] = tw[ni][1] = 0;
+  for (int ni = 0; ni < NI; ++ni) tw[ni][0] = tw[ni][1] = 0;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -175,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
       if (i >= p.n) continue;
       const std::int32_t hi = p.h[i];
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int b = b0 + wn * 32 + ni * 8 + 2 * q + (r & 1);
+      for (int ni = 0; ni < NI; ++ni) {
+        const int b = b0 + wn * 8 * NI + ni * 8 + 2 * q + (r & 1);
         if (b >= p.B) continue;
         const std::size_t at = static_cast<std::size_t>(b) * p.n + i;
         float xi = p.x[at];
@@ -194,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
     }
   }
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni)
+  for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       long long v = tw[ni][c];
@@ -204,13 +218,14 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
   __syncthreads();  // sh_twice / sh_check zeroed
   if (g == 0) {
 #pragma unroll
-    for (int ni = 0; ni < 4; ++ni)
+    for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        atomicAdd(&sh_twice[wn * 32 + ni * 8 + 2 * q + c],
+        atomicAdd(&sh_twice[wn * 8 * NI + ni * 8 + 2 * q + c],
                   static_cast<unsigned long long>(tw[ni][c]));
   }
-  // The sign words of s^(k-1) for this tile's rows (4 words per replica) and their checksum terms.
+  // The sign words of s^(k-1) for this tile's rows (4 words per replica) and their checksum terms;
+  // the same words of s^(k-2) become best signs where that vector improved its replica's best.
   for (int t = tid; t < kBN * (kBM / 32); t += kThreads) {
     const int bl = t / (kBM / 32);
     const int b = b0 + bl;
@@ -226,7 +241,9 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         word |= (((part[j] >> (8 * e)) & 0xffu) == 1u ? 1u : 0u) << (4 * j + e);
-    p.words[static_cast<std::size_t>(b) * p.W + w] = word;
+    const std::size_t at = static_cast<std::size_t>(b) * p.W + w;
+    p.words[at] = word;
+    if (p.improved[b]) p.best_signs[at] = p.words_prev[at];
     atomicAdd(&sh_check[bl], csk::dsb::checksum_term(static_cast<std::uint32_t>(b),
                                                      static_cast<std::uint32_t>(p.W),
                                                      static_cast<std::uint32_t>(w), word));
@@ -242,30 +259,27 @@ __global__ void __launch_bounds__(kThreads, 2) dsb_step_kernel(StepArgs p) {
   __syncthreads();
   if (!sh_last) return;
 
-  // ---- the last block of this replica tile: energies, best energies and signs ----
+  // ---- the last block of this replica tile: energies and best energies ----
   __threadfence();
-  if (tid < kBN) {
+  if (tid < kBN && b0 + tid < p.B) {
     const int b = b0 + tid;
-    int better = 0;
-    if (b < p.B) {
-      const long long twice = static_cast<long long>(__ldcg(&p.energy[b]));
-      const long long e = -twice / 2;
-      p.energy[b] = static_cast<unsigned long long>(e);
-      if (e < p.best[b]) {
-        p.best[b] = e;
-        better = 1;
-      }
-    }
-    sh_better[tid] = better;
+    const long long twice = static_cast<long long>(__ldcg(&p.energy[b]));
+    const long long e = -twice / 2;
+    p.energy[b] = static_cast<unsigned long long>(e);
+    const int better = e < p.best[b] ? 1 : 0;
+    if (better) p.best[b] = e;
+    p.improved[b] = better;
   }
   if (tid == 0) p.counters[blockIdx.y] = 0u;
-  __syncthreads();
-  for (int t = tid; t < kBN * p.W; t += kThreads) {
-    const int bl = t / p.W;
-    if (!sh_better[bl]) continue;
-    const std::size_t at = static_cast<std::size_t>(b0 + bl) * p.W + t % p.W;
-    p.best_signs[at] = __ldcg(&p.words[at]);
-  }
+}
+
+// After the last step: the best signs of replicas whose last scored vector improved their best.
+__global__ void dsb_flush_kernel(int B, int W, const int* improved, const std::uint32_t* words,
+                                 std::uint32_t* best_signs) {
+  const std::size_t total = static_cast<std::size_t>(B) * W;
+  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < total;
+       t += std::size_t(gridDim.x) * blockDim.x)
+    if (improved[t / W]) best_signs[t] = words[t];
 }
 
 // x, y of every (replica, spin) from Philox, and the signs s^(0).
@@ -343,13 +357,13 @@ float run_dsb(const RunArgs& a, const RunOut& o) {
   const std::size_t P = static_cast<std::size_t>(a.steps) + 1;
   const std::size_t n = static_cast<std::size_t>(a.n);
   const std::size_t npad = round_up(n, kBM);
-  const std::size_t Rpad = round_up(R, kBN);
-  if (npad / kBM > 2147483647ull || Rpad / kBN > 65535ull)
+  const std::size_t Rpad = round_up(R, kBNMax);
+  if (Rpad / 64 > 65535ull)
     throw std::invalid_argument("too many replicas for the GPU kernel (at most 8388480)");
 
   // Everything the run keeps on the device, refused up front with its size.
   const std::size_t need = npad * npad + 2 * Rpad * npad + 2 * R * n * sizeof(float) +
-                           2 * P * R * 8 + R * 8 + 2 * R * W * 4 + Rpad / kBN * 4 +
+                           2 * P * R * 8 + R * 8 + 3 * R * W * 4 + R * 4 + Rpad / 64 * 4 +
                            (a.plus_len + a.minus_len + a.degree_len + n) * 4 + a.j8_len;
   std::size_t free_b = 0, total_b = 0;
   CSK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -377,16 +391,18 @@ float run_dsb(const RunArgs& a, const RunOut& o) {
   DeviceBuffer energy(P * R * sizeof(long long));
   DeviceBuffer checksum(P * R * sizeof(unsigned long long));
   DeviceBuffer best_energy(R * sizeof(long long));
-  DeviceBuffer words(R * W * sizeof(std::uint32_t));
+  DeviceBuffer words0(R * W * sizeof(std::uint32_t)), words1(R * W * sizeof(std::uint32_t));
+  DeviceBuffer improved(R * sizeof(int));
   DeviceBuffer best_signs(R * W * sizeof(std::uint32_t));
-  DeviceBuffer counters(Rpad / kBN * sizeof(unsigned));
+  DeviceBuffer counters(Rpad / 64 * sizeof(unsigned));
   CSK_CUDA_CHECK(cudaMemset(J.ptr, 0, npad * npad));
   CSK_CUDA_CHECK(cudaMemset(s0.ptr, 0, Rpad * npad));
   CSK_CUDA_CHECK(cudaMemset(s1.ptr, 0, Rpad * npad));
   CSK_CUDA_CHECK(cudaMemset(energy.ptr, 0, P * R * sizeof(long long)));
   CSK_CUDA_CHECK(cudaMemset(checksum.ptr, 0, P * R * sizeof(unsigned long long)));
   CSK_CUDA_CHECK(cudaMemset(best_signs.ptr, 0, R * W * sizeof(std::uint32_t)));
-  CSK_CUDA_CHECK(cudaMemset(counters.ptr, 0, Rpad / kBN * sizeof(unsigned)));
+  CSK_CUDA_CHECK(cudaMemset(improved.ptr, 0, R * sizeof(int)));
+  CSK_CUDA_CHECK(cudaMemset(counters.ptr, 0, Rpad / 64 * sizeof(unsigned)));
   {
     const std::vector<long long> inf(R, 0x7fffffffffffffffLL);
     upload(best_energy, inf.data(), R);
@@ -404,8 +420,13 @@ float run_dsb(const RunArgs& a, const RunOut& o) {
   expand_kernel<<<grid_for(static_cast<i64>(n * n), 256, 16 * sms), 256>>>(c, int(npad),
                                                                            J.as<std::int8_t>());
   CSK_CUDA_LAUNCHED();
-  CSK_CUDA_CHECK(cudaFuncSetAttribute(dsb_step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSmemBytes)));
+  // Replica tile: 128, or 64 when 128-wide tiles would leave SMs without a second block.
+  int bn = a.tile_replicas;
+  if (bn == 0) bn = (npad / kBM) * (Rpad / 128) < std::size_t(2 * sms) ? 64 : 128;
+  if (bn != 64 && bn != 128) throw std::invalid_argument("tile_replicas must be 0, 64 or 128");
+  auto step_kernel = bn == 128 ? dsb_step_kernel<4> : dsb_step_kernel<2>;
+  CSK_CUDA_CHECK(cudaFuncSetAttribute(step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem_bytes(bn))));
 
   cudaEvent_t start, stop;
   CSK_CUDA_CHECK(cudaEventCreate(&start));
@@ -430,23 +451,30 @@ float run_dsb(const RunArgs& a, const RunOut& o) {
   p.dt = a.dt;
   p.a0 = a.a0;
   p.c0 = a.c0;
-  p.words = words.as<std::uint32_t>();
+  p.improved = improved.as<int>();
   p.best = best_energy.as<long long>();
   p.best_signs = best_signs.as<std::uint32_t>();
   p.counters = counters.as<unsigned>();
   std::int8_t* cur = s0.as<std::int8_t>();
   std::int8_t* nxt = s1.as<std::int8_t>();
-  const dim3 grid(static_cast<unsigned>(npad / kBM), static_cast<unsigned>(Rpad / kBN));
+  const dim3 grid(static_cast<unsigned>(npad / kBM), static_cast<unsigned>(Rpad / bn));
   for (int k = 1; k <= a.steps + 1; ++k) {
     p.k = k;
     p.s_cur = cur;
     p.s_next = nxt;
     p.energy = energy.as<unsigned long long>() + static_cast<std::size_t>(k - 1) * R;
     p.checksum = checksum.as<unsigned long long>() + static_cast<std::size_t>(k - 1) * R;
-    dsb_step_kernel<<<grid, kThreads, kSmemBytes>>>(p);
+    p.words = (k % 2 ? words1 : words0).as<std::uint32_t>();
+    p.words_prev = (k % 2 ? words0 : words1).as<const std::uint32_t>();
+    step_kernel<<<grid, kThreads, smem_bytes(bn)>>>(p);
     CSK_CUDA_LAUNCHED();
     std::swap(cur, nxt);
   }
+  dsb_flush_kernel<<<grid_for(static_cast<i64>(R * W), 256, 16 * sms), 256>>>(
+      a.replicas, a.nwords, improved.as<const int>(),
+      ((a.steps + 1) % 2 ? words1 : words0).as<const std::uint32_t>(),
+      best_signs.as<std::uint32_t>());
+  CSK_CUDA_LAUNCHED();
   CSK_CUDA_CHECK(cudaEventRecord(stop, 0));
   CSK_CUDA_CHECK(cudaEventSynchronize(stop));
   float ms = 0.0f;
