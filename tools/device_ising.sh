@@ -5,7 +5,8 @@
 # Usage: bash tools/device_ising.sh
 # Env: GSET_DIR (graphs + best_known.json), SB_WHEELS (a folder with the simulated-bifurcation
 # wheel; its dependencies numpy, sympy, torch and tqdm must be installed), THROUGHPUT_ARGS,
-# TUNE_ARGS (a K2000 parameter scan; empty skips it), QUALITY_ARGS, K2000_ARGS, *_TIMEOUT.
+# TUNE_ARGS (a K2000 parameter scan; empty skips it), QUALITY_ARGS, K2000_ARGS (the word none
+# skips that step), *_TIMEOUT.
 set -u
 OUT=${OUT:-$PWD/device_ising_out}
 GSET_DIR=${GSET_DIR:-../shared/data/gset}
@@ -68,8 +69,13 @@ if [ -n "${TUNE_ARGS:-}" ]; then
   run tune_k2000 "${TUNE_TIMEOUT:-120}" ising_quality.py --device cuda --gset-dir "$GSET_DIR" \
     --graphs K2000 --no-baselines $TUNE_ARGS
 fi
-run quality_k2000_1s "${K2000_TIMEOUT:-60}" ising_quality.py --device cuda \
-  --gset-dir "$GSET_DIR" --graphs K2000 --baselines sb-dsb sb-default \
-  ${K2000_ARGS:---agents 1024 --steps 1000 --dt 1.0 --time-budget 1}
-run quality_cuda "${QUALITY_TIMEOUT:-200}" ising_quality.py --device cuda --gset-dir "$GSET_DIR" \
-  ${QUALITY_ARGS:---graphs G1 G22 G43 K2000 --agents 1024 --steps 2000 --dt 1.0 --time-budget 10 --baselines sb-dsb sb-default}
+if [ "${K2000_ARGS:-}" != none ]; then
+  run quality_k2000_1s "${K2000_TIMEOUT:-60}" ising_quality.py --device cuda \
+    --gset-dir "$GSET_DIR" --graphs K2000 --baselines sb-dsb sb-default \
+    ${K2000_ARGS:---agents 1024 --steps 1000 --dt 1.0 --time-budget 1}
+fi
+if [ "${QUALITY_ARGS:-}" != none ]; then
+  run quality_cuda "${QUALITY_TIMEOUT:-200}" ising_quality.py --device cuda \
+    --gset-dir "$GSET_DIR" ${QUALITY_ARGS:---graphs G1 G22 G43 K2000 --agents 1024 --steps 5000 \
+    --dt 0.75 --time-budget 10 --polish --baselines sb-dsb sb-default}
+fi
