@@ -5,7 +5,7 @@ Random couplings are built directly as the kernels' arrays (no IsingModel, so la
 CUDA times are kernel times (CUDA events); CPU times are wall times of the call.
 
     python benchmarks/ising_throughput.py --device cpu --n 1024 4096 --agents 8 --steps 50
-    python benchmarks/ising_throughput.py --device cuda --n 4096 16384 --agents 128 --steps 200
+    python benchmarks/ising_throughput.py --device cuda --n 2048 8192 --agents 128 1024 --steps 200
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> None:
     )
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--agents", type=int, nargs="+", default=[8])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     args = ap.parse_args()
@@ -75,37 +75,38 @@ def main() -> None:
         for kind in args.kinds:
             a = arrays(kind, n, seed=n)
             c0 = float(np.float32(0.5 / np.sqrt(n)))
+            for agents in args.agents:
 
-            def call(steps, a=a, kind=kind, n=n, c0=c0):
-                return ext.run_exact(
-                    KINDS[kind],
-                    n,
-                    a["plus"],
-                    a["minus"],
-                    a["degree"],
-                    a["j8"],
-                    a["h"],
-                    args.agents,
-                    steps,
-                    0.5,
-                    1.0,
-                    c0,
-                    1,
-                    0,
-                )
+                def call(steps, a=a, kind=kind, n=n, c0=c0, agents=agents):
+                    return ext.run_exact(
+                        KINDS[kind],
+                        n,
+                        a["plus"],
+                        a["minus"],
+                        a["degree"],
+                        a["j8"],
+                        a["h"],
+                        agents,
+                        steps,
+                        0.5,
+                        1.0,
+                        c0,
+                        1,
+                        0,
+                    )
 
-            call(2)  # warm-up (first CUDA call, page faults)
-            t0 = time.perf_counter()
-            call(args.steps)
-            t = time.perf_counter() - t0
-            if args.device == "cuda":
-                t = ext.last_kernel_ms() / 1e3
-            ops = float(n) * n * args.agents * (args.steps + 1) / t
-            rows.append([n, kind, args.agents, args.steps, f"{t:.3f}", f"{ops / 1e9:.2f}"])
+                call(2)  # warm-up (first CUDA call, page faults)
+                t0 = time.perf_counter()
+                call(args.steps)
+                t = time.perf_counter() - t0
+                if args.device == "cuda":
+                    t = ext.last_kernel_ms() / 1e3
+                ops = float(n) * n * agents * (args.steps + 1) / t
+                rows.append([n, kind, agents, args.steps, f"{t:.4f}", f"{ops / 1e12:.4g}"])
     print(f"machine: {machine()}; device {args.device}")
     print_table(
         "dSB exact coupling throughput (n^2 x agents x (steps + 1) passes / s)",
-        ["n", "couplings", "agents", "steps", "time_s", "Gops/s"],
+        ["n", "couplings", "agents", "steps", "time_s", "Tops/s"],
         rows,
     )
     print(

@@ -61,6 +61,6 @@ class DSBSampler(dimod.Sampler):
         if polish:
             from cuscikit.ising.solver import greedy_descent
 
-            spins = np.array([greedy_descent(model, s) for s in spins], dtype=np.int8)
+            spins = greedy_descent(model, spins)
         samples = spins if bqm.vartype is dimod.SPIN else ((spins + 1) // 2).astype(np.int8)
         return dimod.SampleSet.from_samples_bqm((samples, labels), bqm, info={"wall_s": r.wall_s})

@@ -36,6 +36,8 @@ from cuscikit.lib.solver import Solver
 
 __all__ = ["DSBResult", "DSBSolver", "solve", "greedy_descent", "unpack_signs"]
 
+POLISH_ROWS = 32  # replicas that `solve(..., polish=True)` finishes with greedy single flips
+
 HISTORY_DTYPE = np.dtype(
     [
         ("restart", np.int32),
@@ -98,24 +100,32 @@ def unpack_signs(words: np.ndarray, n: int) -> np.ndarray:
 def greedy_descent(model: IsingModel, spins) -> np.ndarray:
     """Flip single spins while one lowers the energy (the largest decrease first, the lowest
     index on ties): a deterministic local minimum, the same whatever device found `spins`.
+    A (k, n) stack descends row by row (each row as it would alone), in one pass over the rows.
 
     Example:
         >>> m = IsingModel.from_edges(3, [(0, 1, 1), (1, 2, 1)])
         >>> greedy_descent(m, [1, 1, 1]).tolist()
         [1, -1, 1]
+        >>> greedy_descent(m, [[1, 1, 1], [1, -1, 1]]).tolist()
+        [[1, -1, 1], [1, -1, 1]]
     """
-    s = model._spins(spins).copy()
-    a = model.J @ s + model.h  # local fields
-    J = model.J.tocsc()
-    while True:
-        delta = 2 * s * a  # E(flip i) - E(s)
-        i = int(np.argmin(delta))
-        if delta[i] >= 0:
-            break
-        s[i] = -s[i]
-        col = slice(J.indptr[i], J.indptr[i + 1])
-        a[J.indices[col]] += 2 * s[i] * J.data[col]
-    return s.astype(np.int8)
+    s = model._spins(spins)
+    single = s.ndim == 1
+    S = np.atleast_2d(s).copy()
+    J = model.J.tocsr()  # symmetric: row i holds column i
+    A = np.asarray(J @ S.T).T + model.h  # (k, n) local fields
+    active = np.arange(len(S))
+    while active.size:
+        delta = 2 * S[active] * A[active]  # E(flip i) - E(s), per row
+        idx = np.argmin(delta, axis=1)
+        go = delta[np.arange(active.size), idx] < 0
+        active, idx = active[go], idx[go]
+        for r, i in zip(active.tolist(), idx.tolist(), strict=True):
+            S[r, i] = -S[r, i]
+            row = slice(J.indptr[i], J.indptr[i + 1])
+            A[r, J.indices[row]] += 2 * S[r, i] * J.data[row]
+    out = S.astype(np.int8)
+    return out[0] if single else out
 
 
 def _backend(device: str):
@@ -150,9 +160,11 @@ def run_kernel(
     device: str = "cpu",
     request: int = 0,
     arrays: dict | None = None,
+    tile_replicas: int = 0,
 ):
     """One dSB run in the compiled kernels: (energy[S+1, B], checksum[S+1, B], best_energy[B],
-    best_signs[B, W], x[B, n], y[B, n])."""
+    best_signs[B, W], x[B, n], y[B, n]). `tile_replicas` (CUDA only): replicas per block tile of
+    the GPU kernel, 64 or 128 (0: chosen from the sizes); it changes the speed, not the bytes."""
     arrays = model.coupling_arrays() if arrays is None else arrays
     ext = _backend(device)
     c0 = float(model.c0())
@@ -166,6 +178,7 @@ def run_kernel(
         return ext.run_float(
             model.n, arrays["J"], arrays["h"], agents, steps, dt, a0, c0, seed, request
         )
+    extra = {"tile_replicas": tile_replicas} if device == "cuda" else {}
     return ext.run_exact(
         arrays["kind"],
         model.n,
@@ -181,6 +194,7 @@ def run_kernel(
         c0,
         seed,
         request,
+        **extra,
     )
 
 
@@ -230,7 +244,9 @@ def solve(
             reproducible on its own.
         a0: the pump's final value (and the drift scale).
         restarts: a fixed number of restarts (default 1, or as many as fit in `time_limit`).
-        polish: finish the best spins with `greedy_descent` (deterministic, on the CPU).
+        polish: finish the best spins of the best restart's POLISH_ROWS lowest replicas (all
+            replicas when fewer) with `greedy_descent` and keep the lowest result (the lowest
+            replica on ties); deterministic, on the CPU.
 
     Returns:
         A `DSBResult`.
@@ -292,8 +308,12 @@ def solve(
     t_polish = 0.0
     if polish:
         t2 = time.perf_counter()
-        spins = greedy_descent(model, spins)
-        energy = model.energy(spins)
+        order = np.argsort(rep_e, kind="stable")[:POLISH_ROWS]
+        cand = greedy_descent(model, replica_spins[order])
+        e = model.energy(cand)
+        j = int(np.argmin(e))
+        if e[j] < energy:
+            spins, energy = cand[j], e[j].item()
         t_polish = time.perf_counter() - t2
     value = model.value(spins)
     wall = time.perf_counter() - t0

@@ -1,5 +1,5 @@
-"""The dSB kernel compiles for sm_90 and its PTX has no fused multiply-add (where nvcc exists;
-the GPU build may happen elsewhere)."""
+"""The dSB kernels compile for sm_90, their PTX has no fused multiply-add and the coupling sums
+use the int8 tensor-core product (where nvcc exists; the GPU build may happen elsewhere)."""
 
 from __future__ import annotations
 
@@ -30,4 +30,7 @@ def test_dsb_kernel_ptx_has_no_fma(tmp_path):
     assert re.search(r"\bfma\.", text) is None
     for op in ("mul.rn.f32", "add.rn.f32", "sub.rn.f32", "div.rn.f32", "cvt.rn.f32.s32"):
         assert op in text, op
-    assert text.count(".entry") == 3  # one kernel per coupling kind
+    # the step (128- and 64-replica tiles), the initial state, the J expansion, the final flush
+    assert text.count(".entry") == 5
+    # the coupling sums are int8 tensor-core products with int32 accumulation
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in text

@@ -19,9 +19,12 @@ pytestmark = pytest.mark.gpu
         ("ternary", 1000, 200),
         ("int8", 1000, 200),
         ("binary", 10000, 200),
+        ("ternary", 10000, 200),
         ("int8", 10000, 200),
         ("ternary", 33, 100),
         ("int8", 1, 10),
+        ("binary", 129, 30),  # one spin past a 128-spin tile
+        ("int8", 300, 20),
     ],
 )
 def test_gpu_equals_cpu_bytes(kind, n, steps):
@@ -32,6 +35,15 @@ def test_gpu_equals_cpu_bytes(kind, n, steps):
     for name, c, g in zip(names, cpu, gpu, strict=True):
         assert c.dtype == g.dtype and c.shape == g.shape, name
         assert c.tobytes() == g.tobytes(), f"{name} differs between CPU and GPU"
+
+
+@pytest.mark.parametrize("tile", [64, 128])
+def test_gpu_tile_width_changes_no_bytes(tile):
+    m = random_model("int8", 700, seed=3, field=True)
+    cpu = run_kernel(m, 200, 30, 0.5, 99, device="cpu")
+    gpu = run_kernel(m, 200, 30, 0.5, 99, device="cuda", tile_replicas=tile)
+    for c, g in zip(cpu, gpu, strict=True):
+        assert c.tobytes() == g.tobytes()
 
 
 def test_gpu_replicas_independent_of_count():

@@ -114,6 +114,8 @@ def test_restarts_time_limit_and_polish():
     assert p.energy <= r1.energy and m.energy(p.spins) == p.energy
     s = greedy_descent(m, p.spins)
     assert np.array_equal(s, p.spins)  # already a local minimum
+    rows = np.array([greedy_descent(m, x) for x in r.replica_spins])
+    assert np.array_equal(greedy_descent(m, r.replica_spins), rows)  # a stack: row by row
 
 
 def test_solver_object_and_bad_options():

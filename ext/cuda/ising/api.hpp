@@ -23,6 +23,7 @@ struct RunArgs {
   const std::int8_t* j8 = nullptr;
   std::size_t j8_len = 0;
   const std::int32_t* h = nullptr;
+  int tile_replicas = 0;  // replicas per block tile: 64, 128 or 0 (chosen from the sizes)
 };
 
 struct RunOut {

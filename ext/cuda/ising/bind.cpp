@@ -34,10 +34,12 @@ void bind_ising(nb::module_& m) {
       "run_exact",
       [](int kind, int n, In<std::uint32_t> plus, In<std::uint32_t> minus, In<std::int32_t> degree,
          In<std::int8_t> j8, In<std::int32_t> h, int replicas, int steps, float dt, float a0,
-         float c0, std::uint64_t seed, std::uint32_t request) {
+         float c0, std::uint64_t seed, std::uint32_t request, int tile_replicas) {
         if (n < 1) throw std::invalid_argument("n must be >= 1");
         if (replicas < 1) throw std::invalid_argument("replicas must be >= 1");
         if (steps < 1) throw std::invalid_argument("steps must be >= 1");
+        if (tile_replicas != 0 && tile_replicas != 64 && tile_replicas != 128)
+          throw std::invalid_argument("tile_replicas must be 0, 64 or 128");
         csk::gpu::ising::RunArgs a;
         a.kind = kind;
         a.n = n;
@@ -49,6 +51,7 @@ void bind_ising(nb::module_& m) {
         a.c0 = c0;
         a.seed = seed;
         a.request = request;
+        a.tile_replicas = tile_replicas;
         const size_t rows = size_t(n) * a.nwords;
         need(h.shape(0), size_t(n), "h");
         if (kind == 0) {
@@ -88,8 +91,9 @@ void bind_ising(nb::module_& m) {
             to_numpy(std::move(x), {B, size_t(n)}), to_numpy(std::move(y), {B, size_t(n)}));
       },
       "kind"_a, "n"_a, "plus"_a, "minus"_a, "degree"_a, "j8"_a, "h"_a, "replicas"_a, "steps"_a,
-      "dt"_a, "a0"_a, "c0"_a, "seed"_a, "request"_a,
-      "dSB on the GPU with exact integer couplings; the outputs of _core.ising.run_exact.");
+      "dt"_a, "a0"_a, "c0"_a, "seed"_a, "request"_a, "tile_replicas"_a = 0,
+      "dSB on the GPU with exact integer couplings; the outputs of _core.ising.run_exact. "
+      "tile_replicas: replicas per block tile (64 or 128; 0 picks from the sizes).");
   m.def(
       "last_kernel_ms", []() { return g_last_ms; },
       "Kernel time (ms, CUDA events) of the last run_exact.");
