@@ -67,7 +67,10 @@ void cpu_worker(svc::Server& s) {
       if (s.stopping()) return;
       continue;
     }
-    for (const Job& job : jobs) s.reply_ok(job, solve_request(job, signs), signs.data(), out);
+    for (const Job& job : jobs) {
+      const std::int64_t energy = solve_request(job, signs);  // fills signs
+      s.reply_ok(job, energy, signs.data(), out);
+    }
     s.flush(out);
   }
 }
