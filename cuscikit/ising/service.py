@@ -232,7 +232,7 @@ class IsingServer:
         ext = _core_ising()
         tcp = port if tcp_port is None else tcp_port
         try:
-            self._server = ext.Server(host, port, tcp, depth)
+            self._server = ext.Server(host, port, tcp, depth, "cpu", workers)
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
@@ -271,7 +271,7 @@ class IsingServer:
 
     def start(self) -> IsingServer:
         """Start serving (the receiver, the TCP listener and the workers)."""
-        self._server.start(self.workers)
+        self._server.start()
         return self
 
     def stats(self) -> dict:

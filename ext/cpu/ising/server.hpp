@@ -52,7 +52,8 @@ struct Model {
   std::vector<std::uint32_t> plus, minus;
   std::vector<std::int32_t> degree, h;
   std::vector<std::int8_t> j8;
-  std::int64_t jnorm2 = 0;  // ||J||_F^2, exact
+  std::int64_t jnorm2 = 0;             // ||J||_F^2, exact
+  std::shared_ptr<const void> device;  // the backend's copy (a GPU's), if it keeps one
 
   Coupling coupling(const std::int32_t* field) const {
     return Coupling{kind, n, nwords, plus.data(), minus.data(), degree.data(), j8.data(), field};
@@ -74,7 +75,7 @@ float coupling_scale(const Model& m, const std::int32_t* h) {
 }
 
 // A model from the upper triangle of a LOAD payload (binary: +1 bits; int8: signed bytes).
-std::shared_ptr<const Model> model_from_wire(const wire::Request& r) {
+inline std::shared_ptr<Model> model_from_wire(const wire::Request& r) {
   auto m = std::make_shared<Model>();
   const int n = int(r.n), W = (n + 31) / 32;
   m->n = n;
@@ -218,11 +219,10 @@ struct UdpBatch {
 
 // A model from the arrays of IsingModel.coupling_arrays() (sizes checked by the caller: plus and
 // minus n W words, degree and h n values, j8 n 32 W bytes, as the kind needs).
-inline std::shared_ptr<const Model> model_from_arrays(int kind, int n, const std::uint32_t* plus,
-                                                      const std::uint32_t* minus,
-                                                      const std::int32_t* degree,
-                                                      const std::int8_t* j8, const std::int32_t* h,
-                                                      std::int64_t jnorm2) {
+inline std::shared_ptr<Model> model_from_arrays(int kind, int n, const std::uint32_t* plus,
+                                                const std::uint32_t* minus,
+                                                const std::int32_t* degree, const std::int8_t* j8,
+                                                const std::int32_t* h, std::int64_t jnorm2) {
   if (n < 1 || n > wire::kMaxN)
     throw std::invalid_argument("a served model has 1 to " + std::to_string(wire::kMaxN) +
                                 " spins");
@@ -314,10 +314,13 @@ class Server {
     udp_ = tcp_ = -1;
   }
 
-  void load_model(std::uint32_t id, std::shared_ptr<const Model> m) {
+  // Runs the backend's preparation (a copy to the GPU, say) and puts the model into slot id.
+  void load_model(std::uint32_t id, std::shared_ptr<Model> m) {
+    if (prepare_) prepare_(*m);
     std::lock_guard<std::mutex> lock(models_m_);
     models_[id] = std::move(m);
   }
+  void set_prepare(std::function<void(Model&)> f) { prepare_ = std::move(f); }
 
   std::map<std::string, std::uint64_t> stats() {
     std::map<std::string, std::uint64_t> s;
@@ -372,7 +375,12 @@ class Server {
     if (truncated && st != wire::kBadMagic && st != wire::kBadVersion) st = wire::kTooLarge;
     std::shared_ptr<const Model> model;
     if (st == wire::kOk && (r.flags & wire::kFlagLoad)) {
-      load_model(r.model_id, model_from_wire(r));
+      try {
+        load_model(r.model_id, model_from_wire(r));
+      } catch (const std::exception&) {  // no memory for it (host or device)
+        reply(wire::kTooLarge, r.request_id, 0, t, 0u, nullptr);
+        return false;
+      }
       loads_++;
       reply(wire::kOk, r.request_id, 0, t, 0u, nullptr);
       return false;
@@ -525,6 +533,7 @@ class Server {
   std::vector<std::thread> conn_threads_;
   std::mutex models_m_;
   std::map<std::uint32_t, std::shared_ptr<const Model>> models_;
+  std::function<void(Model&)> prepare_;
   std::atomic<std::uint64_t> replies_[wire::kStatusCount] = {};
   std::atomic<std::uint64_t> received_{0}, loads_{0};
 };

@@ -17,6 +17,7 @@
 #include "cuscikit/numpy_out.hpp"
 #include "ising/reference.hpp"
 #include "ising/server.hpp"
+#include "ising/server_bind.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -205,42 +206,25 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   return res;
 }
 
+// The CPU backend: `param` worker threads (mode "cpu").
+struct CpuWorkers {
+  int count;
+  CpuWorkers(const std::string& mode, int param) : count(param) {
+    if (mode != "cpu") throw std::invalid_argument("the CPU service has mode 'cpu', got " + mode);
+    if (param < 1) throw std::invalid_argument("workers must be >= 1");
+  }
+  void prepare(Model&) {}
+  std::vector<svc::Server::Worker> workers() {
+    return std::vector<svc::Server::Worker>(std::size_t(count), cpu_worker);
+  }
+  void stop() {}
+  std::string info() { return "cpu, " + std::to_string(count) + " worker thread(s)"; }
+};
+
 }  // namespace
 
 void bind_ising_service(nb::module_& m) {
-  nb::class_<svc::Server>(m, "Server")
-      .def(nb::init<const std::string&, int, int, std::size_t>(), "host"_a, "udp_port"_a,
-           "tcp_port"_a, "depth"_a)
-      .def(
-          "start",
-          [](svc::Server& s, int workers) {
-            if (workers < 1) throw std::invalid_argument("workers must be >= 1");
-            s.start(std::vector<svc::Server::Worker>(std::size_t(workers), cpu_worker));
-          },
-          "workers"_a)
-      .def("stop", &svc::Server::stop, nb::call_guard<nb::gil_scoped_release>())
-      .def_prop_ro("udp_port", &svc::Server::udp_port)
-      .def_prop_ro("tcp_port", &svc::Server::tcp_port)
-      .def(
-          "load_model",
-          [](svc::Server& s, std::uint32_t id, int kind, int n, csk::HostVector<std::uint32_t> plus,
-             csk::HostVector<std::uint32_t> minus, csk::HostVector<std::int32_t> degree,
-             csk::HostVector<std::int8_t> j8, csk::HostVector<std::int32_t> h,
-             std::int64_t jnorm2) {
-            const std::size_t W = std::size_t(n + 31) / 32, rows = std::size_t(n) * W;
-            csk::need(h.shape(0), std::size_t(n), "h");
-            if (kind == csk::dsb::kBinary || kind == csk::dsb::kTernary)
-              csk::need(plus.shape(0), rows, "plus");
-            if (kind == csk::dsb::kTernary) {
-              csk::need(minus.shape(0), rows, "minus");
-              csk::need(degree.shape(0), std::size_t(n), "degree");
-            }
-            if (kind == csk::dsb::kInt8) csk::need(j8.shape(0), rows * 32, "j8");
-            s.load_model(id, svc::model_from_arrays(kind, n, plus.data(), minus.data(),
-                                                    degree.data(), j8.data(), h.data(), jnorm2));
-          },
-          "model_id"_a, "kind"_a, "n"_a, "plus"_a, "minus"_a, "degree"_a, "j8"_a, "h"_a, "jnorm2"_a)
-      .def("stats", &svc::Server::stats);
+  svc::bind_service<CpuWorkers>(m, "The dSB request service with CPU workers.");
   m.def(
       "loadgen",
       [](const std::string& host, int port, nb::bytes request, std::size_t count, double rate,

@@ -1,0 +1,83 @@
+// The GPU backends of the dSB request service, in plain C++ (no CUDA headers) so that the
+// server code compiles with the host compiler: a model copied to the device, a persistent
+// kernel serving a ring of request slots in mapped host memory (one thread block per request),
+// and the baseline that launches one kernel per request. Both run the same block solver, whose
+// bytes equal the C++ reference's (cuscikit/dsb.hpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace csk::gpu::ising {
+
+// A model's couplings in device memory (freed stream-ordered, so that replacing a model while
+// the persistent kernel runs never waits for it).
+struct DeviceModel {
+  int kind = 0, n = 0, nwords = 0;
+  std::uint32_t* plus = nullptr;
+  std::uint32_t* minus = nullptr;
+  std::int32_t* degree = nullptr;
+  std::int8_t* j8 = nullptr;
+  ~DeviceModel();
+};
+
+// Copies host arrays (sizes as in IsingModel.coupling_arrays(); null where the kind has none).
+std::shared_ptr<DeviceModel> upload_model(int kind, int n, const std::uint32_t* plus,
+                                          const std::uint32_t* minus, const std::int32_t* degree,
+                                          const std::int8_t* j8);
+
+// One request for the device: the model, the field (n values), B replicas, S steps.
+struct Task {
+  const DeviceModel* model;
+  const std::int32_t* h;
+  int replicas, steps;
+  float dt, c0;
+  std::uint64_t seed;
+};
+
+struct Done {
+  std::uint64_t tag;
+  std::int64_t energy;
+  std::vector<std::uint32_t> signs;
+};
+
+// The persistent kernel and its ring. submit() and poll() may be called from two different
+// threads (one each).
+class Resident {
+ public:
+  // slots: ring size; blocks: persistent blocks (0: as many as fit on the device at once).
+  Resident(int slots, int blocks);
+  ~Resident();  // stops the kernel (it polls the stop flag at most every 0.5 ms) and waits
+  Resident(const Resident&) = delete;
+  Resident& operator=(const Resident&) = delete;
+
+  int blocks() const;
+  int slots() const;
+  // Puts a task into the next slot; false when that slot is still in use (the ring is full).
+  bool submit(std::uint64_t tag, const Task& t);
+  // Appends the finished requests to `out`; returns how many.
+  int poll(std::vector<Done>& out);
+  std::uint64_t in_flight() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The baseline: one kernel launch (one block) per request on the calling thread's own stream,
+// copies in and out, and a synchronisation. One object per thread.
+class Launcher {
+ public:
+  Launcher();
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+  std::int64_t solve(const Task& t, std::vector<std::uint32_t>& signs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace csk::gpu::ising
