@@ -73,7 +73,20 @@ def register(sub) -> None:
     )
     s.add_argument("--host", default="127.0.0.1", help="IPv4 address to bind")
     s.add_argument("--port", type=_port, default=47600, help="UDP port (TCP: the same number)")
+    s.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the requests are solved"
+    )
+    s.add_argument(
+        "--mode",
+        choices=("resident", "launch"),
+        default="resident",
+        help="GPU backend: a persistent kernel, or one kernel launch per request (baseline)",
+    )
     s.add_argument("--workers", type=positive_int, default=None, help="solver threads (CPU)")
+    s.add_argument(
+        "--blocks", type=int, default=0, help="persistent blocks (resident; 0: all that fit)"
+    )
+    s.add_argument("--streams", type=positive_int, default=4, help="launch threads (launch)")
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -127,7 +140,20 @@ def run_serve(args) -> int:
             raise UsageError(f"{p}: no such file")
     models = [IsingModel.from_gset(p) for p in paths]
     models += [random_model(n, kind, seed=i) for i, (n, kind) in enumerate(args.random)]
-    server = IsingServer(args.host, args.port, workers=args.workers, depth=args.depth)
+    if args.blocks < 0:
+        raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
+    if args.device == "cuda":
+        from cuscikit.backends.loader import CudaUnavailableError, cuda
+
+        try:
+            cuda()
+        except CudaUnavailableError as exc:
+            raise UsageError(f"--device cuda: {exc}") from None
+    server = IsingServer(
+        args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
+        mode=None if args.device == "cpu" else args.mode, blocks=args.blocks,
+        streams=args.streams,
+    )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     try:
         for i, m in enumerate(models, start=1):
@@ -135,7 +161,7 @@ def run_serve(args) -> int:
         server.start()
         table = ", ".join(f"{i}: n={m.n} {m.kind}" for i, m in enumerate(models, start=1))
         print(f"serving on {args.host} UDP {port} TCP {tcp_port}; models {table}", flush=True)
-        print(f"{server.workers} CPU worker(s), queue depth {args.depth}", flush=True)
+        print(f"{server.info}; queue depth {args.depth}", flush=True)
         t0 = time.perf_counter()
         try:
             while args.duration is None or time.perf_counter() - t0 < args.duration:
@@ -151,7 +177,7 @@ def run_serve(args) -> int:
         "port": port,
         "tcp_port": tcp_port,
         "models": [{"id": i, "n": m.n, "kind": m.kind} for i, m in enumerate(models, start=1)],
-        "workers": server.workers,
+        "backend": server.info,
         "depth": args.depth,
         "served_s": wall,
         "stats": stats,

@@ -197,19 +197,29 @@ def _core_ising():
 
 
 class IsingServer:
-    """The dSB request service on this machine's CPU cores: UDP on `port`, TCP on `tcp_port`
-    (default: the same number), `workers` solver threads, a queue of `depth` requests beyond
-    which requests are answered BUSY at once.
+    """The dSB request service: UDP on `port`, TCP on `tcp_port` (default: the same number), a
+    queue of `depth` requests beyond which requests are answered BUSY at once, and a backend:
+
+    - ``device="cpu"``: `workers` threads, each running the C++ reference on one request;
+    - ``device="cuda", mode="resident"`` (default on the GPU): a persistent kernel, one thread
+      block per request, fed through a ring of 1024 slots in mapped host memory (`blocks`
+      persistent blocks; 0 = as many as fit on the GPU at once);
+    - ``device="cuda", mode="launch"``: the baseline, one kernel launch per request on each of
+      `streams` threads.
+
+    Every backend gives the same reply bytes (those of `reference`).
 
     Args:
         host: IPv4 address to bind (default loopback).
         port: UDP port (0: any free port; read it back from `port`).
-        tcp_port: TCP port (None: the UDP port's number; -1: no TCP).
-        workers: solver threads (default: the cores this process may use, less one for the
-            receiver).
+        tcp_port: TCP port (None: the UDP port's number, or any free port when port is 0;
+            -1: no TCP).
+        workers: CPU solver threads (default: the cores this process may use, less one).
         depth: queue depth.
+        device, mode, blocks, streams: the backend (above).
 
-    Use it as a context manager, or call `start` and `close`.
+    Use it as a context manager, or call `start` and `close`. While a resident GPU server runs,
+    its kernel occupies the GPU: other CUDA work of the process must use non-default streams.
     """
 
     def __init__(
@@ -219,26 +229,50 @@ class IsingServer:
         tcp_port: int | None = None,
         workers: int | None = None,
         depth: int = 4096,
+        device: str = "cpu",
+        mode: str | None = None,
+        blocks: int = 0,
+        streams: int = 4,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}")
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        for name, v, least in (("workers", workers, 1), ("depth", depth, 1),
+                               ("blocks", blocks, 0), ("streams", streams, 1)):  # fmt: skip
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
         for name, p in (("port", port), ("tcp_port", tcp_port)):
             if p is not None and not (isinstance(p, int) and -1 <= p <= 65535):
                 raise ValueError(f"{name} must be a port number, got {p!r}")
-        ext = _core_ising()
+        if device == "cpu":
+            if mode not in (None, "cpu"):
+                raise ValueError(f"the CPU service has no mode {mode!r}")
+            ext, mode, param = _core_ising(), "cpu", workers
+        elif device == "cuda":
+            mode = mode or "resident"
+            if mode not in ("resident", "launch"):
+                raise ValueError(f"mode must be 'resident' or 'launch' on the GPU, got {mode!r}")
+            from cuscikit.backends.loader import cuda
+
+            ext = cuda().ising
+            param = blocks if mode == "resident" else streams
+        else:
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         tcp = port if tcp_port is None else tcp_port
         try:
-            self._server = ext.Server(host, port, tcp, depth, "cpu", workers)
+            self._server = ext.Server(host, port, tcp, depth, mode, param)
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
-        self.workers = workers
+        self.device = device
+        self.mode = mode
+        self.workers = workers if device == "cpu" else None
         self.depth = depth
         self.models: dict[int, IsingModel] = {}
+
+    @property
+    def info(self) -> str:
+        """The backend, in words."""
+        return self._server.info
 
     @property
     def port(self) -> int:

@@ -194,3 +194,37 @@ def test_cli_serve_and_load(tmp_path):
     )
     assert bad.returncode == 2 and "closed loop" in json.loads(bad.stdout)["error"]
     time.sleep(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["resident", "launch"])
+def test_gpu_service_replies_equal_the_cpu_reference(mode):
+    cases = [("binary", 64, 16), ("ternary", 100, 8), ("int8", 256, 4), ("binary", 1024, 4),
+             ("int8", 33, 128)]  # fmt: skip
+    with IsingServer(port=0, device="cuda", mode=mode, depth=256) as s:
+        models = {}
+        for i, (kind, n, B) in enumerate(cases):
+            models[i] = random_model(n, kind, seed=i)
+            s.load_model(i, models[i])
+        rng = np.random.default_rng(0)
+        with Client(port=s.port) as udp, Client(port=s.tcp_port, tcp=True) as tcp:
+            for i, (kind, n, B) in enumerate(cases):
+                h = rng.integers(-60, 61, n)
+                for client, field in ((udp, None), (tcp, h)):
+                    r = client.solve(i, n=n, steps=80, replicas=B, dt=0.45, seed=31 + i, h=field)
+                    e, spins = reference(models[i], 80, B, 0.45, 31 + i, field)
+                    assert (r.status, r.energy) == ("OK", e), (mode, kind, n, B)
+                    assert np.array_equal(r.spins, spins), (mode, kind, n, B)
+        # a closed-loop burst: every reply right (sampled), nothing lost, and the server keeps
+        # answering after a model is replaced under load
+        rep = load_test(3, 1024, 50, replicas=1, seed=500, count=2000, in_flight=256,
+                        port=s.port)  # fmt: skip
+        assert (rep.completed, rep.lost) == (2000, 0)
+        for i in range(0, 2000, 211):
+            assert rep.energies[i] == reference(models[3], 50, 1, 0.5, 500 + i)[0]
+        replaced = random_model(1024, "binary", seed=99)
+        s.load_model(3, replaced)
+        with Client(port=s.port) as udp:
+            r = udp.solve(3, n=1024, steps=50, seed=7)
+        assert r.energy == reference(replaced, 50, 1, 0.5, 7)[0]
+        assert "cuda" in s.info

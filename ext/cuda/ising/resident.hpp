@@ -42,8 +42,8 @@ struct Done {
   std::vector<std::uint32_t> signs;
 };
 
-// The persistent kernel and its ring. submit() and poll() may be called from two different
-// threads (one each).
+// The persistent kernel and its ring. One thread submits (free_ticket, then submit), one thread
+// collects (poll, then release once it is done with the request's own data).
 class Resident {
  public:
   // slots: ring size; blocks: persistent blocks (0: as many as fit on the device at once).
@@ -54,10 +54,14 @@ class Resident {
 
   int blocks() const;
   int slots() const;
-  // Puts a task into the next slot; false when that slot is still in use (the ring is full).
-  bool submit(std::uint64_t tag, const Task& t);
-  // Appends the finished requests to `out`; returns how many.
+  // The ticket the next submit() gets, or -1 while its slot is still in use (the ring is full).
+  std::int64_t free_ticket() const;
+  // Publishes a task in the next slot (free_ticket() must not be -1); returns its ticket.
+  std::uint64_t submit(const Task& t);
+  // Appends the finished requests (tag = ticket) to `out`; returns how many. Each stays
+  // reported until release(ticket).
   int poll(std::vector<Done>& out);
+  void release(std::uint64_t ticket);
   std::uint64_t in_flight() const;
 
  private:
