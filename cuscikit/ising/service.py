@@ -442,7 +442,8 @@ def load_test(
     """Load a server with `count` requests (request i has seed ``seed + i``) from a C++ sender
     and receiver: open loop with Poisson arrivals at `rate` per second, or closed loop with
     `in_flight` requests outstanding. A request still without a reply once nothing has been sent
-    or received for `drain_s` seconds is lost. Completed = OK replies; BUSY and error replies are counted apart.
+    or received for `drain_s` seconds is lost. Completed = OK replies; BUSY and error replies are
+    counted apart.
 
     Raises:
         ValueError: neither or both of rate and in_flight, or bad request fields.

@@ -166,8 +166,22 @@ def test_port_in_use_is_a_clear_error():
 
 def test_cli_serve_and_load(tmp_path):
     serve = subprocess.Popen(
-        [sys.executable, "-m", "cuscikit", "ising", "serve", "--random", "64", "--port", "0",
-         "--duration", "20", "--workers", "1", "--json"],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cuscikit",
+            "ising",
+            "serve",
+            "--random",
+            "64",
+            "--port",
+            "0",
+            "--duration",
+            "20",
+            "--workers",
+            "1",
+            "--json",
+        ],  # fmt: skip
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -175,8 +189,24 @@ def test_cli_serve_and_load(tmp_path):
         first = serve.stdout.readline()
         port = int(first.split("UDP ")[1].split()[0])
         out = subprocess.run(
-            [sys.executable, "-m", "cuscikit", "ising", "load", "--port", str(port), "--n",
-             "64", "--steps", "20", "--in-flight", "4", "--count", "50", "--json"],  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cuscikit",
+                "ising",
+                "load",
+                "--port",
+                str(port),
+                "--n",
+                "64",
+                "--steps",
+                "20",
+                "--in-flight",
+                "4",
+                "--count",
+                "50",
+                "--json",
+            ],  # fmt: skip
             capture_output=True,
             text=True,
             timeout=60,
@@ -203,7 +233,7 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode):
              ("int8", 33, 128)]  # fmt: skip
     with IsingServer(port=0, device="cuda", mode=mode, depth=256) as s:
         models = {}
-        for i, (kind, n, B) in enumerate(cases):
+        for i, (kind, n, _) in enumerate(cases):
             models[i] = random_model(n, kind, seed=i)
             s.load_model(i, models[i])
         rng = np.random.default_rng(0)
