@@ -43,9 +43,9 @@ def cores(text: str) -> set[int]:
     return out
 
 
-def start_server(backend: str, sizes, kind: str, server_cores, depth: int):
+def start_server(backend: str, sizes, kind: str, server_cores, depth: int, receivers: int):
     cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--port", "0", "--depth",
-           str(depth)]  # fmt: skip
+           str(depth), "--receivers", str(receivers)]  # fmt: skip
     for n in sizes:
         cmd += ["--random", f"{n}:{kind}"]
     if backend == "cpu":
@@ -78,6 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
+    p.add_argument("--receivers", type=int, default=4, help="server UDP receiver threads")
+    p.add_argument("--senders", type=int, default=4, help="load generator sockets")
     p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
     n_cpu = os.cpu_count() or 2
     half = max(1, n_cpu // 2)
@@ -101,14 +103,17 @@ def main(argv=None) -> int:
     rows = []
     bad = 0
     for backend in args.backends:
-        proc, port, info = start_server(backend, args.n, args.kind, server_cores, args.depth)
+        proc, port, info = start_server(
+            backend, args.n, args.kind, server_cores, args.depth, args.receivers
+        )
         try:
             for model_id, n in enumerate(args.n, start=1):
                 seed = 1000 * model_id
                 for rate in args.rates:
                     count = max(1, int(rate * args.duration))
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
-                                    count=count, rate=rate, port=port)  # fmt: skip
+                                    count=count, rate=rate, port=port,
+                                    senders=args.senders)  # fmt: skip
                     ok = np.flatnonzero(rep.energies != np.iinfo(np.int64).max)
                     checked = 0
                     for i in ok[:: args.check][:50]:

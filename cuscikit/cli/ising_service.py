@@ -87,6 +87,9 @@ def register(sub) -> None:
         "--blocks", type=int, default=0, help="persistent blocks (resident; 0: all that fit)"
     )
     s.add_argument("--streams", type=positive_int, default=4, help="launch threads (launch)")
+    s.add_argument(
+        "--receivers", type=positive_int, default=1, help="UDP receiver threads (SO_REUSEPORT)"
+    )
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -122,6 +125,7 @@ def register(sub) -> None:
         help="seconds per rate (open loop: count = rate x duration; overrides --count)",
     )
     g.add_argument("--drain", type=finite_float, default=1.0, help="seconds of silence = lost")
+    g.add_argument("--senders", type=positive_int, default=1, help="sending sockets and threads")
     add_json(g)
     g.set_defaults(func=run_load)
 
@@ -152,7 +156,7 @@ def run_serve(args) -> int:
     server = IsingServer(
         args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
         mode=None if args.device == "cpu" else args.mode, blocks=args.blocks,
-        streams=args.streams,
+        streams=args.streams, receivers=args.receivers,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     try:
@@ -206,7 +210,7 @@ def run_load(args) -> int:
         rep = load_test(
             args.model_id, args.n, args.steps, args.replicas, args.dt, args.seed,
             count=count, rate=rate, in_flight=in_flight, host=args.host, port=args.port,
-            drain_s=args.drain,
+            drain_s=args.drain, senders=args.senders,
         )  # fmt: skip
         rows.append(rep.row())
     head = (

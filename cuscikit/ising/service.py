@@ -217,6 +217,8 @@ class IsingServer:
         workers: CPU solver threads (default: the cores this process may use, less one).
         depth: queue depth.
         device, mode, blocks, streams: the backend (above).
+        receivers: UDP sockets on the same port (SO_REUSEPORT), each with a receiver thread;
+            the kernel spreads the clients' flows (source ports) over them.
 
     Use it as a context manager, or call `start` and `close`. While a resident GPU server runs,
     its kernel occupies the GPU: other CUDA work of the process must use non-default streams.
@@ -233,11 +235,13 @@ class IsingServer:
         mode: str | None = None,
         blocks: int = 0,
         streams: int = 4,
+        receivers: int = 1,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
         for name, v, least in (("workers", workers, 1), ("depth", depth, 1),
-                               ("blocks", blocks, 0), ("streams", streams, 1)):  # fmt: skip
+                               ("blocks", blocks, 0), ("streams", streams, 1),
+                               ("receivers", receivers, 1)):  # fmt: skip
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
         for name, p in (("port", port), ("tcp_port", tcp_port)):
@@ -259,7 +263,7 @@ class IsingServer:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         tcp = port if tcp_port is None else tcp_port
         try:
-            self._server = ext.Server(host, port, tcp, depth, mode, param)
+            self._server = ext.Server(host, port, tcp, depth, mode, param, receivers)
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
@@ -438,12 +442,14 @@ def load_test(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     drain_s: float = 1.0,
+    senders: int = 1,
 ) -> LoadReport:
     """Load a server with `count` requests (request i has seed ``seed + i``) from a C++ sender
     and receiver: open loop with Poisson arrivals at `rate` per second, or closed loop with
-    `in_flight` requests outstanding. A request still without a reply once nothing has been sent
-    or received for `drain_s` seconds is lost. Completed = OK replies; BUSY and error replies are
-    counted apart.
+    `in_flight` requests outstanding, from `senders` sockets (each with a sending and a
+    receiving thread; request i on socket i % senders). A request still without a reply once
+    nothing has been sent or received for `drain_s` seconds is lost. Completed = OK replies;
+    BUSY and error replies are counted apart.
 
     Raises:
         ValueError: neither or both of rate and in_flight, or bad request fields.
@@ -456,9 +462,11 @@ def load_test(
         raise ValueError(f"in_flight must be a positive integer, got {in_flight!r}")
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be a positive integer, got {count!r}")
+    if not isinstance(senders, int) or senders < 1:
+        raise ValueError(f"senders must be a positive integer, got {senders!r}")
     request = encode_request(model_id, n, steps, replicas, dt, seed, h)
     sent, rtt, status, residence, energy, send_s = _core_ising().loadgen(
-        host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed
+        host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed, senders
     )
     answered = rtt >= 0
     ok = answered & (status == 0)

@@ -54,6 +54,7 @@ struct Model {
   std::vector<std::int8_t> j8;
   std::int64_t jnorm2 = 0;             // ||J||_F^2, exact
   std::shared_ptr<const void> device;  // the backend's copy (a GPU's), if it keeps one
+  float c0 = 0.0f;                     // coupling_scale with the model's own field
 
   Coupling coupling(const std::int32_t* field) const {
     return Coupling{kind, n, nwords, plus.data(), minus.data(), degree.data(), j8.data(), field};
@@ -137,6 +138,7 @@ struct Job {
   wire::Request req;
   std::shared_ptr<const Model> model;
   std::vector<std::int32_t> field;  // the request's h (empty: the model's own)
+  float c0;                         // the coupling scale for the request's field
   std::int64_t t_recv;
   sockaddr_in addr;              // UDP peer
   std::shared_ptr<TcpConn> tcp;  // or the TCP connection
@@ -249,15 +251,22 @@ inline std::shared_ptr<Model> model_from_arrays(int kind, int n, const std::uint
 // --------------------------------------------------------------------------
 class Server {
  public:
-  Server(const std::string& host, int udp_port, int tcp_port, std::size_t depth) : queue_(depth) {
+  // receivers: UDP sockets bound to the same port (SO_REUSEPORT), each with its own receiver
+  // thread; the kernel spreads the clients' flows over them.
+  Server(const std::string& host, int udp_port, int tcp_port, std::size_t depth, int receivers = 1)
+      : queue_(depth) {
+    if (receivers < 1) throw std::invalid_argument("receivers must be >= 1");
     if (depth < 1) throw std::invalid_argument("depth must be >= 1");
     sockaddr_in a{};
     a.sin_family = AF_INET;
     if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1)
       throw std::invalid_argument("not an IPv4 address: " + host);
-    udp_ = open_socket(SOCK_DGRAM, a, udp_port);
+    udp_ = open_socket(SOCK_DGRAM, a, udp_port, receivers > 1);
+    udp_fds_.push_back(udp_);
+    for (int r = 1; r < receivers; ++r)
+      udp_fds_.push_back(open_socket(SOCK_DGRAM, a, port_of(udp_), true));
     if (tcp_port >= 0) {
-      tcp_ = open_socket(SOCK_STREAM, a, tcp_port);
+      tcp_ = open_socket(SOCK_STREAM, a, tcp_port, false);
       if (::listen(tcp_, 64) != 0) fail("listen");
     }
   }
@@ -273,7 +282,7 @@ class Server {
     if (running_) return;
     running_ = true;
     stop_ = false;
-    threads_.emplace_back([this] { udp_loop(); });
+    for (int fd : udp_fds_) threads_.emplace_back([this, fd] { udp_loop(fd); });
     if (tcp_ >= 0) threads_.emplace_back([this] { tcp_accept_loop(); });
     for (auto& w : workers) threads_.emplace_back([this, w] { w(*this); });
   }
@@ -309,13 +318,15 @@ class Server {
       conn_threads_.clear();
     }
     running_ = false;
-    if (udp_ >= 0) ::close(udp_);
+    for (int fd : udp_fds_) ::close(fd);
+    udp_fds_.clear();
     if (tcp_ >= 0) ::close(tcp_);
     udp_ = tcp_ = -1;
   }
 
   // Runs the backend's preparation (a copy to the GPU, say) and puts the model into slot id.
   void load_model(std::uint32_t id, std::shared_ptr<Model> m) {
+    m->c0 = coupling_scale(*m, m->h.data());
     if (prepare_) prepare_(*m);
     std::lock_guard<std::mutex> lock(models_m_);
     models_[id] = std::move(m);
@@ -345,11 +356,12 @@ class Server {
     return ntohs(a.sin_port);
   }
 
-  static int open_socket(int type, sockaddr_in a, int port) {
+  static int open_socket(int type, sockaddr_in a, int port, bool reuse_port) {
     const int fd = ::socket(AF_INET, type, 0);
     if (fd < 0) fail("socket");
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (reuse_port) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     if (type == SOCK_DGRAM) {
       int buf = 64 << 20;  // as much as the kernel allows (net.core.rmem_max caps it)
       ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
@@ -400,11 +412,14 @@ class Server {
       reply(st, r.request_id, 0, t, 0u, nullptr);
       return false;
     }
-    Job job{r, std::move(model), {}, t, {}, nullptr};
+    Job job{r, std::move(model), {}, 0.0f, t, {}, nullptr};
     if (r.payload_type == wire::kFieldInt16) {
       job.field.resize(r.n);
       for (std::uint32_t i = 0; i < r.n; ++i)
         job.field[i] = wire::load<std::int16_t>(r.payload + 2 * i);
+      job.c0 = coupling_scale(*job.model, job.field.data());
+    } else {
+      job.c0 = job.model->c0;
     }
     job.req.payload = nullptr;  // the receive buffer is reused
     jobs.push_back(std::move(job));
@@ -416,7 +431,7 @@ class Server {
     return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
   }
 
-  void udp_loop() {
+  void udp_loop(int fd) {
     constexpr int kBatch = 64;
     std::vector<std::vector<std::uint8_t>> bufs(kBatch,
                                                 std::vector<std::uint8_t>(wire::kMaxDatagram));
@@ -426,7 +441,7 @@ class Server {
     UdpBatch out;
     std::vector<Job> jobs;
     while (!stop_) {
-      pollfd pfd{udp_, POLLIN, 0};
+      pollfd pfd{fd, POLLIN, 0};
       if (::poll(&pfd, 1, 50) <= 0) continue;
       for (int i = 0; i < kBatch; ++i) {
         iov[i] = iovec{bufs[i].data(), bufs[i].size()};
@@ -436,7 +451,7 @@ class Server {
         msgs[i].msg_hdr.msg_iov = &iov[i];
         msgs[i].msg_hdr.msg_iovlen = 1;
       }
-      const int got = ::recvmmsg(udp_, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+      const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (got <= 0) continue;
       jobs.clear();
       for (int i = 0; i < got; ++i) {
@@ -459,7 +474,7 @@ class Server {
                           nullptr);
         replies_[wire::kBusy]++;
       }
-      out.flush(udp_);
+      out.flush(fd);
     }
   }
 
@@ -527,6 +542,7 @@ class Server {
 
   Queue queue_;
   int udp_ = -1, tcp_ = -1;
+  std::vector<int> udp_fds_;
   std::atomic<bool> stop_{false}, running_{false};
   std::vector<std::thread> threads_;
   std::mutex conns_m_;

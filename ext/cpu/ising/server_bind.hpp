@@ -22,8 +22,8 @@ struct Service {
   Server server;
   Backend backend;
   Service(const std::string& host, int udp_port, int tcp_port, std::size_t depth,
-          const std::string& mode, int param)
-      : server(host, udp_port, tcp_port, depth), backend(mode, param) {
+          const std::string& mode, int param, int receivers)
+      : server(host, udp_port, tcp_port, depth, receivers), backend(mode, param) {
     server.set_prepare([this](Model& m) { backend.prepare(m); });
   }
   ~Service() { stop(); }
@@ -40,8 +40,8 @@ void bind_service(nanobind::module_& m, const char* doc) {
   using namespace nb::literals;
   using S = Service<Backend>;
   nb::class_<S>(m, "Server", doc)
-      .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int>(), "host"_a,
-           "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a)
+      .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int, int>(),
+           "host"_a, "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a, "receivers"_a)
       .def("start", &S::start)
       .def("stop", &S::stop, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("udp_port", [](S& s) { return s.server.udp_port(); })

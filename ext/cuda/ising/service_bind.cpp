@@ -29,7 +29,7 @@ gi::Task task_of(const svc::Job& job) {
                   int(job.req.replicas),
                   int(job.req.steps),
                   job.req.dt,
-                  svc::coupling_scale(m, h),
+                  job.c0,
                   job.req.seed};
 }
 
