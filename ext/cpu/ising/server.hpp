@@ -304,7 +304,8 @@ class Server {
     }
     replies_[wire::kOk]++;
   }
-  void flush(UdpBatch& out) { out.flush(udp_); }
+  // Sends the batched UDP replies, through receiver socket `via` (any: all share the port).
+  void flush(UdpBatch& out, std::size_t via = 0) { out.flush(udp_fds_[via % udp_fds_.size()]); }
 
   void stop() {
     if (!running_) return;

@@ -65,7 +65,6 @@ struct Shared {
   std::int32_t h[wire::kMaxN];
   std::uint32_t sign[2][kMaxSignWords];
   std::uint32_t best_signs[kMaxSignWords];
-  std::int32_t sum[wire::kMaxPairs];  // row sums of the current signs, [b n_p + i]
   long long twice[kMaxReplicas];
   long long best[kMaxReplicas];
   int improved[kMaxReplicas];
@@ -73,32 +72,6 @@ struct Shared {
   unsigned long long ticket;
   int quit, winner;
 };
-
-// The kind's summed word contributions of every row i of every replica b against the current
-// signs, into sh.sum[b n_p + i]. A group of G lanes (G = W rounded up to a power of two, at
-// most 32) reads one row's words side by side (coalesced), then adds them with shuffles: the
-// sums are integers, so any order gives the same value.
-template <int K>
-__device__ void row_sums(const Coupling& c, Shared& sh, int cur, int B) {
-  const int n = c.n, W = c.nwords, np = 32 * W, rows = B * n;
-  int G = 1;
-  while (G < W && G < 32) G <<= 1;
-  const int per_pass = 32 / G, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane / G, l = lane % G;
-  for (int base = warp * per_pass; base < rows; base += (kThreads / 32) * per_pass) {
-    const int q = base + g;
-    std::int32_t acc = 0;
-    int b = 0, i = 0;
-    if (q < rows) {
-      b = q / n;
-      i = q - b * n;
-      const std::uint32_t* v = sh.sign[cur] + b * W;
-      for (int w = l; w < W; w += G) acc += word_sum_k<K>(c, i, w, v[w]);
-    }
-    for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (q < rows && l == 0) sh.sum[b * np + i] = acc;
-  }
-}
 
 // Solves sh.task with this block; thread 0 writes the best energy, the block the best signs.
 template <int K>
@@ -130,8 +103,6 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
   for (int s = 1; s <= t.steps + 1; ++s) {
     const bool score_only = s == t.steps + 1;  // the final pass scores s^(S)
     const float p = score_only ? 0.0f : pump(s, t.steps, 1.0f);
-    row_sums<K>(c, sh, cur, B);
-    __syncthreads();
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int q = tid + k * kThreads;
@@ -142,7 +113,8 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
         bool bit = false;
         if (i < n) {
           const int si = spin_of(v, i);
-          const std::int32_t acc = sh.sum[b * np + i];
+          std::int32_t acc = 0;
+          for (int w = 0; w < W; ++w) acc += word_sum_k<K>(c, i, w, v[w]);
           const std::int32_t a = field(c, i, acc, si);
           const long long ah = (long long)a + (long long)sh.h[i];
           twice = si > 0 ? ah : -ah;
@@ -392,10 +364,10 @@ std::uint64_t Resident::submit(const Task& t) {
   return r.head++;
 }
 
-int Resident::poll(std::vector<Done>& out) {
+int Resident::poll(std::vector<Done>& out, int part, int parts) {
   Impl& r = *impl_;
   int got = 0;
-  for (int i = 0; i < r.nslots; ++i) {
+  for (int i = part; i < r.nslots; i += parts) {
     if (!r.busy[i].load(std::memory_order_acquire)) continue;
     const Slot& s = r.slots[i];
     if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != r.ticket[i] + 1) continue;

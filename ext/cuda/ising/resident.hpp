@@ -42,8 +42,8 @@ struct Done {
   std::vector<std::uint32_t> signs;
 };
 
-// The persistent kernel and its ring. One thread submits (free_ticket, then submit), one thread
-// collects (poll, then release once it is done with the request's own data).
+// The persistent kernel and its ring. One thread submits (free_ticket, then submit); collectors
+// poll disjoint parts of the ring and release a ticket once done with the request's own data.
 class Resident {
  public:
   // slots: ring size; blocks: persistent blocks (0: as many as fit on the device at once).
@@ -58,9 +58,10 @@ class Resident {
   std::int64_t free_ticket() const;
   // Publishes a task in the next slot (free_ticket() must not be -1); returns its ticket.
   std::uint64_t submit(const Task& t);
-  // Appends the finished requests (tag = ticket) to `out`; returns how many. Each stays
-  // reported until release(ticket).
-  int poll(std::vector<Done>& out);
+  // Appends the finished requests (tag = ticket) of slots part, part + parts, ... to `out`;
+  // returns how many. Each stays reported until release(ticket). Several collectors may poll
+  // disjoint parts at once.
+  int poll(std::vector<Done>& out, int part = 0, int parts = 1);
   void release(std::uint64_t ticket);
   std::uint64_t in_flight() const;
 

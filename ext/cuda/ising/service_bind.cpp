@@ -34,6 +34,7 @@ gi::Task task_of(const svc::Job& job) {
 }
 
 struct GpuWorkers {
+  static constexpr int kCollectors = 4;  // reply threads (each polls a quarter of the ring)
   std::string mode;
   int param;
   std::unique_ptr<gi::Resident> resident;
@@ -97,12 +98,12 @@ struct GpuWorkers {
       }
       feeder_done = true;
     };
-    auto collector = [this](svc::Server& s) {
+    auto collector = [this](svc::Server& s, int part) {
       std::vector<gi::Done> done;
       svc::UdpBatch out;
       while (true) {
         done.clear();
-        if (resident->poll(done) == 0) {
+        if (resident->poll(done, part, kCollectors) == 0) {
           if (feeder_done && resident->in_flight() == 0) return;
           std::this_thread::yield();
           continue;
@@ -114,10 +115,13 @@ struct GpuWorkers {
           job.tcp.reset();
           resident->release(d.tag);
         }
-        s.flush(out);
+        s.flush(out, std::size_t(part));
       }
     };
-    return {feeder, collector};
+    std::vector<svc::Server::Worker> all{feeder};
+    for (int c = 0; c < kCollectors; ++c)
+      all.push_back([collector, c](svc::Server& s) { collector(s, c); });
+    return all;
   }
 
   void stop() { resident.reset(); }
@@ -126,7 +130,8 @@ struct GpuWorkers {
     if (mode == "launch")
       return "cuda, one launch per request, " + std::to_string(param) + " stream(s)";
     return "cuda, resident kernel, " + std::to_string(resident ? resident->blocks() : 0) +
-           " blocks of 256 threads, ring of " + std::to_string(held.size()) + " slots";
+           " blocks of 256 threads, ring of " + std::to_string(held.size()) + " slots, " +
+           std::to_string(kCollectors) + " collectors";
   }
 };
 
