@@ -117,6 +117,8 @@ class _RecordWarnings:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) >= 2 and argv[0] == "ising" and argv[1] in ("serve", "load"):
+        argv = [f"ising {argv[1]}", *argv[2:]]  # `cuscikit ising serve`: a parser of its own
     _Parser.json_requested = "--json" in argv
     args = build_parser().parse_args(argv)
     args.warnings = []

@@ -27,7 +27,11 @@ def register(sub) -> None:
         "Integer weights give the same result on the CPU and the GPU, bit for bit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("file", help="graph file (G-set / rudy format)")
+    s.add_argument(
+        "file",
+        help="graph file (G-set / rudy format); `cuscikit ising serve|load --help` for the "
+        "request service and its load generator",
+    )
     s.add_argument("--agents", type=positive_int, default=128, help="replicas run side by side")
     s.add_argument("--steps", type=positive_int, default=2000, help="steps of the pump schedule")
     s.add_argument("--dt", type=finite_float, default=0.5, help="time step")
@@ -49,6 +53,9 @@ def register(sub) -> None:
     s.add_argument("--spins-out", default=None, help="write the best spins (+1/-1, one a line)")
     add_json(s)
     s.set_defaults(func=run)
+    from cuscikit.cli import ising_service
+
+    ising_service.register(sub)
 
 
 def run(args) -> int:

@@ -21,10 +21,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("popcnt")
 #endif
-#include "cuscikit/dsb.hpp"
 #include "cuscikit/numpy_out.hpp"
-
-static_assert(FLT_EVAL_METHOD == 0, "float expressions must be evaluated in float");
+#include "ising/reference.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -37,12 +35,7 @@ template <typename T>
 using In = csk::HostVector<T>;
 using csk::need;
 
-struct Options {
-  int n, nwords, replicas, steps;
-  float dt, a0, c0;
-  std::uint64_t seed;
-  std::uint32_t request;
-};
+using csk::dsb::ref::Options;
 
 // Per pass p = 0..S (pass p scores the signs s^(p)) and replica b: energy[p B + b] and
 // checksum[p B + b]; per replica its best energy and signs; the final x and y.
@@ -62,53 +55,16 @@ struct Output {
         y(size_t(o.replicas) * o.n) {}
 };
 
-// One replica's trajectory. `Field(i, v, s_i)` returns a_i (int32 for exact kinds, float for
-// float32 couplings), `H(i)` the field h_i in the same type; E accumulates s_i (a_i + h_i).
+// Replica b of the run, every pass recorded.
 template <typename E, typename Field, typename H>
 void run_replica(const Options& o, int b, Field field_of, H h_of, Output<E>& out) {
-  using csk::dsb::checksum_term;
-  const int n = o.n, W = o.nwords, B = o.replicas;
-  float* x = out.x.data() + size_t(b) * n;
-  float* y = out.y.data() + size_t(b) * n;
-  std::vector<std::uint32_t> v(W, 0u), next(W, 0u);
-  std::vector<std::int8_t> sv(size_t(W) * 32, 0);  // the same signs as +-1 bytes (0 = padding)
-  for (int i = 0; i < n; ++i) {
-    csk::dsb::init_spin(o.seed, std::uint32_t(i), std::uint32_t(b), o.request, x[i], y[i]);
-    if (x[i] >= 0.0f) v[i >> 5] |= 1u << (i & 31);
-    sv[i] = x[i] >= 0.0f ? 1 : -1;
-  }
-  const float dta0 = csk::dsb::fmul(o.dt, o.a0);
-  E best = std::numeric_limits<E>::max();
-  for (int k = 1; k <= o.steps + 1; ++k) {
-    const bool score_only = k == o.steps + 1;  // the final pass scores s^(S)
-    const float p = score_only ? 0.0f : csk::dsb::pump(k, o.steps, o.a0);
-    E twice = 0;  // sum_i s_i (a_i + h_i) = -2 E
-    std::fill(next.begin(), next.end(), 0u);
-    for (int i = 0; i < n; ++i) {
-      const int s = csk::dsb::spin_of(v.data(), i);
-      const auto a = field_of(i, v.data(), sv.data(), s);
-      twice += s > 0 ? E(a) + E(h_of(i)) : -(E(a) + E(h_of(i)));
-      if (!score_only) {
-        csk::dsb::update(x[i], y[i], static_cast<float>(a), p, o.c0, o.dt, dta0);
-        if (x[i] >= 0.0f) next[i >> 5] |= 1u << (i & 31);
-      }
-    }
-    const E energy = -twice / 2;
-    std::uint64_t sum = 0;
-    for (int w = 0; w < W; ++w) sum += checksum_term(std::uint32_t(b), std::uint32_t(W), w, v[w]);
-    const size_t at = size_t(k - 1) * B + b;
-    out.energy[at] = energy;
-    out.checksum[at] = sum;
-    if (energy < best) {
-      best = energy;
-      std::memcpy(out.best_signs.data() + size_t(b) * W, v.data(), sizeof(std::uint32_t) * W);
-    }
-    if (!score_only) {
-      v.swap(next);
-      for (int i = 0; i < n; ++i) sv[i] = x[i] >= 0.0f ? 1 : -1;
-    }
-  }
-  out.best_energy[b] = best;
+  csk::dsb::ref::ReplicaOut<E> to{out.x.data() + size_t(b) * o.n,
+                                  out.y.data() + size_t(b) * o.n,
+                                  out.best_signs.data() + size_t(b) * o.nwords,
+                                  out.energy.data() + b,
+                                  out.checksum.data() + b,
+                                  size_t(o.replicas)};
+  out.best_energy[b] = csk::dsb::ref::run_replica<E>(o, b, field_of, h_of, to);
 }
 
 template <typename E, typename Field, typename H>
@@ -134,16 +90,6 @@ nb::tuple to_python(Output<E>&& out, const Options& o) {
       to_numpy(std::move(out.x), {B, size_t(o.n)}), to_numpy(std::move(out.y), {B, size_t(o.n)}));
 }
 
-template <int K, typename H>
-nb::tuple run_planes(const Options& o, const csk::dsb::Coupling& c, H h_of) {
-  auto field_of = [c](int i, const std::uint32_t* v, const std::int8_t*, int s) {
-    std::int32_t acc = 0;
-    for (int w = 0; w < c.nwords; ++w) acc += csk::dsb::word_sum_k<K>(c, i, w, v[w]);
-    return csk::dsb::field(c, i, acc, s);
-  };
-  return to_python(run_all<std::int64_t>(o, field_of, h_of), o);
-}
-
 Options check(int n, int replicas, int steps, float dt, float a0, float c0, std::uint64_t seed,
               std::uint32_t request) {
   if (n < 1) throw std::invalid_argument("n must be >= 1");
@@ -154,7 +100,14 @@ Options check(int n, int replicas, int steps, float dt, float a0, float c0, std:
 
 }  // namespace
 
+#ifdef __linux__
+void bind_ising_service(nb::module_& m);  // service.cpp (Linux sockets)
+#endif
+
 void bind_ising(nb::module_& m) {
+#ifdef __linux__
+  bind_ising_service(m);
+#endif
   m.def(
       "run_exact",
       [](int kind, int n, In<std::uint32_t> plus, In<std::uint32_t> minus, In<std::int32_t> degree,
@@ -178,18 +131,9 @@ void bind_ising(nb::module_& m) {
                                    degree.data(), j8.data(), h.data()};
         const std::int32_t* hp = h.data();
         auto h_of = [hp](int i) { return hp[i]; };
-        if (kind == csk::dsb::kBinary) return run_planes<csk::dsb::kBinary>(o, c, h_of);
-        if (kind == csk::dsb::kTernary) return run_planes<csk::dsb::kTernary>(o, c, h_of);
-        // int8: a byte dot product of the row with the spins (the same integer as word_sum)
-        const std::int8_t* J = j8.data();
-        const size_t ld = size_t(o.nwords) * 32;
-        auto field_of = [c, J, ld](int i, const std::uint32_t*, const std::int8_t* sv, int s) {
-          const std::int8_t* row = J + size_t(i) * ld;
-          std::int32_t acc = 0;
-          for (size_t j = 0; j < ld; ++j) acc += std::int32_t(row[j]) * std::int32_t(sv[j]);
-          return csk::dsb::field(c, i, acc, s);
-        };
-        return to_python(run_all<std::int64_t>(o, field_of, h_of), o);
+        return csk::dsb::ref::with_exact_field(c, [&](auto field_of) {
+          return to_python(run_all<std::int64_t>(o, field_of, h_of), o);
+        });
       },
       "kind"_a, "n"_a, "plus"_a, "minus"_a, "degree"_a, "j8"_a, "h"_a, "replicas"_a, "steps"_a,
       "dt"_a, "a0"_a, "c0"_a, "seed"_a, "request"_a,

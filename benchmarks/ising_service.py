@@ -1,0 +1,157 @@
+"""The dSB request service under open-loop load over loopback: completed requests/s, BUSY
+replies, losses and round-trip / residence percentiles against the offered rate, for each
+backend (GPU resident kernel, GPU one-launch-per-request baseline, CPU workers) and model size.
+
+The server runs in a child process pinned to --server-cores, the C++ load generator in this
+process pinned to --client-cores. Every --check-th completed request's energy is compared with
+the library's CPU reference for the same request (a mismatch fails the run).
+
+Usage:
+    python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
+        --rates 100000 200000 400000 800000 1000000 --duration 1
+
+Anchor (the published GPU-initiated service, one server GPU behind a 400 GbE NIC): 618-628 kreq/s
+completed at 800 kreq/s offered, p50 189 us, p99 218 us round trip; one kernel launch per request
+saturates near 24 kreq/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from cuscikit.cli.ising_service import random_model
+from cuscikit.ising.service import load_test, reference
+
+ANCHOR = (
+    "anchor (published GPU-initiated service, 400 GbE NIC): 618-628 kreq/s completed at 800k "
+    "offered, p50 189 us, p99 218 us; one launch per request ~24 kreq/s"
+)
+
+
+def cores(text: str) -> set[int]:
+    out = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def start_server(backend: str, sizes, kind: str, server_cores, depth: int, receivers: int):
+    cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--port", "0", "--depth",
+           str(depth), "--receivers", str(receivers)]  # fmt: skip
+    for n in sizes:
+        cmd += ["--random", f"{n}:{kind}"]
+    if backend == "cpu":
+        cmd += ["--device", "cpu", "--workers", str(max(1, len(server_cores) - 1))]
+    else:
+        cmd += ["--device", "cuda", "--mode", backend]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, server_cores),
+    )
+    first = proc.stdout.readline()
+    if "UDP " not in first:
+        proc.kill()
+        raise RuntimeError(f"the {backend} server did not start: {first!r}")
+    info = proc.stdout.readline().strip()
+    return proc, int(first.split("UDP ")[1].split()[0]), info
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", nargs="+", default=["resident", "launch", "cpu"],
+                   choices=["resident", "launch", "cpu"])  # fmt: skip
+    p.add_argument("--n", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--kind", default="binary", choices=["binary", "ternary", "int8"])
+    p.add_argument("--rates", type=float, nargs="+",
+                   default=[1e5, 2e5, 4e5, 6e5, 8e5, 1e6])  # fmt: skip
+    p.add_argument("--duration", type=float, default=1.0, help="seconds per rate")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--depth", type=int, default=4096)
+    p.add_argument("--receivers", type=int, default=4, help="server UDP receiver threads")
+    p.add_argument("--senders", type=int, default=4, help="load generator sockets")
+    p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
+    n_cpu = os.cpu_count() or 2
+    half = max(1, n_cpu // 2)
+    p.add_argument("--server-cores", default=f"0-{half - 1}")
+    p.add_argument("--client-cores", default=f"{half}-{n_cpu - 1}" if n_cpu > 1 else "0")
+    p.add_argument("--json-out", default=None)
+    args = p.parse_args(argv)
+    server_cores, client_cores = cores(args.server_cores), cores(args.client_cores)
+    os.sched_setaffinity(0, client_cores)
+    models = {n: random_model(n, args.kind, seed=i) for i, n in enumerate(args.n)}
+    print(ANCHOR)
+    print(
+        f"server cores {sorted(server_cores)}, load generator cores {sorted(client_cores)}; "
+        f"{args.kind} models, {args.steps} steps, {args.replicas} replica(s) per request"
+    )
+    head = (
+        f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
+        f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'checked':>8}"
+    )
+    print(head)
+    rows = []
+    bad = 0
+    for backend in args.backends:
+        proc, port, info = start_server(
+            backend, args.n, args.kind, server_cores, args.depth, args.receivers
+        )
+        try:
+            for model_id, n in enumerate(args.n, start=1):
+                seed = 1000 * model_id
+                for rate in args.rates:
+                    count = max(1, int(rate * args.duration))
+                    rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
+                                    count=count, rate=rate, port=port,
+                                    senders=args.senders)  # fmt: skip
+                    ok = np.flatnonzero(rep.energies != np.iinfo(np.int64).max)
+                    checked = 0
+                    for i in ok[:: args.check][:50]:
+                        e, _ = reference(models[n], args.steps, args.replicas, 0.5,
+                                         seed + int(i))  # fmt: skip
+                        checked += 1
+                        if e != rep.energies[i]:
+                            bad += 1
+                    row = {"backend": backend, "info": info, "n": n, **rep.row(),
+                           "checked": checked}  # fmt: skip
+                    rows.append(row)
+
+                    def f(v):
+                        return "-" if v is None else f"{v:.0f}"
+
+                    print(
+                        f"{backend:>9} {n:>5} {rate:>10.0f} {rep.completed_per_s:>10.0f} "
+                        f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
+                        f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
+                        f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
+                        f"{checked:>8}",
+                        flush=True,
+                    )
+                    time.sleep(0.2)  # let the queue drain between rates
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print("(times in microseconds; busy = BUSY replies, lost = no reply)")
+    if args.json_out:
+        setup = vars(args) | {"server_cores": sorted(server_cores)}
+        setup["client_cores"] = sorted(client_cores)
+        with open(args.json_out, "w") as fh:
+            json.dump({"anchor": ANCHOR, "args": setup, "rows": rows}, fh, indent=1)
+    if bad:
+        print(f"ERROR: {bad} replies differ from the CPU reference")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,558 @@
+// The front end of the dSB request service, written once for every backend (the CPU workers
+// in service.cpp, the GPU ones in ext/cuda/ising): models in slots by id, one UDP receiver thread
+// (recvmmsg batches) and a TCP listener (u32 length-prefixed frames, one thread per connection)
+// that parse requests, answer bad ones at once with their error status (counted), and queue good
+// ones in a bounded queue; a full queue answers BUSY at once instead of dropping. The backend's
+// worker threads take queued requests in batches and answer through reply_ok() / flush()
+// (sendmmsg batches). A LOAD request or load_model() replaces a slot; requests already queued
+// keep the model they were given. Wire format: cuscikit/dsb_protocol.hpp. Linux only.
+#pragma once
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuscikit/dsb.hpp"
+#include "cuscikit/dsb_protocol.hpp"
+
+namespace csk::dsb::service {
+
+namespace wire = csk::dsb::wire;
+
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- models ---------------------------------------------------------------------------------
+struct Model {
+  int kind = 0, n = 0, nwords = 0;
+  std::vector<std::uint32_t> plus, minus;
+  std::vector<std::int32_t> degree, h;
+  std::vector<std::int8_t> j8;
+  std::int64_t jnorm2 = 0;             // ||J||_F^2, exact
+  std::shared_ptr<const void> device;  // the backend's copy (a GPU's), if it keeps one
+  float c0 = 0.0f;                     // coupling_scale with the model's own field
+
+  Coupling coupling(const std::int32_t* field) const {
+    return Coupling{kind, n, nwords, plus.data(), minus.data(), degree.data(), j8.data(), field};
+  }
+};
+
+// c0 = 0.5 sqrt(n_e - 1) / sqrt(||J||^2 + 2 ||h||^2) in double, rounded once to float: the value
+// IsingModel.c0() computes for the same J and h.
+float coupling_scale(const Model& m, const std::int32_t* h) {
+  std::int64_t f = m.jnorm2;
+  bool any = false;
+  for (int i = 0; i < m.n; ++i) {
+    f += 2 * std::int64_t(h[i]) * h[i];
+    any = any || h[i] != 0;
+  }
+  const int ne = m.n + (any ? 1 : 0);
+  if (f == 0 || ne < 2) return 0.0f;
+  return static_cast<float>(0.5 * std::sqrt(double(ne - 1)) / std::sqrt(double(f)));
+}
+
+// A model from the upper triangle of a LOAD payload (binary: +1 bits; int8: signed bytes).
+inline std::shared_ptr<Model> model_from_wire(const wire::Request& r) {
+  auto m = std::make_shared<Model>();
+  const int n = int(r.n), W = (n + 31) / 32;
+  m->n = n;
+  m->nwords = W;
+  m->h.assign(n, 0);
+  std::size_t k = 0;
+  if (r.payload_type == wire::kBinaryPlanes) {
+    m->kind = kBinary;
+    m->plus.assign(std::size_t(n) * W, 0u);
+    for (int i = 0; i < n; ++i)
+      for (int j = i + 1; j < n; ++j, ++k) {
+        const std::uint32_t word = wire::load<std::uint32_t>(r.payload + 4 * (k >> 5));
+        if ((word >> (k & 31)) & 1u) {
+          m->plus[std::size_t(i) * W + (j >> 5)] |= 1u << (j & 31);
+          m->plus[std::size_t(j) * W + (i >> 5)] |= 1u << (i & 31);
+        }
+      }
+    m->jnorm2 = std::int64_t(n) * (n - 1);
+  } else {
+    m->kind = kInt8;
+    const std::size_t ld = std::size_t(W) * 32;
+    m->j8.assign(std::size_t(n) * ld, 0);
+    for (int i = 0; i < n; ++i)
+      for (int j = i + 1; j < n; ++j, ++k) {
+        const std::int8_t v = static_cast<std::int8_t>(r.payload[k]);
+        m->j8[std::size_t(i) * ld + j] = v;
+        m->j8[std::size_t(j) * ld + i] = v;
+        m->jnorm2 += 2 * std::int64_t(v) * v;
+      }
+  }
+  return m;
+}
+
+// ---- jobs and the bounded queue -----------------------------------------------------------
+struct TcpConn {
+  int fd;
+  std::mutex write;
+  std::atomic<bool> open{true};
+  explicit TcpConn(int f) : fd(f) {}
+  ~TcpConn() { ::close(fd); }
+  void send_frame(const std::uint8_t* p, std::size_t len) {
+    std::lock_guard<std::mutex> lock(write);
+    std::uint8_t head[4];
+    wire::store<std::uint32_t>(head, std::uint32_t(len));
+    if (!send_all(head, 4) || !send_all(p, len)) open = false;
+  }
+  bool send_all(const std::uint8_t* p, std::size_t len) {
+    while (len > 0) {
+      const ssize_t k = ::send(fd, p, len, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      p += k;
+      len -= std::size_t(k);
+    }
+    return true;
+  }
+};
+
+struct Job {
+  wire::Request req;
+  std::shared_ptr<const Model> model;
+  std::vector<std::int32_t> field;  // the request's h (empty: the model's own)
+  float c0;                         // the coupling scale for the request's field
+  std::int64_t t_recv;
+  sockaddr_in addr;              // UDP peer
+  std::shared_ptr<TcpConn> tcp;  // or the TCP connection
+};
+
+class Queue {
+ public:
+  explicit Queue(std::size_t depth) : depth_(depth) {}
+  // Moves jobs[i] in while there is room; returns how many went in.
+  std::size_t push(std::vector<Job>& jobs) {
+    std::size_t taken = 0;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      while (taken < jobs.size() && q_.size() < depth_) q_.push_back(std::move(jobs[taken++]));
+      peak_ = std::max(peak_, q_.size());
+    }
+    if (taken > 0) cv_.notify_all();
+    return taken;
+  }
+  // Waits for work (or stop); takes up to `most` jobs.
+  bool pop(std::vector<Job>& out, std::size_t most, const std::atomic<bool>& stop) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !q_.empty() || stop; });
+    while (!q_.empty() && out.size() < most) {
+      out.push_back(std::move(q_.front()));
+      q_.pop_front();
+    }
+    return !out.empty();
+  }
+  void wake() { cv_.notify_all(); }
+  std::size_t peak() {
+    std::lock_guard<std::mutex> lock(m_);
+    return peak_;
+  }
+
+ private:
+  std::size_t depth_, peak_ = 0;
+  std::deque<Job> q_;
+  std::mutex m_;
+  std::condition_variable cv_;
+};
+
+// Replies gathered for one sendmmsg call.
+struct UdpBatch {
+  std::vector<std::vector<std::uint8_t>> bufs;
+  std::vector<sockaddr_in> addrs;
+  std::size_t used = 0;
+  std::uint8_t* next(std::size_t bytes, const sockaddr_in& to) {
+    if (used == bufs.size()) {
+      bufs.emplace_back();
+      addrs.emplace_back();
+    }
+    bufs[used].resize(bytes);
+    addrs[used] = to;
+    return bufs[used++].data();
+  }
+  void flush(int fd) {
+    std::size_t done = 0;
+    std::vector<mmsghdr> msgs(used);
+    std::vector<iovec> iov(used);
+    for (std::size_t i = 0; i < used; ++i) {
+      iov[i] = iovec{bufs[i].data(), bufs[i].size()};
+      std::memset(&msgs[i], 0, sizeof(mmsghdr));
+      msgs[i].msg_hdr.msg_name = &addrs[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    while (done < used) {
+      const int k = ::sendmmsg(fd, msgs.data() + done, unsigned(used - done), 0);
+      if (k <= 0) {
+        if (k < 0 && (errno == EAGAIN || errno == EINTR || errno == ENOBUFS)) continue;
+        break;  // the peer is gone: its replies are lost (counted by the client)
+      }
+      done += std::size_t(k);
+    }
+    used = 0;
+  }
+};
+
+// A model from the arrays of IsingModel.coupling_arrays() (sizes checked by the caller: plus and
+// minus n W words, degree and h n values, j8 n 32 W bytes, as the kind needs).
+inline std::shared_ptr<Model> model_from_arrays(int kind, int n, const std::uint32_t* plus,
+                                                const std::uint32_t* minus,
+                                                const std::int32_t* degree, const std::int8_t* j8,
+                                                const std::int32_t* h, std::int64_t jnorm2) {
+  if (n < 1 || n > wire::kMaxN)
+    throw std::invalid_argument("a served model has 1 to " + std::to_string(wire::kMaxN) +
+                                " spins");
+  auto m = std::make_shared<Model>();
+  m->kind = kind;
+  m->n = n;
+  m->nwords = (n + 31) / 32;
+  const std::size_t rows = std::size_t(n) * m->nwords;
+  if (kind == kBinary || kind == kTernary) m->plus.assign(plus, plus + rows);
+  if (kind == kTernary) {
+    m->minus.assign(minus, minus + rows);
+    m->degree.assign(degree, degree + n);
+  } else if (kind == kInt8) {
+    m->j8.assign(j8, j8 + rows * 32);
+  } else if (kind != kBinary) {
+    throw std::invalid_argument("the service takes exact couplings only (binary, ternary, int8)");
+  }
+  m->h.assign(h, h + n);
+  m->jnorm2 = jnorm2;
+  return m;
+}
+
+// ---- the server (front end; the workers are the backend's)
+// --------------------------------------------------------------------------
+class Server {
+ public:
+  // receivers: UDP sockets bound to the same port (SO_REUSEPORT), each with its own receiver
+  // thread; the kernel spreads the clients' flows over them.
+  Server(const std::string& host, int udp_port, int tcp_port, std::size_t depth, int receivers = 1)
+      : queue_(depth) {
+    if (receivers < 1) throw std::invalid_argument("receivers must be >= 1");
+    if (depth < 1) throw std::invalid_argument("depth must be >= 1");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1)
+      throw std::invalid_argument("not an IPv4 address: " + host);
+    udp_ = open_socket(SOCK_DGRAM, a, udp_port, receivers > 1);
+    udp_fds_.push_back(udp_);
+    for (int r = 1; r < receivers; ++r)
+      udp_fds_.push_back(open_socket(SOCK_DGRAM, a, port_of(udp_), true));
+    if (tcp_port >= 0) {
+      tcp_ = open_socket(SOCK_STREAM, a, tcp_port, false);
+      if (::listen(tcp_, 64) != 0) fail("listen");
+    }
+  }
+  ~Server() { stop(); }
+
+  int udp_port() const { return port_of(udp_); }
+  int tcp_port() const { return tcp_ >= 0 ? port_of(tcp_) : -1; }
+
+  // The threads that run the queued requests: each calls pop() until it returns false with
+  // stopping() true, and answers with reply_ok() and flush().
+  using Worker = std::function<void(Server&)>;
+  void start(std::vector<Worker> workers) {
+    if (running_) return;
+    running_ = true;
+    stop_ = false;
+    for (int fd : udp_fds_) threads_.emplace_back([this, fd] { udp_loop(fd); });
+    if (tcp_ >= 0) threads_.emplace_back([this] { tcp_accept_loop(); });
+    for (auto& w : workers) threads_.emplace_back([this, w] { w(*this); });
+  }
+
+  bool pop(std::vector<Job>& jobs, std::size_t most) { return queue_.pop(jobs, most, stop_); }
+  bool stopping() const { return stop_; }
+
+  // Answers a solved request (UDP replies go into `out`, sent by flush()).
+  void reply_ok(const Job& job, std::int64_t energy, const std::uint32_t* signs, UdpBatch& out) {
+    const std::uint32_t n = job.req.n;
+    if (job.tcp) {
+      std::vector<std::uint8_t> frame(wire::reply_bytes(wire::kOk, n));
+      wire::write_reply(frame.data(), wire::kOk, job.req.request_id, energy, residence(job.t_recv),
+                        n, signs);
+      job.tcp->send_frame(frame.data(), frame.size());
+    } else {
+      std::uint8_t* b = out.next(wire::reply_bytes(wire::kOk, n), job.addr);
+      wire::write_reply(b, wire::kOk, job.req.request_id, energy, residence(job.t_recv), n, signs);
+    }
+    replies_[wire::kOk]++;
+  }
+  // Sends the batched UDP replies, through receiver socket `via` (any: all share the port).
+  void flush(UdpBatch& out, std::size_t via = 0) { out.flush(udp_fds_[via % udp_fds_.size()]); }
+
+  void stop() {
+    if (!running_) return;
+    stop_ = true;
+    queue_.wake();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    {
+      std::lock_guard<std::mutex> lock(conns_m_);
+      for (auto& t : conn_threads_) t.join();
+      conn_threads_.clear();
+    }
+    running_ = false;
+    for (int fd : udp_fds_) ::close(fd);
+    udp_fds_.clear();
+    if (tcp_ >= 0) ::close(tcp_);
+    udp_ = tcp_ = -1;
+  }
+
+  // Runs the backend's preparation (a copy to the GPU, say) and puts the model into slot id.
+  void load_model(std::uint32_t id, std::shared_ptr<Model> m) {
+    m->c0 = coupling_scale(*m, m->h.data());
+    if (prepare_) prepare_(*m);
+    std::lock_guard<std::mutex> lock(models_m_);
+    models_[id] = std::move(m);
+  }
+  void set_prepare(std::function<void(Model&)> f) { prepare_ = std::move(f); }
+
+  std::map<std::string, std::uint64_t> stats() {
+    std::map<std::string, std::uint64_t> s;
+    const char* names[wire::kStatusCount] = {"ok",         "busy",      "bad_magic", "bad_version",
+                                             "bad_length", "too_large", "bad_param", "no_model"};
+    for (int i = 0; i < wire::kStatusCount; ++i) s[names[i]] = replies_[i].load();
+    s["received"] = received_.load();
+    s["loads"] = loads_.load();
+    s["queue_peak"] = queue_.peak();
+    return s;
+  }
+
+ private:
+  static void fail(const char* what) {
+    throw std::runtime_error(std::string(what) + ": " + std::strerror(errno));
+  }
+
+  static int port_of(int fd) {
+    sockaddr_in a{};
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    return ntohs(a.sin_port);
+  }
+
+  static int open_socket(int type, sockaddr_in a, int port, bool reuse_port) {
+    const int fd = ::socket(AF_INET, type, 0);
+    if (fd < 0) fail("socket");
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (reuse_port) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (type == SOCK_DGRAM) {
+      int buf = 64 << 20;  // as much as the kernel allows (net.core.rmem_max caps it)
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    }
+    a.sin_port = htons(std::uint16_t(port));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ::close(fd);
+      fail("bind");
+    }
+    return fd;
+  }
+
+  // Parses one request; answers errors and loads at once (into `now`), queues good solves.
+  // Returns true when a job was added to `jobs`.
+  template <typename Reply>
+  bool admit(const std::uint8_t* p, std::size_t len, bool truncated, std::vector<Job>& jobs,
+             Reply reply) {
+    received_++;
+    const std::int64_t t = now_ns();
+    wire::Request r{};
+    wire::Status st = wire::parse(p, len, r);
+    if (truncated && st != wire::kBadMagic && st != wire::kBadVersion) st = wire::kTooLarge;
+    std::shared_ptr<const Model> model;
+    if (st == wire::kOk && (r.flags & wire::kFlagLoad)) {
+      try {
+        load_model(r.model_id, model_from_wire(r));
+      } catch (const std::exception&) {  // no memory for it (host or device)
+        reply(wire::kTooLarge, r.request_id, 0, t, 0u, nullptr);
+        return false;
+      }
+      loads_++;
+      reply(wire::kOk, r.request_id, 0, t, 0u, nullptr);
+      return false;
+    }
+    if (st == wire::kOk) {
+      std::lock_guard<std::mutex> lock(models_m_);
+      auto it = models_.find(r.model_id);
+      if (it == models_.end()) {
+        st = wire::kNoModel;
+      } else if (int(r.n) != it->second->n) {
+        st = wire::kBadParam;
+      } else {
+        model = it->second;
+      }
+    }
+    if (st != wire::kOk) {
+      reply(st, r.request_id, 0, t, 0u, nullptr);
+      return false;
+    }
+    Job job{r, std::move(model), {}, 0.0f, t, {}, nullptr};
+    if (r.payload_type == wire::kFieldInt16) {
+      job.field.resize(r.n);
+      for (std::uint32_t i = 0; i < r.n; ++i)
+        job.field[i] = wire::load<std::int16_t>(r.payload + 2 * i);
+      job.c0 = coupling_scale(*job.model, job.field.data());
+    } else {
+      job.c0 = job.model->c0;
+    }
+    job.req.payload = nullptr;  // the receive buffer is reused
+    jobs.push_back(std::move(job));
+    return true;
+  }
+
+  std::uint32_t residence(std::int64_t t_recv) const {
+    const std::int64_t d = now_ns() - t_recv;
+    return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
+  }
+
+  void udp_loop(int fd) {
+    constexpr int kBatch = 64;
+    std::vector<std::vector<std::uint8_t>> bufs(kBatch,
+                                                std::vector<std::uint8_t>(wire::kMaxDatagram));
+    std::vector<sockaddr_in> from(kBatch);
+    std::vector<iovec> iov(kBatch);
+    std::vector<mmsghdr> msgs(kBatch);
+    UdpBatch out;
+    std::vector<Job> jobs;
+    while (!stop_) {
+      pollfd pfd{fd, POLLIN, 0};
+      if (::poll(&pfd, 1, 50) <= 0) continue;
+      for (int i = 0; i < kBatch; ++i) {
+        iov[i] = iovec{bufs[i].data(), bufs[i].size()};
+        std::memset(&msgs[i], 0, sizeof(mmsghdr));
+        msgs[i].msg_hdr.msg_name = &from[i];
+        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+        msgs[i].msg_hdr.msg_iov = &iov[i];
+        msgs[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (got <= 0) continue;
+      jobs.clear();
+      for (int i = 0; i < got; ++i) {
+        const bool truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
+        const sockaddr_in peer = from[i];
+        auto reply = [&](std::uint16_t st, std::uint64_t id, std::int64_t e, std::int64_t t,
+                         std::uint32_t n, const std::uint32_t* s) {
+          std::uint8_t* b = out.next(wire::reply_bytes(st, n), peer);
+          wire::write_reply(b, st, id, e, residence(t), n, s);
+          replies_[st]++;
+        };
+        if (admit(bufs[i].data(), msgs[i].msg_len, truncated, jobs, reply)) {
+          jobs.back().addr = peer;
+        }
+      }
+      const std::size_t taken = queue_.push(jobs);
+      for (std::size_t i = taken; i < jobs.size(); ++i) {  // the queue is full: BUSY, not silence
+        std::uint8_t* b = out.next(wire::kReplyHeader, jobs[i].addr);
+        wire::write_reply(b, wire::kBusy, jobs[i].req.request_id, 0, residence(jobs[i].t_recv), 0,
+                          nullptr);
+        replies_[wire::kBusy]++;
+      }
+      out.flush(fd);
+    }
+  }
+
+  void tcp_accept_loop() {
+    while (!stop_) {
+      pollfd pfd{tcp_, POLLIN, 0};
+      if (::poll(&pfd, 1, 50) <= 0) continue;
+      const int fd = ::accept(tcp_, nullptr, nullptr);
+      if (fd < 0) continue;
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto conn = std::make_shared<TcpConn>(fd);
+      std::lock_guard<std::mutex> lock(conns_m_);
+      conn_threads_.emplace_back([this, conn] { tcp_conn_loop(conn); });
+    }
+  }
+
+  // Reads exactly len bytes; false on close, error or stop.
+  bool read_exact(TcpConn& c, std::uint8_t* p, std::size_t len) {
+    while (len > 0) {
+      pollfd pfd{c.fd, POLLIN, 0};
+      const int ready = ::poll(&pfd, 1, 50);
+      if (stop_) return false;
+      if (ready <= 0) continue;
+      const ssize_t k = ::recv(c.fd, p, len, 0);
+      if (k <= 0) return false;
+      p += k;
+      len -= std::size_t(k);
+    }
+    return true;
+  }
+
+  void tcp_conn_loop(std::shared_ptr<TcpConn> conn) {
+    std::vector<std::uint8_t> buf;
+    std::vector<Job> jobs;
+    std::uint8_t head[4];
+    std::vector<std::uint8_t> out(wire::kReplyHeader);
+    auto reply = [&](std::uint16_t st, std::uint64_t id, std::int64_t e, std::int64_t t,
+                     std::uint32_t n, const std::uint32_t* s) {
+      out.resize(wire::reply_bytes(st, n));
+      wire::write_reply(out.data(), st, id, e, residence(t), n, s);
+      replies_[st]++;
+      conn->send_frame(out.data(), out.size());
+    };
+    while (!stop_ && conn->open) {
+      if (!read_exact(*conn, head, 4)) break;
+      const std::uint32_t len = wire::load<std::uint32_t>(head);
+      if (len > wire::kRequestHeader + wire::kMaxModelBytes) {
+        received_++;
+        reply(wire::kTooLarge, 0, 0, now_ns(), 0, nullptr);
+        break;  // the stream cannot be resynchronised past an unread frame
+      }
+      buf.resize(len);
+      if (!read_exact(*conn, buf.data(), len)) break;
+      jobs.clear();
+      if (admit(buf.data(), len, false, jobs, reply)) {
+        jobs.back().tcp = conn;
+        if (queue_.push(jobs) == 0) {
+          reply(wire::kBusy, jobs[0].req.request_id, 0, jobs[0].t_recv, 0, nullptr);
+        }
+      }
+    }
+    conn->open = false;
+  }
+
+  Queue queue_;
+  int udp_ = -1, tcp_ = -1;
+  std::vector<int> udp_fds_;
+  std::atomic<bool> stop_{false}, running_{false};
+  std::vector<std::thread> threads_;
+  std::mutex conns_m_;
+  std::vector<std::thread> conn_threads_;
+  std::mutex models_m_;
+  std::map<std::uint32_t, std::shared_ptr<const Model>> models_;
+  std::function<void(Model&)> prepare_;
+  std::atomic<std::uint64_t> replies_[wire::kStatusCount] = {};
+  std::atomic<std::uint64_t> received_{0}, loads_{0};
+};
+
+}  // namespace csk::dsb::service

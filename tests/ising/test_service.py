@@ -1,0 +1,275 @@
+"""The dSB request service on the CPU: every reply equals the library's own solve of the same
+request, bad requests get their error status (and the server keeps serving), a full queue
+answers BUSY instead of dropping, models load and are replaced over the wire."""
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cuscikit.cli.ising_service import random_model
+from cuscikit.ising import IsingModel, solve
+from cuscikit.ising.service import (
+    MAGIC,
+    REQUEST,
+    Client,
+    IsingServer,
+    decode_reply,
+    encode_load,
+    encode_request,
+    load_test,
+    reference,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sockets")
+
+
+@pytest.fixture
+def server():
+    with IsingServer(port=0, workers=2, depth=64) as s:
+        yield s
+
+
+@pytest.mark.parametrize("kind", ["binary", "ternary", "int8"])
+def test_replies_equal_the_library_solve(server, kind):
+    n = 70  # not a multiple of 32: padding words
+    model = random_model(n, kind, seed=3)
+    assert model.kind == kind
+    server.load_model(5, model)
+    h = np.random.default_rng(1).integers(-40, 41, n)
+    with Client(port=server.port) as udp, Client(port=server.tcp_port, tcp=True) as tcp:
+        for client in (udp, tcp):
+            for field in (None, h):
+                r = client.solve(5, n=n, steps=60, replicas=4, dt=0.4, seed=11, h=field)
+                e, spins = reference(model, 60, 4, 0.4, 11, field)
+                assert (r.status, r.energy) == ("OK", e)
+                assert np.array_equal(r.spins, spins)
+                with_h = IsingModel(model.J, h=np.zeros(n) if field is None else field)
+                assert with_h.energy(r.spins) == r.energy
+    # and the reference is `solve` itself: the best of B agents
+    sol = solve(IsingModel(model.J, h=h), agents=4, steps=60, dt=0.4, seed=11)
+    assert sol.energy == reference(model, 60, 4, 0.4, 11, h)[0]
+
+
+def _raw(server, data: bytes):
+    with Client(port=server.port) as c:
+        return c.send(data)
+
+
+def test_bad_requests_get_their_status_and_serving_goes_on(server):
+    n = 40
+    server.load_model(1, random_model(n, seed=0))
+    good = encode_request(1, n, steps=10, replicas=2, seed=3, request_id=77)
+    assert _raw(server, good).status == "OK"
+    bad_magic = struct.pack("<I", 0xDEADBEEF) + good[4:]
+    bad_version = good[:4] + struct.pack("<H", 9) + good[6:]
+    cases = {
+        "BAD_MAGIC": [bad_magic, b"xy"],
+        "BAD_VERSION": [bad_version],
+        "BAD_LENGTH": [good[:40], good + b"\0", encode_request(1, n, 10, h=[1] * n)[:-2]],
+        "TOO_LARGE": [
+            encode_request(1, 5000, 10),  # n above the limit
+            encode_request(1, n, 10, replicas=129),  # 129 x 32 pairs > 4096
+        ],
+        "BAD_PARAM": [
+            encode_request(1, n, steps=0),
+            encode_request(1, n, steps=10, dt=-1.0),
+            encode_request(1, n, steps=10, dt=float("nan")),
+            encode_request(1, n + 1, steps=10),  # n is not the model's
+            good[:30] + struct.pack("<H", 9) + good[32:],  # unknown payload type
+        ],
+        "NO_MODEL": [encode_request(2, n, steps=10)],
+    }
+    for status, requests in cases.items():
+        for data in requests:
+            r = _raw(server, data)
+            assert r.status == status, (status, data[:48].hex())
+            assert r.spins is None
+    assert _raw(server, good).request_id == 77  # still serving
+    stats = server.stats()
+    for status, requests in cases.items():
+        assert stats[status.lower()] == len(requests)
+    assert stats["ok"] == 2
+
+
+def test_a_full_queue_answers_busy_and_nothing_is_lost():
+    n = 256
+    with IsingServer(port=0, workers=1, depth=2) as s:
+        s.load_model(1, random_model(n, seed=1))
+        rep = load_test(1, n, steps=400, replicas=8, count=300, rate=1e6, port=s.port)
+        stats = s.stats()
+    assert rep.lost == 0
+    assert rep.busy > 0 and rep.completed > 0
+    assert rep.busy + rep.completed == rep.sent == 300
+    assert stats["busy"] == rep.busy and stats["queue_peak"] <= 2
+
+
+def test_load_generator_closed_loop_and_every_energy(server):
+    n, steps = 64, 30
+    model = random_model(n, "int8", seed=2)
+    server.load_model(9, model)
+    rep = load_test(9, n, steps, replicas=2, seed=1000, count=200, in_flight=8, port=server.port)
+    assert (rep.completed, rep.lost, rep.busy, rep.errors) == (200, 0, 0, 0)
+    assert rep.completed_per_s > 0 and rep.rtt_us["p50"] > 0
+    for i in range(0, 200, 37):  # request i ran with seed 1000 + i
+        assert rep.energies[i] == reference(model, steps, 2, 0.5, 1000 + i)[0]
+
+
+def test_models_load_and_are_replaced_over_tcp(server):
+    n = 50
+    a, b = random_model(n, "binary", seed=4), random_model(n, "int8", seed=5)
+    with Client(port=server.tcp_port, tcp=True) as c:
+        for model in (a, b, a):
+            assert c.load(3, model).status == "OK"
+            r = c.solve(3, n=n, steps=40, replicas=3, seed=8)
+            assert r.energy == reference(model, 40, 3, 0.5, 8)[0]
+    assert server.stats()["loads"] == 3
+    # over UDP too, while it fits in a datagram
+    with Client(port=server.port) as c:
+        assert c.load(4, b).status == "OK"
+        assert c.solve(4, n=n, steps=40, seed=2).energy == reference(b, 40, 1, 0.5, 2)[0]
+
+
+def test_protocol_layout_and_client_side_checks():
+    data = encode_request(6, 33, 100, replicas=3, dt=0.25, seed=2**63, h=range(33), request_id=5)
+    fields = REQUEST.unpack_from(data)
+    assert fields == (MAGIC, 1, 0, 5, 6, 33, 100, 3, 1, 0.25, 2**63, 66)
+    assert data[:4] == b"DSB1" and len(data) == 48 + 66
+    with pytest.raises(ValueError, match="int16"):
+        encode_request(1, 2, 10, h=[40000, 0])
+    with pytest.raises(ValueError, match="shape"):
+        encode_request(1, 3, 10, h=[1, 2])
+    with pytest.raises(ValueError, match="no field"):
+        encode_load(1, IsingModel(np.array([[0, 1], [1, 0]]), h=[1, 0]))
+    with pytest.raises(ValueError, match="exactly one"):
+        load_test(1, 4, 10, rate=100.0, in_flight=2)
+    with pytest.raises(ValueError, match="at least 32"):
+        decode_reply(b"\0" * 8)
+    with pytest.raises(ValueError, match="float|integer"):
+        IsingServer(port=0).load_model(1, IsingModel(np.array([[0, 0.5], [0.5, 0]])))
+
+
+def test_port_in_use_is_a_clear_error():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    try:
+        with pytest.raises(OSError, match="cannot serve"):
+            IsingServer(port=s.getsockname()[1], tcp_port=-1)
+    finally:
+        s.close()
+
+
+def test_cli_serve_and_load(tmp_path):
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cuscikit",
+            "ising",
+            "serve",
+            "--random",
+            "64",
+            "--port",
+            "0",
+            "--duration",
+            "20",
+            "--workers",
+            "1",
+            "--json",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = serve.stdout.readline()
+        port = int(first.split("UDP ")[1].split()[0])
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cuscikit",
+                "ising",
+                "load",
+                "--port",
+                str(port),
+                "--n",
+                "64",
+                "--steps",
+                "20",
+                "--in-flight",
+                "4",
+                "--count",
+                "50",
+                "--json",
+            ],  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        (row,) = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
+        assert row["completed"] == 50 and row["lost"] == 0
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "cuscikit", "ising", "load", "--n", "8", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "closed loop" in json.loads(bad.stdout)["error"]
+    time.sleep(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["resident", "launch"])
+def test_gpu_service_replies_equal_the_cpu_reference(mode):
+    cases = [("binary", 64, 16), ("ternary", 100, 8), ("int8", 256, 4), ("binary", 1024, 4),
+             ("int8", 33, 64)]  # fmt: skip
+    with IsingServer(port=0, device="cuda", mode=mode, depth=256) as s:
+        models = {}
+        for i, (kind, n, _) in enumerate(cases):
+            models[i] = random_model(n, kind, seed=i)
+            s.load_model(i, models[i])
+        rng = np.random.default_rng(0)
+        with Client(port=s.port) as udp, Client(port=s.tcp_port, tcp=True) as tcp:
+            for i, (kind, n, B) in enumerate(cases):
+                h = rng.integers(-60, 61, n)
+                for client, field in ((udp, None), (tcp, h)):
+                    r = client.solve(i, n=n, steps=80, replicas=B, dt=0.45, seed=31 + i, h=field)
+                    e, spins = reference(models[i], 80, B, 0.45, 31 + i, field)
+                    assert (r.status, r.energy) == ("OK", e), (mode, kind, n, B)
+                    assert np.array_equal(r.spins, spins), (mode, kind, n, B)
+        # a closed-loop burst: every reply right (sampled), nothing lost, and the server keeps
+        # answering after a model is replaced under load
+        rep = load_test(3, 1024, 50, replicas=1, seed=500, count=2000, in_flight=256,
+                        port=s.port)  # fmt: skip
+        assert (rep.completed, rep.lost) == (2000, 0)
+        for i in range(0, 2000, 211):
+            assert rep.energies[i] == reference(models[3], 50, 1, 0.5, 500 + i)[0]
+        replaced = random_model(1024, "binary", seed=99)
+        s.load_model(3, replaced)
+        with Client(port=s.port) as udp:
+            r = udp.solve(3, n=1024, steps=50, seed=7)
+        assert r.energy == reference(replaced, 50, 1, 0.5, 7)[0]
+        assert "cuda" in s.info
+
+
+def test_several_receivers_and_senders():
+    n = 48
+    model = random_model(n, "ternary", seed=6)
+    with IsingServer(port=0, workers=2, receivers=3, tcp_port=-1) as s:
+        s.load_model(1, model)
+        rep = load_test(1, n, 20, seed=40, count=600, in_flight=12, senders=3, port=s.port)
+        open_loop = load_test(1, n, 20, seed=40, count=300, rate=3000.0, senders=2, port=s.port)
+    assert (rep.completed, rep.lost) == (600, 0)
+    assert open_loop.completed + open_loop.busy == 300 and open_loop.lost == 0
+    for i in (0, 1, 2, 301, 599):  # every socket's requests, right seeds
+        assert rep.energies[i] == reference(model, 20, 1, 0.5, 40 + i)[0]
+    with pytest.raises(ValueError, match="receivers"):
+        IsingServer(port=0, receivers=0)
