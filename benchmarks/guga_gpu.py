@@ -83,6 +83,35 @@ def _sigma_time(solver, h1, eri, ncas, nelec, repeat: int, gpu: bool) -> tuple[f
     return setup, statistics.median(times)
 
 
+def _gpu_phases(eng, c, Vh) -> dict:
+    """Seconds of the three phases of one GPU sigma (gather of E c, GEMM, gather of sigma)."""
+    import torch
+
+    k, s = eng.kernels, eng._stream()
+    T_all, G_all = eng._buffers()
+    out = torch.empty_like(c)
+    t = {"gather": 0.0, "gemm": 0.0, "sigma": 0.0}
+    for g0 in range(0, eng.ncsf, eng.g_rows):
+        gc = min(eng.g_rows, eng.ncsf - g0)
+        G = G_all[:gc]
+        for t0 in range(g0, g0 + gc, eng.rows):
+            tc = min(eng.rows, g0 + gc - t0)
+            torch.cuda.synchronize()
+            a = time.perf_counter()
+            k.gather(eng.core, t0, eng._symmap, eng.npair, c, T_all[:tc], s)
+            torch.cuda.synchronize()
+            b = time.perf_counter()
+            torch.matmul(T_all[:tc], Vh, out=G[t0 - g0 : t0 - g0 + tc])
+            torch.cuda.synchronize()
+            t["gather"] += b - a
+            t["gemm"] += time.perf_counter() - b
+        a = time.perf_counter()
+        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, s)
+        torch.cuda.synchronize()
+        t["sigma"] += time.perf_counter() - a
+    return t
+
+
 def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None):
     from cuscikit.guga import GUGASolver
 
@@ -96,18 +125,39 @@ def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None)
     opts = dict(conv_tol=1e-10, device=device, threads=threads)
     if gpu:
         opts["gpu_memory"] = gpu_memory
-    out["setup_s"], out["sigma_s"] = _sigma_time(
-        GUGASolver(**opts), h1, eri, ncas, nelec, repeat, gpu
-    )
+    solver = GUGASolver(**opts)
+    out["setup_s"], out["sigma_s"] = _sigma_time(solver, h1, eri, ncas, nelec, repeat, gpu)
+    if gpu:
+        import torch
+
+        eng, _ = solver._hop(h1, eri, ncas, nelec)
+        c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
+        ph = _gpu_phases(eng, c, eng.operator(0.5 * np.eye(eng.npair)))
+        print(f"{name} CAS({nelecas},{ncas}) GPU sigma phases (s): {ph}", flush=True)
+        del eng, solver
     if not solve:
         return out
     if gpu:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     solver = GUGASolver(**opts)
+    calls = [0]
+    if gpu:  # count the sigma vectors of the solve
+        from cuscikit.guga import gpu as gpu_mod
+
+        plain = gpu_mod.GpuEngine.sigma
+
+        def counted(self, c, Vh):
+            calls[0] += 1
+            return plain(self, c, Vh)
+
+        gpu_mod.GpuEngine.sigma = counted
     t0 = time.perf_counter()
     e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
     out["solve_s"] = time.perf_counter() - t0
+    if gpu:
+        gpu_mod.GpuEngine.sigma = plain
+        print(f"{name} CAS({nelecas},{ncas}) GPU solve: {calls[0]} sigma vectors", flush=True)
     out["e"] = float(e)
     out["converged"] = bool(solver.converged)
     out["n_csf"] = next(iter(solver._engines.values())).ncsf
