@@ -84,7 +84,8 @@ def _sigma_time(solver, h1, eri, ncas, nelec, repeat: int, gpu: bool) -> tuple[f
 
 
 def _gpu_phases(eng, c, Vh) -> dict:
-    """Seconds of the three phases of one GPU sigma (gather of E c, GEMM, gather of sigma)."""
+    """Seconds of the three phases of one GPU sigma (gather of E c, GEMM, gather of sigma) with
+    the engine's choice of one CSF per warp or per thread."""
     import torch
 
     k, s = eng.kernels, eng._stream()
@@ -98,7 +99,7 @@ def _gpu_phases(eng, c, Vh) -> dict:
             tc = min(eng.rows, g0 + gc - t0)
             torch.cuda.synchronize()
             a = time.perf_counter()
-            k.gather(eng.core, t0, eng._symmap, eng.npair, c, T_all[:tc], s)
+            k.gather(eng.core, t0, eng._symmap, eng.npair, c, T_all[:tc], eng.split_gather, s)
             torch.cuda.synchronize()
             b = time.perf_counter()
             torch.matmul(T_all[:tc], Vh, out=G[t0 - g0 : t0 - g0 + tc])
@@ -106,7 +107,7 @@ def _gpu_phases(eng, c, Vh) -> dict:
             t["gather"] += b - a
             t["gemm"] += time.perf_counter() - b
         a = time.perf_counter()
-        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, s)
+        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, eng.split_sigma, s)
         torch.cuda.synchronize()
         t["sigma"] += time.perf_counter() - a
     return t
@@ -132,8 +133,15 @@ def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None)
 
         eng, _ = solver._hop(h1, eri, ncas, nelec)
         c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
-        ph = _gpu_phases(eng, c, eng.operator(0.5 * np.eye(eng.npair)))
-        print(f"{name} CAS({nelecas},{ncas}) GPU sigma phases (s): {ph}", flush=True)
+        Vh = eng.operator(0.5 * np.eye(eng.npair))
+        default = (eng.split_gather, eng.split_sigma)
+        for split in (True, False):
+            eng.split_gather = eng.split_sigma = split
+            ph = _gpu_phases(eng, c, Vh)
+            ph = ", ".join(f"{k} {v:.4f}" for k, v in ph.items())
+            kind = "warp" if split else "thread"
+            print(f"{name} CAS({nelecas},{ncas}) GPU phases, one CSF per {kind} (s): {ph}")
+        eng.split_gather, eng.split_sigma = default
         del eng, solver
     if not solve:
         return out

@@ -118,6 +118,9 @@ class GpuEngine:
         self._symmap = dev_i32(self.symmap)
         self._genmap = dev_i32(generator_map(n))
         self._plan(int(reserve), int(tile_rows))
+        # one CSF per warp (its searches over the lanes) or per thread, for each gather kind
+        self.split_gather = True
+        self.split_sigma = True
         self._T = self._G = None
         self._steps = None
 
@@ -188,9 +191,9 @@ class GpuEngine:
             for t0 in range(g0, g0 + gc, self.rows):
                 tc = min(self.rows, g0 + gc - t0)
                 T = T_all[:tc]
-                k.gather(self.core, t0, self._symmap, self.npair, c, T, s)
+                k.gather(self.core, t0, self._symmap, self.npair, c, T, self.split_gather, s)
                 torch.matmul(T, Vh, out=G[t0 - g0 : t0 - g0 + tc])
-            k.sigma(self.core, 0, self._symmap, G, g0, out, g0 > 0, s)
+            k.sigma(self.core, 0, self._symmap, G, g0, out, g0 > 0, self.split_sigma, s)
         return out
 
     def contract(self, c, V, h=None):
@@ -245,11 +248,11 @@ class GpuEngine:
         for t0 in range(0, self.ncsf, rows):
             tc = min(rows, self.ncsf - t0)
             tk = tk_all[:tc]
-            k.gather(self.core, t0, self._genmap, nn, kt, tk, s)
+            k.gather(self.core, t0, self._genmap, nn, kt, tk, self.split_gather, s)
             tb = tk
             if not same:
                 tb = tb_all[:tc]
-                k.gather(self.core, t0, self._genmap, nn, b, tb, s)
+                k.gather(self.core, t0, self._genmap, nn, b, tb, self.split_gather, s)
             M += tb.T @ tk
             d1 += b[t0 : t0 + tc] @ tk
         return d1.reshape(n, n).cpu().numpy(), M.cpu().numpy()

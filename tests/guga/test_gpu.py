@@ -61,8 +61,9 @@ def _rows_drt(drt: DRT):
 
 
 # --- the device rows on the host ------------------------------------------------------------------
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("space", SPACES)
-def test_rows_sigma_matches_cpu_engine(space):
+def test_rows_sigma_matches_cpu_engine(space, split):
     drt = DRT(*space)
     n = drt.norb
     rows, eng = _rows_drt(drt), Engine(drt)
@@ -70,14 +71,14 @@ def test_rows_sigma_matches_cpu_engine(space):
     c = np.random.default_rng(2).standard_normal(drt.n_csf)
     ref = eng.contract(c, V, h)
     npair = n * (n + 1) // 2
-    T = _core.guga_rows.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c)
+    T = _core.guga_rows.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split)
     G = np.ascontiguousarray(T @ np.vstack([V, h[None]]))
-    whole = _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G, 0)
+    whole = _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G, 0, split)
     assert _rel(whole, ref) < 1e-13
     # G in three chunks of rows: the shares add up to the same sigma
     cuts = [0, drt.n_csf // 3, 2 * drt.n_csf // 3, drt.n_csf]
     parts = sum(
-        _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G[a:b].copy(), a)
+        _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G[a:b].copy(), a, split)
         for a, b in zip(cuts[:-1], cuts[1:], strict=True)
     )
     assert _rel(parts, ref) < 1e-13
@@ -95,10 +96,11 @@ def test_rows_diagonal_and_generators_match_cpu_engine(space):
     diag = _core.guga_rows.diagonal(rows, 0, drt.n_csf, hp, J.reshape(-1), K.reshape(-1))
     assert np.abs(diag - eng.diagonal(h1, g4)).max() < 1e-12
     c = np.random.default_rng(4).standard_normal(drt.n_csf)
-    t = _core.guga_rows.gather(rows, 0, drt.n_csf, generator_map(n), n * n, n * n, c)
     d1, M = eng.generator_products(c, c)
-    assert np.abs(t.T @ t - M).max() < 1e-10 * np.abs(M).max()
-    assert np.abs(c @ t - d1.reshape(-1)).max() < 1e-10 * np.abs(d1).max()
+    for split in (False, True):
+        t = _core.guga_rows.gather(rows, 0, drt.n_csf, generator_map(n), n * n, n * n, c, split)
+        assert np.abs(t.T @ t - M).max() < 1e-10 * np.abs(M).max()
+        assert np.abs(c @ t - d1.reshape(-1)).max() < 1e-10 * np.abs(d1).max()
 
 
 def test_rows_reject_bad_input():
@@ -112,7 +114,8 @@ def test_rows_reject_bad_input():
 
 
 class _HostKernels:
-    """The kernels of ``cuscikit._cuda.guga`` over ``_core.guga_rows`` on torch CPU tensors."""
+    """The kernels of ``cuscikit._cuda.guga`` over ``_core.guga_rows`` on torch CPU tensors (the
+    warp-split rows, as the GPU runs them)."""
 
     R = _core.guga_rows
 
@@ -120,13 +123,15 @@ class _HostKernels:
     def Drt(norb, head, up, down, b, y, seg, ncsf):
         return _core.guga_rows.Drt(norb, head, up.numpy(), down.numpy(), b.numpy(), y.numpy(), ncsf)
 
-    def gather(self, core, k0, colmap, ncol, c, T, stream):
-        out = self.R.gather(core, k0, T.shape[0], colmap.numpy(), ncol, T.shape[1], c.numpy())
+    def gather(self, core, k0, colmap, ncol, c, T, split, stream):
+        out = self.R.gather(
+            core, k0, T.shape[0], colmap.numpy(), ncol, T.shape[1], c.numpy(), split
+        )
         T.copy_(torch.from_numpy(out))
 
-    def sigma(self, core, m0, symmap, G, g0, out, accumulate, stream):
+    def sigma(self, core, m0, symmap, G, g0, out, accumulate, split, stream):
         s = torch.from_numpy(
-            self.R.sigma(core, m0, out.shape[0], symmap.numpy(), G.contiguous().numpy(), g0)
+            self.R.sigma(core, m0, out.shape[0], symmap.numpy(), G.contiguous().numpy(), g0, split)
         )
         out.copy_(out + s if accumulate else s)
 
@@ -194,15 +199,23 @@ def test_gpu_sigma_matches_cpu(space):
     gpu = GpuEngine(drt, "cuda", tile_rows=1000)
     chunked = GpuEngine(drt, "cuda", tile_rows=333)
     chunked.g_rows = 1000  # several passes over chunks of G
+    threads = GpuEngine(drt, "cuda", tile_rows=1000)  # one CSF per thread instead of per warp
+    threads.split_gather = threads.split_sigma = False
     for seed in (12, 13):
         c = np.random.default_rng(seed).standard_normal(drt.n_csf)
         ref = eng.contract(c, V, h)
         assert _rel(gpu.contract(c, V, h), ref) < 1e-12
         assert _rel(chunked.contract(c, V, h), ref) < 1e-12
+        assert _rel(threads.contract(c, V, h), ref) < 1e-12
     h1, g4, _ = _integrals(n, 14)
     assert np.abs(gpu.diagonal(h1, g4) - eng.diagonal(h1, g4)).max() < 1e-12
-    d1, M = gpu.generator_products(c, c)
     d1r, Mr = eng.generator_products(c, c)
+    for e in (gpu, threads):
+        d1, M = e.generator_products(c, c)
+        assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
+    b = np.random.default_rng(20).standard_normal(drt.n_csf)  # a transition pair
+    d1, M = gpu.generator_products(b, c)
+    d1r, Mr = eng.generator_products(b, c)
     assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
 
 

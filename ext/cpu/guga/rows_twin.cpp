@@ -33,6 +33,35 @@ struct RowsDrt {
 
 constexpr int kMaxOrb = 64;
 
+// The GPU's warp-split gather of ket k (one group of lanes, run here in lane order).
+void gather_split(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol, int ld,
+                  const double* c, double* row, std::vector<double>& scratch) {
+  scratch.assign(2 * static_cast<size_t>(ld), 0.0);
+  double* r0 = scratch.data();
+  double* r1 = r0 + ld;
+  int steps[kMaxOrb], verts[kMaxOrb + 1];
+  csk::guga::unrank_csf(d, k, steps, verts);
+  csk::guga::split_zero(r0, r1, ld, 0, 1);
+  csk::guga::split_diagonal(d.norb, steps, colmap, c[k], r0, 0, 1);
+  for (int j = 0; j < csk::guga::split_parts(d.norb); ++j)
+    csk::guga::gather_part<kMaxOrb>(d, steps, verts, k, j, colmap, c, (j & 1) ? r1 : r0);
+  csk::guga::split_finish(r0, r1, ld, ld > ncol ? ncol : -1, c[k], row, 0, 1);
+}
+
+// The GPU's warp-split sigma of CSF m: lane l sums parts l, l + 32, ... (lane 0 the diagonal
+// term first), then the warp's reduction tree.
+double sigma_split(const DrtView& d, std::int64_t m, const std::int32_t* symmap, const double* G,
+                   int ldg, std::int64_t g0, std::int64_t gcount) {
+  int steps[kMaxOrb], verts[kMaxOrb + 1];
+  csk::guga::unrank_csf(d, m, steps, verts);
+  double lanes[32] = {0.0};
+  lanes[0] = csk::guga::sigma_diagonal_part(d, steps, m, symmap, G, ldg, g0, gcount);
+  for (int j = 0; j < csk::guga::split_parts(d.norb); ++j)
+    lanes[j % 32] +=
+        csk::guga::sigma_part<kMaxOrb>(d, steps, verts, m, j, symmap, G, ldg, g0, gcount);
+  return csk::guga::warp_tree_sum(lanes);
+}
+
 void check_range(const RowsDrt& d, std::int64_t k0, std::int64_t count) {
   if (k0 < 0 || count < 0 || k0 + count > d.view.ncsf)
     throw std::invalid_argument("CSF range outside 0.." + std::to_string(d.view.ncsf));
@@ -71,7 +100,7 @@ void bind_guga_rows(nb::module_& m) {
   m.def(
       "gather",
       [](const RowsDrt& d, std::int64_t k0, std::int64_t count, HostVector<std::int32_t> colmap,
-         int ncol, int ld, HostVector<double> c) {
+         int ncol, int ld, HostVector<double> c, bool split) {
         check_range(d, k0, count);
         const int n = d.view.norb;
         need(colmap.size(), static_cast<size_t>(n) * n, "colmap");
@@ -83,19 +112,26 @@ void bind_guga_rows(nb::module_& m) {
         std::vector<double> T(static_cast<size_t>(count) * ld);
         {
           nb::gil_scoped_release rel;
-          for (std::int64_t k = 0; k < count; ++k)
-            csk::guga::gather_row<kMaxOrb>(d.view, k0 + k, colmap.data(), ncol, ld, c.data(),
-                                           T.data() + k * ld);
+          std::vector<double> scratch;
+          for (std::int64_t k = 0; k < count; ++k) {
+            if (split)
+              gather_split(d.view, k0 + k, colmap.data(), ncol, ld, c.data(), T.data() + k * ld,
+                           scratch);
+            else
+              csk::guga::gather_row<kMaxOrb>(d.view, k0 + k, colmap.data(), ncol, ld, c.data(),
+                                             T.data() + k * ld);
+          }
         }
         return to_numpy(std::move(T), {static_cast<size_t>(count), static_cast<size_t>(ld)});
       },
-      "drt"_a, "k0"_a, "count"_a, "colmap"_a, "ncol"_a, "ld"_a, "c"_a,
-      "T (count, ld): row k is gather_row of CSF k0 + k.");
+      "drt"_a, "k0"_a, "count"_a, "colmap"_a, "ncol"_a, "ld"_a, "c"_a, "split"_a = false,
+      "T (count, ld): row k is gather_row of CSF k0 + k (split: as the GPU's warps run it).");
 
   m.def(
       "sigma",
       [](const RowsDrt& d, std::int64_t m0, std::int64_t count, HostVector<std::int32_t> symmap,
-         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> G, std::int64_t g0) {
+         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> G, std::int64_t g0,
+         bool split) {
         check_range(d, m0, count);
         const int n = d.view.norb;
         need(symmap.size(), static_cast<size_t>(n) * n, "symmap");
@@ -109,12 +145,13 @@ void bind_guga_rows(nb::module_& m) {
         {
           nb::gil_scoped_release rel;
           for (std::int64_t k = 0; k < count; ++k)
-            out[k] = csk::guga::sigma_row<kMaxOrb>(d.view, m0 + k, symmap.data(), G.data(), ldg, g0,
-                                                   gcount);
+            out[k] = split ? sigma_split(d.view, m0 + k, symmap.data(), G.data(), ldg, g0, gcount)
+                           : csk::guga::sigma_row<kMaxOrb>(d.view, m0 + k, symmap.data(), G.data(),
+                                                           ldg, g0, gcount);
         }
         return to_numpy(std::move(out), {static_cast<size_t>(count)});
       },
-      "drt"_a, "m0"_a, "count"_a, "symmap"_a, "G"_a, "g0"_a,
+      "drt"_a, "m0"_a, "count"_a, "symmap"_a, "G"_a, "g0"_a, "split"_a = false,
       "sigma_row of CSFs m0 .. m0 + count - 1 over the rows g0 .. g0 + len(G) - 1 of G.");
 
   m.def(

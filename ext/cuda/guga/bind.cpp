@@ -79,7 +79,7 @@ void bind_guga(nb::module_& m) {
   m.def(
       "gather",
       [](const PyDrt& d, i64 k0, DeviceVector<const std::int32_t> colmap, int ncol,
-         DeviceVector<const double> c, DeviceMatrix<double> T, std::uintptr_t stream) {
+         DeviceVector<const double> c, DeviceMatrix<double> T, bool split, std::uintptr_t stream) {
         const i64 count = static_cast<i64>(T.shape(0));
         check_range(d, k0, count, "gather");
         check_map(d, colmap, "colmap");
@@ -88,15 +88,15 @@ void bind_guga(nb::module_& m) {
         common_device("gather", colmap, c, T, d.seg);
         nb::gil_scoped_release release;
         csk::gpu::guga::gather(d.view, k0, count, colmap.data(), ncol, static_cast<int>(T.shape(1)),
-                               c.data(), T.data(), stream_of(stream));
+                               c.data(), T.data(), split, stream_of(stream));
       },
-      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "stream"_a,
-      "T[k] = gather_row(k0 + k) for every row of T.");
+      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "split"_a, "stream"_a,
+      "T[k] = gather_row(k0 + k) for every row of T (split: one CSF per warp).");
   m.def(
       "sigma",
       [](const PyDrt& d, i64 m0, DeviceVector<const std::int32_t> symmap,
          DeviceMatrix<const double> G, i64 g0, DeviceVector<double> out, bool accumulate,
-         std::uintptr_t stream) {
+         bool split, std::uintptr_t stream) {
         const i64 count = static_cast<i64>(out.shape(0));
         const i64 gcount = static_cast<i64>(G.shape(0));
         check_range(d, m0, count, "sigma");
@@ -108,10 +108,11 @@ void bind_guga(nb::module_& m) {
         nb::gil_scoped_release release;
         csk::gpu::guga::sigma(d.view, m0, count, symmap.data(), G.data(),
                               static_cast<int>(G.shape(1)), g0, gcount, out.data(), accumulate,
-                              stream_of(stream));
+                              split, stream_of(stream));
       },
-      "drt"_a, "m0"_a, "symmap"_a, "G"_a, "g0"_a, "out"_a, "accumulate"_a, "stream"_a,
-      "out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + len(G) - 1.");
+      "drt"_a, "m0"_a, "symmap"_a, "G"_a, "g0"_a, "out"_a, "accumulate"_a, "split"_a, "stream"_a,
+      "out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + len(G) - 1 (split: one CSF per "
+      "warp).");
   m.def(
       "diagonal",
       [](const PyDrt& d, i64 k0, DeviceVector<const double> hp, DeviceVector<const double> J,

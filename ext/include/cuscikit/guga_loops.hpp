@@ -60,74 +60,148 @@ struct LoopFrame {
 };
 
 // Calls emit(m, code, w) for every w = <m|E_pq|n> != 0 of the ket n = rank (steps and vertices
-// given), code = p * norb + q, p != q. MaxOrb bounds norb (the stack: a depth-first search with
-// at most two children per frame holds at most norb + 1 frames).
+// given) whose loop starts at orbital lo in one direction: raising (E_{lo,hi}, an electron moves
+// down to lo) or lowering (E_{hi,lo}, up from lo); code = p * norb + q. MaxOrb bounds norb (the
+// stack: a depth-first search with at most two children per frame holds at most norb + 1).
 template <int MaxOrb, class Emit>
-CSK_HD void for_each_coupling(const DrtView& d, const int* steps, const int* verts,
-                              std::int64_t rank, Emit&& emit) {
+CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int* verts,
+                                   std::int64_t rank, int lo, int raising, Emit&& emit) {
   const int n = d.norb;
   const int bmax = d.bmax;
+  const int occ_lo = step_occupation(steps[lo]);
+  if (raising ? occ_lo == 2 : occ_lo == 0) return;
+  const int kstart = raising ? kRaiseStart : kLowerStart;
+  const int kmid = raising ? kRaiseMiddle : kLowerMiddle;
+  const int kend = raising ? kRaiseEnd : kLowerEnd;
   LoopFrame stack[MaxOrb + 4];
-  for (int lo = 0; lo < n - 1; ++lo) {
-    const int occ_lo = step_occupation(steps[lo]);
-    for (int raising = 0; raising < 2; ++raising) {
-      // raising: E_{lo,hi}, an electron moves down to lo; lowering: E_{hi,lo}, up from lo
-      if (raising ? occ_lo == 2 : occ_lo == 0) continue;
-      const int kstart = raising ? kRaiseStart : kLowerStart;
-      const int kmid = raising ? kRaiseMiddle : kLowerMiddle;
-      const int kend = raising ? kRaiseEnd : kLowerEnd;
-      int top = 0;
-      {
-        const int dk = steps[lo];
-        const int target = occ_lo + (raising ? 1 : -1);
-        const int ku = verts[lo + 1];
-        const int bk = d.b[ku];
-        for (int dp = 0; dp < 4; ++dp) {
-          if (step_occupation(dp) != target) continue;
-          const int u = d.up[4 * verts[lo] + dp];
-          if (u < 0) continue;
-          const int delta = bk - d.b[u];
-          if (delta != 1 && delta != -1) continue;
-          const double v = d.seg[segment_index(kstart, dp, dk, delta, bk, bmax)];
-          if (v == 0.0) continue;
-          stack[top++] = LoopFrame{lo, u, v, d.y[4 * u + dp] - d.y[4 * ku + dk]};
-        }
+  int top = 0;
+  {
+    const int dk = steps[lo];
+    const int target = occ_lo + (raising ? 1 : -1);
+    const int ku = verts[lo + 1];
+    const int bk = d.b[ku];
+    for (int dp = 0; dp < 4; ++dp) {
+      if (step_occupation(dp) != target) continue;
+      const int u = d.up[4 * verts[lo] + dp];
+      if (u < 0) continue;
+      const int delta = bk - d.b[u];
+      if (delta != 1 && delta != -1) continue;
+      const double v = d.seg[segment_index(kstart, dp, dk, delta, bk, bmax)];
+      if (v == 0.0) continue;
+      stack[top++] = LoopFrame{lo, u, v, d.y[4 * u + dp] - d.y[4 * ku + dk]};
+    }
+  }
+  while (top > 0) {
+    const LoopFrame f = stack[--top];
+    const int i = f.level + 1;
+    const int dk = steps[i];
+    const int occ = step_occupation(dk);
+    const int ku = verts[i + 1];
+    const int bk = d.b[ku];
+    // close the loop at i
+    if (raising ? occ > 0 : occ < 2) {
+      const int target = occ + (raising ? -1 : 1);
+      for (int dp = 0; dp < 4; ++dp) {
+        if (step_occupation(dp) != target) continue;
+        if (d.up[4 * f.vert + dp] != ku) continue;
+        const double v = d.seg[segment_index(kend, dp, dk, 1, bk, bmax)];
+        if (v == 0.0) continue;
+        const int p = raising ? lo : i, q = raising ? i : lo;
+        emit(rank + f.dy + d.y[4 * ku + dp] - d.y[4 * ku + dk], p * n + q, f.val * v);
       }
-      while (top > 0) {
-        const LoopFrame f = stack[--top];
-        const int i = f.level + 1;
-        const int dk = steps[i];
-        const int occ = step_occupation(dk);
-        const int ku = verts[i + 1];
-        const int bk = d.b[ku];
-        // close the loop at i
-        if (raising ? occ > 0 : occ < 2) {
-          const int target = occ + (raising ? -1 : 1);
-          for (int dp = 0; dp < 4; ++dp) {
-            if (step_occupation(dp) != target) continue;
-            if (d.up[4 * f.vert + dp] != ku) continue;
-            const double v = d.seg[segment_index(kend, dp, dk, 1, bk, bmax)];
-            if (v == 0.0) continue;
-            const int p = raising ? lo : i, q = raising ? i : lo;
-            emit(rank + f.dy + d.y[4 * ku + dp] - d.y[4 * ku + dk], p * n + q, f.val * v);
-          }
-        }
-        // or pass through i as a middle segment
-        if (i + 1 < n) {
-          for (int dp = 0; dp < 4; ++dp) {
-            if (step_occupation(dp) != occ) continue;
-            const int u = d.up[4 * f.vert + dp];
-            if (u < 0) continue;
-            const int delta = bk - d.b[u];
-            if (delta != 1 && delta != -1) continue;
-            const double v = d.seg[segment_index(kmid, dp, dk, delta, bk, bmax)];
-            if (v == 0.0) continue;
-            stack[top++] = LoopFrame{i, u, f.val * v, f.dy + d.y[4 * u + dp] - d.y[4 * ku + dk]};
-          }
-        }
+    }
+    // or pass through i as a middle segment
+    if (i + 1 < n) {
+      for (int dp = 0; dp < 4; ++dp) {
+        if (step_occupation(dp) != occ) continue;
+        const int u = d.up[4 * f.vert + dp];
+        if (u < 0) continue;
+        const int delta = bk - d.b[u];
+        if (delta != 1 && delta != -1) continue;
+        const double v = d.seg[segment_index(kmid, dp, dk, delta, bk, bmax)];
+        if (v == 0.0) continue;
+        stack[top++] = LoopFrame{i, u, f.val * v, f.dy + d.y[4 * u + dp] - d.y[4 * ku + dk]};
       }
     }
   }
+}
+
+// Every <m|E_pq|n> != 0 (p != q) of the ket n: the searches of every start orbital and
+// direction, lo ascending, lowering first.
+template <int MaxOrb, class Emit>
+CSK_HD void for_each_coupling(const DrtView& d, const int* steps, const int* verts,
+                              std::int64_t rank, Emit&& emit) {
+  for (int lo = 0; lo < d.norb - 1; ++lo)
+    for (int raising = 0; raising < 2; ++raising)
+      for_each_coupling_from<MaxOrb>(d, steps, verts, rank, lo, raising, emit);
+}
+
+// --- rows split over the searches of one CSF ----------------------------------------------------
+// A warp of the GPU shares one CSF: part j = 0 .. split_parts(norb) - 1 is the search from
+// lo = j / 2 in direction raising = j % 2. The parts' outputs never collide: with the pair map
+// (or the generator map) the columns of a part are its own within its direction, so a gather
+// keeps one row per direction (the diagonal goes to the lowering row) and adds the two at the end.
+CSK_HD int split_parts(int norb) { return 2 * (norb - 1); }
+
+// Part j of the gather of ket k into rows[j % 2] (rows[0] holds n_r c_k on the diagonal
+// columns beforehand, see gather_split_init).
+template <int MaxOrb>
+CSK_HD void gather_part(const DrtView& d, const int* steps, const int* verts, std::int64_t k, int j,
+                        const std::int32_t* colmap, const double* c, double* row) {
+  for_each_coupling_from<MaxOrb>(
+      d, steps, verts, k, j >> 1, j & 1,
+      [&](std::int64_t m, int code, double w) { row[colmap[code]] += w * c[m]; });
+}
+
+// Part j of sigma_row (without its diagonal term, sigma_diagonal_part).
+template <int MaxOrb>
+CSK_HD double sigma_part(const DrtView& d, const int* steps, const int* verts, std::int64_t m,
+                         int j, const std::int32_t* symmap, const double* G, int ldg,
+                         std::int64_t g0, std::int64_t gcount) {
+  double s = 0.0;
+  for_each_coupling_from<MaxOrb>(d, steps, verts, m, j >> 1, j & 1,
+                                 [&](std::int64_t k, int code, double w) {
+                                   const std::int64_t r = k - g0;
+                                   if (r >= 0 && r < gcount) s += w * G[r * ldg + symmap[code]];
+                                 });
+  return s;
+}
+
+// sum_r n_r(m) G[m, P(r,r)] when row m lies in the chunk g0 .. g0 + gcount - 1, else 0.
+CSK_HD double sigma_diagonal_part(const DrtView& d, const int* steps, std::int64_t m,
+                                  const std::int32_t* symmap, const double* G, int ldg,
+                                  std::int64_t g0, std::int64_t gcount) {
+  if (m < g0 || m >= g0 + gcount) return 0.0;
+  const int n = d.norb;
+  const double* g = G + (m - g0) * ldg;
+  double s = 0.0;
+  for (int r = 0; r < n; ++r) s += step_occupation(steps[r]) * g[symmap[r * n + r]];
+  return s;
+}
+
+// The steps of a split gather for the lanes `lane`, lane + stride, ... of a group (the host runs
+// them with lane 0, stride 1); the group synchronises between steps.
+// 1. both direction rows to zero;
+CSK_HD void split_zero(double* r0, double* r1, int ld, int lane, int stride) {
+  for (int j = lane; j < ld; j += stride) r0[j] = r1[j] = 0.0;
+}
+// 2. n_r c_k on the diagonal columns of the lowering row;
+CSK_HD void split_diagonal(int n, const int* steps, const std::int32_t* colmap, double ck,
+                           double* r0, int lane, int stride) {
+  for (int r = lane; r < n; r += stride) r0[colmap[r * n + r]] = step_occupation(steps[r]) * ck;
+}
+// 3. the parts (gather_part); 4. the row: the sum of the two, and c_k in column ncol < ld.
+CSK_HD void split_finish(const double* r0, const double* r1, int ld, int ncol, double ck,
+                         double* row, int lane, int stride) {
+  for (int j = lane; j < ld; j += stride) row[j] = j == ncol ? ck : r0[j] + r1[j];
+}
+
+// The fixed reduction tree of a warp's partial sums (a shuffle-down tree over 32 lanes), for the
+// host twin of the GPU sigma: v[0] after the tree.
+CSK_HD double warp_tree_sum(double* v) {
+  for (int o = 16; o > 0; o >>= 1)
+    for (int i = 0; i < o; ++i) v[i] += v[i + o];
+  return v[0];
 }
 
 // Row k of the gather T = E c (T has ld >= ncol columns): T[colmap[r * n + r]] = n_r(k) c_k,
