@@ -1,8 +1,8 @@
 """GUGA CI on the GPU against the CPU GUGA solver of the same machine.
 
 Singlet CASCI spaces from RHF orbitals: N2/cc-pVDZ at 1.098 A CAS(12,12) and (14,14) (every
-electron of N2 in the 14 lowest orbitals), and O2/cc-pVDZ at 1.2075 A CAS(16,16) (N2 has only
-14 electrons; the lowest singlet of O2's 16 electrons in its 16 lowest orbitals). For each
+electron of N2 in the 14 lowest orbitals), and F2/cc-pVDZ at 1.412 A CAS(16,16) (N2 has only
+14 electrons; F2's ground state is a non-degenerate singlet, its 1s core pair frozen). For each
 space: the median time of one sigma vector (H c, a random vector, after a warm-up), the time of
 a full solve (one root, conv_tol 1e-10, no guess, engine set-up included), the energy, and the
 peak GPU memory of the solve. The CPU GUGA solver runs on every core of the machine up to
@@ -32,7 +32,7 @@ from _common import machine, print_table
 SPACES = {
     12: ("N2", "N 0 0 0; N 0 0 1.098", 12),
     14: ("N2", "N 0 0 0; N 0 0 1.098", 14),
-    16: ("O2", "O 0 0 0; O 0 0 1.2075", 16),
+    16: ("F2", "F 0 0 0; F 0 0 1.412", 16),
 }
 ANCHOR = {14: (2.87, 43.0)}  # PySCF direct_spin1, 16 cores of the GPU machine: sigma s, solve s
 
@@ -113,7 +113,44 @@ def _gpu_phases(eng, c, Vh) -> dict:
     return t
 
 
-def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None):
+def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
+    """Print the phases of one GPU sigma for each tile size in `tune_rows` and both orders (one
+    CSF per thread, per warp), and make the fastest the GpuEngine defaults; without tile sizes,
+    print the phases of the defaults."""
+    import torch
+
+    from cuscikit.guga.gpu import GpuEngine
+
+    eng, _ = solver._hop(h1, eri, ncas, nelec)
+    c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
+    Vh = eng.operator(0.5 * np.eye(eng.npair))
+    best_g, best_s = (np.inf, None, None), (np.inf, None)
+    for rows in tune_rows or [eng.rows]:
+        eng.release()
+        eng._plan(0, rows)
+        for split in (False, True) if tune_rows else [None]:
+            if split is not None:
+                eng.split_gather = eng.split_sigma = split
+            ph = _gpu_phases(eng, c, Vh)
+            kind = "warp" if eng.split_gather else "thread"
+            text = ", ".join(f"{k} {v:.4f}" for k, v in ph.items())
+            print(f"{label} GPU phases, tile {eng.rows}, one CSF per {kind} (s): {text}")
+            if ph["gather"] + ph["gemm"] < best_g[0]:
+                best_g = (ph["gather"] + ph["gemm"], eng.split_gather, eng.rows)
+            if ph["sigma"] < best_s[0]:
+                best_s = (ph["sigma"], eng.split_sigma)
+    if tune_rows:  # the timings and the solve after this run with the fastest orders
+        GpuEngine.split_gather, GpuEngine.tile_rows = best_g[1:]
+        GpuEngine.split_sigma = best_s[1]
+    print(
+        f"{label}: split_gather, tile_rows, split_sigma = "
+        f"{GpuEngine.split_gather, GpuEngine.tile_rows, GpuEngine.split_sigma}",
+        flush=True,
+    )
+    eng.release()
+
+
+def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None, tune_rows=()):
     from cuscikit.guga import GUGASolver
 
     name, h1, eri, ecore, nelecas = _integrals(ncas, folder)
@@ -126,23 +163,15 @@ def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None)
     opts = dict(conv_tol=1e-10, device=device, threads=threads)
     if gpu:
         opts["gpu_memory"] = gpu_memory
+    if gpu:
+        _tune(GUGASolver(**opts), h1, eri, ncas, nelec, f"{name} CAS({nelecas},{ncas})", tune_rows)
     solver = GUGASolver(**opts)
     out["setup_s"], out["sigma_s"] = _sigma_time(solver, h1, eri, ncas, nelec, repeat, gpu)
+    del solver
     if gpu:
-        import torch
+        from cuscikit.guga.gpu import GpuEngine
 
-        eng, _ = solver._hop(h1, eri, ncas, nelec)
-        c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
-        Vh = eng.operator(0.5 * np.eye(eng.npair))
-        default = (eng.split_gather, eng.split_sigma)
-        for split in (True, False):
-            eng.split_gather = eng.split_sigma = split
-            ph = _gpu_phases(eng, c, Vh)
-            ph = ", ".join(f"{k} {v:.4f}" for k, v in ph.items())
-            kind = "warp" if split else "thread"
-            print(f"{name} CAS({nelecas},{ncas}) GPU phases, one CSF per {kind} (s): {ph}")
-        eng.split_gather, eng.split_sigma = default
-        del eng, solver
+        out["orders"] = (GpuEngine.split_gather, GpuEngine.tile_rows, GpuEngine.split_sigma)
     if not solve:
         return out
     if gpu:
@@ -186,6 +215,13 @@ def main() -> None:
     ap.add_argument("--cpu-max", type=float, default=3e6, help="CPU sigma up to this many CSFs")
     ap.add_argument("--cpu-solve-max", type=float, default=3e5, help="CPU solve up to this")
     ap.add_argument("--gpu-memory", type=float, default=None, help="GPU cap in MB")
+    ap.add_argument(
+        "--tune-rows",
+        type=int,
+        nargs="*",
+        default=[],
+        help="time the phases for these tile sizes, both orders, and solve with the fastest",
+    )
     args = ap.parse_args()
     if args.save:
         os.makedirs(args.save, exist_ok=True)
@@ -202,7 +238,13 @@ def main() -> None:
     for ncas in args.sizes:
         n_csf = DRT.weyl(ncas, SPACES[ncas][2], 0)
         g = run_case(
-            ncas, args.integrals, "cuda", args.threads, args.repeat, gpu_memory=args.gpu_memory
+            ncas,
+            args.integrals,
+            "cuda",
+            args.threads,
+            args.repeat,
+            gpu_memory=args.gpu_memory,
+            tune_rows=args.tune_rows,
         )
         c = None
         if n_csf <= args.cpu_max:

@@ -67,14 +67,23 @@ class GpuEngine:
             allocator is capped there too (`cuscikit.backends.MemoryBudget`).
         reserve: bytes kept for the caller's vectors (the Davidson subspace) when the work
             buffers are sized.
-        tile_rows: kets per gather / GEMM tile (the T buffer).
+        tile_rows: kets per gather / GEMM tile (the T buffer; None: the class default).
         kernels: the module of kernels (default ``cuscikit._cuda.guga``); the tests pass a host
             twin over ``cuscikit._core.guga_rows`` to run this orchestration on the CPU.
 
     Raises:
         CudaUnavailableError: no GPU, no PyTorch CUDA, or no compiled GUGA kernels.
         ValueError: the budget cannot hold one tile beside the reserve.
+
+    Attributes (class defaults, measured on an H200, docs/guga_gpu.md): ``split_gather`` and
+    ``split_sigma`` run the two gathers with one CSF per warp (its searches over the lanes)
+    instead of one per thread; ``tile_rows`` is the default tile. A thread per CSF needs tiles
+    large enough to fill the GPU (2^18 kets).
     """
+
+    split_gather: bool = False
+    split_sigma: bool = False
+    tile_rows: int = 1 << 18
 
     def __init__(
         self,
@@ -82,7 +91,7 @@ class GpuEngine:
         device="cuda",
         max_memory: int | None = None,
         reserve: int = 0,
-        tile_rows: int = 1 << 16,
+        tile_rows: int | None = None,
         kernels=None,
     ):
         self.kernels = _load_kernels() if kernels is None else kernels
@@ -117,10 +126,7 @@ class GpuEngine:
         self.core = self.kernels.Drt(n, int(drt.head), *self._tables, self.ncsf)
         self._symmap = dev_i32(self.symmap)
         self._genmap = dev_i32(generator_map(n))
-        self._plan(int(reserve), int(tile_rows))
-        # one CSF per warp (its searches over the lanes) or per thread, for each gather kind
-        self.split_gather = True
-        self.split_sigma = True
+        self._plan(int(reserve), int(tile_rows or self.tile_rows))
         self._T = self._G = None
         self._steps = None
 

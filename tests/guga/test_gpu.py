@@ -143,12 +143,13 @@ class _HostKernels:
         )
 
 
-@pytest.mark.parametrize("space", [(8, 7, 1), (9, 11, 3)])
-def test_engine_tiles_and_chunks_on_host_twin(space):
+@pytest.mark.parametrize("space,split", [((8, 7, 1), False), ((9, 11, 3), True)])
+def test_engine_tiles_and_chunks_on_host_twin(space, split):
     """Tiles of T and chunks of G (several sigma passes) give the CPU engine's sigma."""
     drt = DRT(*space)
     n = drt.norb
     gpu = GpuEngine(drt, "cpu", tile_rows=97, kernels=_HostKernels())
+    gpu.split_gather = gpu.split_sigma = split
     gpu.g_rows = 3 * 97 + 5  # force several chunks of G, the last one short
     V, h = _operator(n, 5)
     c = np.random.default_rng(6).standard_normal(drt.n_csf)
@@ -199,18 +200,18 @@ def test_gpu_sigma_matches_cpu(space):
     gpu = GpuEngine(drt, "cuda", tile_rows=1000)
     chunked = GpuEngine(drt, "cuda", tile_rows=333)
     chunked.g_rows = 1000  # several passes over chunks of G
-    threads = GpuEngine(drt, "cuda", tile_rows=1000)  # one CSF per thread instead of per warp
-    threads.split_gather = threads.split_sigma = False
+    warps = GpuEngine(drt, "cuda", tile_rows=1000)  # one CSF per warp instead of per thread
+    warps.split_gather = warps.split_sigma = True
     for seed in (12, 13):
         c = np.random.default_rng(seed).standard_normal(drt.n_csf)
         ref = eng.contract(c, V, h)
         assert _rel(gpu.contract(c, V, h), ref) < 1e-12
         assert _rel(chunked.contract(c, V, h), ref) < 1e-12
-        assert _rel(threads.contract(c, V, h), ref) < 1e-12
+        assert _rel(warps.contract(c, V, h), ref) < 1e-12
     h1, g4, _ = _integrals(n, 14)
     assert np.abs(gpu.diagonal(h1, g4) - eng.diagonal(h1, g4)).max() < 1e-12
     d1r, Mr = eng.generator_products(c, c)
-    for e in (gpu, threads):
+    for e in (gpu, warps):
         d1, M = e.generator_products(c, c)
         assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
     b = np.random.default_rng(20).standard_normal(drt.n_csf)  # a transition pair
