@@ -243,12 +243,17 @@ class GUGASolver(Solver):
         if self._on_gpu():
             Vh = eng.operator(V, h)
 
-            def matvec_gpu(X):
-                if not eng.torch.is_tensor(X):  # host in, host out
-                    return matvec_gpu(eng._dev(np.asarray(X))).cpu().numpy()
+            def on_device(X):
                 if X.ndim == 1:
                     return eng.sigma(X, Vh)
                 return eng.torch.stack([eng.sigma(X[:, k], Vh) for k in range(X.shape[1])], 1)
+
+            # not recursive: a closure that refers to itself is a reference cycle, which would
+            # keep the engine's device buffers alive until the garbage collector runs
+            def matvec_gpu(X):
+                if not eng.torch.is_tensor(X):  # host in, host out
+                    return on_device(eng._dev(np.asarray(X))).cpu().numpy()
+                return on_device(X)
 
             matvec_gpu.g4 = g4
             return eng, matvec_gpu
