@@ -78,12 +78,13 @@ class GpuEngine:
     Attributes (class defaults, measured on an H200, docs/guga_gpu.md): ``split_gather`` and
     ``split_sigma`` run the two gathers with one CSF per warp (its searches over the lanes)
     instead of one per thread; ``tile_rows`` is the default tile. A thread per CSF needs tiles
-    large enough to fill the GPU (2^18 kets).
+    large enough to fill the GPU: on the H200 the gather of CAS(14,14) took 0.106 s with tiles of
+    2^16 kets, 0.075 s with 2^18 and 0.065 s with 2^20.
     """
 
     split_gather: bool = False
     split_sigma: bool = False
-    tile_rows: int = 1 << 18
+    tile_rows: int = 1 << 20
 
     def __init__(
         self,
