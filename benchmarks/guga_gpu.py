@@ -17,6 +17,10 @@ files (``--integrals DIR``), so that a machine without PySCF can run the benchma
 
     python benchmarks/guga_gpu.py --save out/guga-integrals          # where PySCF is
     python benchmarks/guga_gpu.py --integrals out/guga-integrals     # on the GPU machine
+
+Before the timings, the phases of one GPU sigma (gather of E c, GEMM, gather of sigma) are
+printed; with ``--tune-rows 65536 262144 ...`` for each tile size and both orders (one CSF per
+thread or per warp), and the timings and the solve then use the fastest (printed).
 """
 
 from __future__ import annotations
