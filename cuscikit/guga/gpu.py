@@ -246,6 +246,7 @@ class GpuEngine:
         )
         b = self._dev(bra).reshape(-1)
         kt = b if same else self._dev(ket).reshape(-1)
+        self.release()  # G's memory goes to the two tiles below (sigma makes it again)
         rows = max(1, min(self.rows, (self.rows * (2 * self.npair + 1)) // (2 * nn)))
         tk_all = torch.empty((rows, nn), dtype=torch.float64, device=self.device)
         tb_all = tk_all if same else torch.empty_like(tk_all)
