@@ -1,6 +1,7 @@
 """`cuscikit guga`: exact CI in spin-adapted CSFs (GUGA) of a system, or the sizes of a DRT.
 
 cuscikit guga N2 --spin 0 --nroots 2 --json
+cuscikit guga N2 --device cuda
 cuscikit guga --drt 12 12 0
 """
 
@@ -34,6 +35,17 @@ def register(sub) -> None:
     s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
     s.add_argument("--threads", type=non_negative_int, default=0, help="OpenMP threads (0: all)")
     s.add_argument("--max-csf", type=finite_float, default=5e7, help="refuse larger CSF spaces")
+    s.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (the reference) or a CUDA device (cuda, cuda:1): sigma and Davidson on the GPU",
+    )
+    s.add_argument(
+        "--gpu-memory",
+        type=finite_float,
+        default=None,
+        help="MB the solve may hold on the GPU (default: what is free)",
+    )
     s.add_argument(
         "--drt",
         nargs=3,
@@ -75,8 +87,24 @@ def run(args) -> int:
         raise UsageError(f"{mol.name}: {drt.n_csf:.3e} CSFs, above --max-csf {args.max_csf:.0e}")
     if args.nroots > drt.n_csf:
         raise UsageError(f"--nroots {args.nroots} exceeds the {drt.n_csf} CSFs")
+    if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device must be cpu or a CUDA device (cuda, cuda:0), got {args.device}")
+    if args.device != "cpu":
+        from cuscikit.backends.loader import CudaUnavailableError, cuda
+
+        try:
+            cuda()
+        except CudaUnavailableError as exc:
+            raise UsageError(f"--device {args.device}: {exc}") from None
     t0 = time.perf_counter()
-    solver = GUGASolver(spin=twos, nroots=args.nroots, threads=args.threads, conv_tol=1e-11)
+    solver = GUGASolver(
+        spin=twos,
+        nroots=args.nroots,
+        threads=args.threads,
+        conv_tol=1e-11,
+        device=args.device,
+        gpu_memory=args.gpu_memory,
+    )
     e, _ = solver.kernel(mol.h1e, mol.eri, mol.norb, (na, nb), ecore=mol.e_core)
     energies = [float(e)] if args.nroots == 1 else [float(v) for v in e]
     wall = time.perf_counter() - t0
@@ -90,6 +118,7 @@ def run(args) -> int:
         "converged": bool(all(solver.converged) if args.nroots > 1 else solver.converged),
         "wall_s": wall,
         "solver": "cuscikit.guga.GUGASolver",
+        "device": args.device,
     }
     lines = [f"{mol.name}: {drt.n_csf} CSFs (2S = {twos}), norb={mol.norb}, nelec={(na, nb)}"]
     lines += [f"  root {k}: E = {v:.12f} Ha" for k, v in enumerate(energies)]

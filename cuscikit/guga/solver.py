@@ -47,6 +47,20 @@ def _pack(h: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(h[i, j])
 
 
+def _device_guess(hdiag, n: int, nroots: int):
+    """Unit vectors on the lowest diagonals plus seeded noise, built on hdiag's device (as the
+    host guess, with the device's generator for the noise)."""
+    import torch
+
+    k0 = min(n, max(nroots + 2, 2 * nroots))
+    order = torch.argsort(hdiag, stable=True)[:k0]
+    guess = torch.zeros((n, k0), dtype=torch.float64, device=hdiag.device)
+    guess[order, torch.arange(k0, device=hdiag.device)] = 1.0
+    gen = torch.Generator(device=hdiag.device).manual_seed(1)
+    noise = torch.randn((n, k0), generator=gen, dtype=torch.float64, device=hdiag.device)
+    return guess.add_(noise, alpha=1e-5)
+
+
 class GUGASolver(Solver):
     """Exact CI in the CSFs of one spin, a PySCF fcisolver.
 
@@ -62,6 +76,11 @@ class GUGASolver(Solver):
         max_memory: MB the vectors and caches may take (None: 80 % of the host's available
             memory); a space that does not fit is refused before any work.
         threads: OpenMP threads of the kernels (0: the runtime's default).
+        device: "cpu" (the reference) or a CUDA device ("cuda", "cuda:1"): sigma, diagonal,
+            Davidson vectors and density matrices on the GPU (`cuscikit.guga.gpu`); a clear
+            CudaUnavailableError where no GPU or no compiled kernels are present.
+        gpu_memory: MB the solve may hold on the GPU (None: what is free); under a tighter
+            cap the sigma works in more passes instead of failing.
 
     Results: ``e_tot``, ``ci``, ``converged``, ``eci`` (after `kernel`).
     """
@@ -81,6 +100,7 @@ class GUGASolver(Solver):
     max_memory: float | None = None
     threads: int = 0
     device: str = "cpu"
+    gpu_memory: float | None = None
     _keys = {"e_tot", "ci", "converged", "eci", "mol", "stdout", "norb", "nelec"}
 
     def __init__(self, mol=None, spin: int | None = None, **options):
@@ -117,15 +137,33 @@ class GUGASolver(Solver):
             raise ValueError(f"spin 2S = {twos} cannot hold n_alpha - n_beta = {na - nb}")
         return (na, nb), twos
 
-    def _engine(self, norb: int, nelec) -> Engine:
+    def _on_gpu(self) -> bool:
+        dev = str(self.device)
+        if dev == "cpu":
+            return False
+        if dev == "cuda" or dev.startswith("cuda:"):
+            return True
+        raise ValueError(f"device must be 'cpu' or a CUDA device ('cuda', 'cuda:0'), got {dev!r}")
+
+    def _engine(self, norb: int, nelec):
         norb = int(norb)
         (na, nb), twos = self._twos(nelec)
         if norb > MAX_NORB:
             raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
-        key = (norb, na + nb, twos, int(self.threads or 0))
+        gpu = self._on_gpu()
+        key = (norb, na + nb, twos, int(self.threads or 0), str(self.device), self.gpu_memory)
         if key not in self._engines:
             drt = DRT(norb, na + nb, twos)
             n = drt.n_csf
+            if gpu:
+                from cuscikit.guga.gpu import GpuEngine
+
+                cap = None if self.gpu_memory is None else int(float(self.gpu_memory) * 1e6)
+                # the Davidson space (max_space + a few) stays on the device beside the buffers
+                reserve = 8 * n * (2 * (self.max_space + 4 * self.nroots) + 8)
+                self._engines = {}  # the old engine's device buffers go first
+                self._engines = {key: GpuEngine(drt, self.device, cap, reserve)}
+                return self._engines[key]
             if n >= 2**31:
                 raise ValueError(f"{n} CSFs: beyond the 2^31 - 1 supported on the CPU")
             # Davidson space (max_space + a few) and the step vectors, per CSF
@@ -202,6 +240,23 @@ class GUGASolver(Solver):
         _, g4, hp = self._operator(h1e, eri, norb)  # validates before any table is built
         eng = self._engine(norb, nelec)
         V, h = 0.5 * g4, _pack(hp)
+        if self._on_gpu():
+            Vh = eng.operator(V, h)
+
+            def on_device(X):
+                if X.ndim == 1:
+                    return eng.sigma(X, Vh)
+                return eng.torch.stack([eng.sigma(X[:, k], Vh) for k in range(X.shape[1])], 1)
+
+            # not recursive: a closure that refers to itself is a reference cycle, which would
+            # keep the engine's device buffers alive until the garbage collector runs
+            def matvec_gpu(X):
+                if not eng.torch.is_tensor(X):  # host in, host out
+                    return on_device(eng._dev(np.asarray(X))).cpu().numpy()
+                return on_device(X)
+
+            matvec_gpu.g4 = g4
+            return eng, matvec_gpu
 
         def matvec(X):
             X = np.asarray(X, dtype=np.float64)
@@ -281,7 +336,9 @@ class GUGASolver(Solver):
         n = eng.ncsf
         if not 1 <= nroots <= n:
             raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
-        hdiag = eng.diagonal(np.asarray(h1e, dtype=np.float64), matvec.g4)
+        gpu = self._on_gpu()
+        h1 = np.asarray(h1e, dtype=np.float64)
+        hdiag = eng.diagonal_device(h1, matvec.g4) if gpu else eng.diagonal(h1, matvec.g4)
         guess = self._guess(ci0, n, nroots)
         if n <= max(pspace_size, nroots) and guess is None and not davidson_only:
             H = matvec(np.eye(n))
@@ -291,7 +348,9 @@ class GUGASolver(Solver):
             from cuscikit.linalg.davidson import davidson
 
             resid = self.conv_tol_residual or math.sqrt(tol)
-            if guess is None:
+            if guess is None and gpu:
+                guess = _device_guess(hdiag, n, nroots)
+            elif guess is None:
                 k0 = min(n, max(nroots + 2, 2 * nroots))
                 order = np.argsort(hdiag, kind="stable")[:k0]
                 guess = np.zeros((n, k0))
@@ -308,6 +367,8 @@ class GUGASolver(Solver):
                 guess=guess,
             )
             e, vecs = res.energies, res.vectors
+            if gpu:
+                vecs = vecs.cpu().numpy()
             conv = [bool(res.converged)] * nroots
             if not res.converged:
                 log.warn("GUGASolver: Davidson not converged after %d cycles", res.iterations)

@@ -1,4 +1,9 @@
-"""Block Davidson eigensolver for the lowest roots of a real symmetric operator."""
+"""Block Davidson eigensolver for the lowest roots of a real symmetric operator.
+
+Written once for numpy arrays and torch tensors: the subspace and its image stay where `diag`
+lives (host memory, or a GPU), and only the small projected problem (size of the subspace)
+travels to the host for its eigendecomposition.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,87 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+
+class _NumpyOps:
+    """The array operations of the algorithm on numpy arrays."""
+
+    def empty(self, n: int, m: int):
+        return np.empty((n, m))
+
+    def asarray(self, a, n: int):
+        return np.asarray(a, dtype=float).reshape(n, -1)
+
+    def zeros_guess(self, n: int, k: int):
+        return np.zeros((n, k))
+
+    def noise(self, n: int, k: int):
+        return np.random.default_rng(12345).standard_normal((n, k))
+
+    def argsort(self, a, k: int):
+        return np.argsort(a, kind="stable")[:k]
+
+    def qr(self, a):
+        return np.linalg.qr(a)
+
+    def colnorms(self, a) -> np.ndarray:
+        return np.linalg.norm(a, axis=0)
+
+    def host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def dev(self, a: np.ndarray):
+        return a
+
+    def clamp_away(self, a, eps: float):
+        return np.where(np.abs(a) < eps, eps, a)
+
+
+class _TorchOps(_NumpyOps):
+    """The same operations on torch tensors (any device, float64)."""
+
+    def __init__(self, like):
+        import torch
+
+        self.torch = torch
+        self.device = like.device
+
+    def empty(self, n, m):
+        return self.torch.empty((n, m), dtype=self.torch.float64, device=self.device)
+
+    def asarray(self, a, n):
+        return self.torch.as_tensor(a, dtype=self.torch.float64, device=self.device).reshape(n, -1)
+
+    def zeros_guess(self, n, k):
+        return self.torch.zeros((n, k), dtype=self.torch.float64, device=self.device)
+
+    def noise(self, n, k):
+        gen = self.torch.Generator(device=self.device).manual_seed(12345)
+        return self.torch.randn((n, k), generator=gen, dtype=self.torch.float64, device=self.device)
+
+    def argsort(self, a, k):
+        return self.torch.argsort(a, stable=True)[:k]
+
+    def qr(self, a):
+        return self.torch.linalg.qr(a)
+
+    def colnorms(self, a):
+        return self.torch.linalg.vector_norm(a, dim=0).cpu().numpy()
+
+    def host(self, a):
+        return a.cpu().numpy() if self.torch.is_tensor(a) else np.asarray(a)
+
+    def dev(self, a):
+        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+
+    def clamp_away(self, a, eps):
+        return self.torch.where(self.torch.abs(a) < eps, eps, a)
+
+
+def _ops_for(diag):
+    from cuscikit.backends.keys import is_tensor
+
+    return _TorchOps(diag) if is_tensor(diag) else _NumpyOps()
 
 
 @dataclass
@@ -33,7 +119,9 @@ def davidson(
 
     Args:
         matvec: maps a block (n, k) to H @ block.
-        diag: the diagonal of H (for the preconditioner and the initial guesses).
+        diag: the diagonal of H (for the preconditioner and the initial guesses): a numpy
+            array, or a float64 torch tensor to keep every vector on its device (then `matvec`
+            maps tensors to tensors, `guess` may be either, and `vectors` is a tensor).
         nroots: number of lowest roots wanted.
         tol: convergence on the change of every wanted eigenvalue between iterations.
         residual_tol: convergence on the residual norm of every wanted root.
@@ -50,25 +138,26 @@ def davidson(
         >>> np.allclose(r.energies, np.linalg.eigvalsh(a)[:2])
         True
     """
+    ops = _ops_for(diag)
     n = len(diag)
     nroots = min(nroots, n)
     max_space = max_space or max(8 * nroots, 40)
     max_space = min(max_space, n)
     if guess is None:
         k0 = min(n, max(2 * nroots, nroots + 2))
-        order = np.argsort(diag, kind="stable")[:k0]
-        G = np.zeros((n, k0))
-        G[order, np.arange(k0)] = 1.0
+        order = ops.argsort(diag, k0)
+        G = ops.zeros_guess(n, k0)
+        G[order, ops.dev(np.arange(k0))] = 1.0
         # A little seeded noise in every guess: with symmetry-adapted orbitals H is block
         # diagonal, and unit vectors alone would never reach a ground state whose symmetry
         # block holds none of the lowest diagonals (C2/STO-3G is such a case).
-        G += 1e-2 / np.sqrt(n) * np.random.default_rng(12345).standard_normal((n, k0))
+        G += 1e-2 / np.sqrt(n) * ops.noise(n, k0)
     else:
-        G = np.asarray(guess, dtype=float).reshape(n, -1)
-    G, _ = np.linalg.qr(G)
+        G = ops.asarray(guess, n)
+    G, _ = ops.qr(G)
     # Subspace and its image live in preallocated blocks: no copies as the space grows.
-    V = np.empty((n, max_space + G.shape[1]))
-    AV = np.empty_like(V)
+    V = ops.empty(n, max_space + G.shape[1])
+    AV = ops.empty(n, max_space + G.shape[1])
     m = G.shape[1]
     V[:, :m] = G
     AV[:, :m] = matvec(G)
@@ -77,13 +166,14 @@ def davidson(
     theta_w = e_old
     X = V[:, :nroots]
     for it in range(1, max_iter + 1):
-        Hs = V[:, :m].T @ AV[:, :m]
+        Hs = ops.host(V[:, :m].T @ AV[:, :m])
         Hs = 0.5 * (Hs + Hs.T)
         theta, s = np.linalg.eigh(Hs)
-        theta_w, s_w = theta[:nroots], s[:, :nroots]
+        theta_w = theta[:nroots]
+        s_w = ops.dev(s[:, :nroots])
         X = V[:, :m] @ s_w
-        R = AV[:, :m] @ s_w - X * theta_w
-        res_norms = np.linalg.norm(R, axis=0)
+        R = AV[:, :m] @ s_w - X * ops.dev(theta_w)
+        res_norms = ops.colnorms(R)
         if callback is not None:
             callback(it, theta_w, res_norms)
         converged = np.all(np.abs(theta_w - e_old) < tol) and np.all(res_norms < residual_tol)
@@ -94,20 +184,20 @@ def davidson(
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
-        denom = diag[:, None] - theta_w[todo][None, :]
-        denom = np.where(np.abs(denom) < 1e-8, 1e-8, denom)
-        T = R[:, todo] / denom
+        denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
+        T = R[:, ops.dev(todo)] / denom
         if m + T.shape[1] > max_space:
             # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
             # its image follows by linearity: no extra matvec.
             keep = max(nroots, min(2 * nroots, m))
-            Q, AQ = V[:, :m] @ s[:, :keep], AV[:, :m] @ s[:, :keep]
+            s_k = ops.dev(np.ascontiguousarray(s[:, :keep]))
+            Q, AQ = V[:, :m] @ s_k, AV[:, :m] @ s_k
             m = keep
             V[:, :m], AV[:, :m] = Q, AQ
         for _ in range(2):  # orthogonalise twice (Kahan)
             T -= V[:, :m] @ (V[:, :m].T @ T)
-        Q, rr = np.linalg.qr(T)
-        Q = Q[:, np.abs(np.diag(rr)) > 1e-10]
+        Q, rr = ops.qr(T)
+        Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
         if Q.shape[1] == 0:
             return DavidsonResult(theta_w, X, bool(np.all(res_norms < 1e-4)), it, res_norms)
         k = Q.shape[1]

@@ -5,4 +5,5 @@
 
 void bind_sci(nanobind::module_& m);
 void bind_guga(nanobind::module_& m);
+void bind_guga_rows(nanobind::module_& m);
 void bind_ising(nanobind::module_& m);

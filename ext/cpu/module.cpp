@@ -8,6 +8,9 @@ NB_MODULE(_core, m) {
 #ifdef CSK_SYSTEM_GUGA
   nanobind::module_ guga = m.def_submodule("guga", "GUGA CI kernels");
   bind_guga(guga);
+  // the CUDA kernels' per-CSF rows over a host loop (ext/cpu/guga/rows_twin.cpp)
+  nanobind::module_ rows = m.def_submodule("guga_rows", "GUGA device rows on the host");
+  bind_guga_rows(rows);
 #endif
 #ifdef CSK_SYSTEM_ISING
   nanobind::module_ ising = m.def_submodule("ising", "dSB Ising kernels");

@@ -22,7 +22,8 @@ NB_MODULE(_cuda, m) {
   m.def("build_arch", &csk::gpu::build_arch);
   bind_sci(m);
 #ifdef CSK_SYSTEM_GUGA
-  bind_guga(m.def_submodule("guga", "GUGA CI kernels"));
+  nanobind::module_ guga = m.def_submodule("guga", "GUGA CI kernels");
+  bind_guga(guga);
 #endif
 #ifdef CSK_SYSTEM_ISING
   nanobind::module_ ising = m.def_submodule("ising", "dSB Ising kernels");

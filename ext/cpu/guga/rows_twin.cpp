@@ -1,0 +1,177 @@
+// `cuscikit._core.guga_rows`: the per-CSF row functions of the CUDA GUGA kernels
+// (cuscikit/guga_loops.hpp) run over a plain host loop. The GPU sigma, diagonal and density
+// kernels are these same functions, one CSF per thread; tests compare them with the CPU engine
+// on machines without a GPU.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuscikit/guga_loops.hpp"
+#include "cuscikit/numpy_out.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using csk::HostVector;
+using csk::need;
+using csk::to_numpy;
+using csk::guga::DrtView;
+
+// The DRT's arrays and segment table, owned; `view` points into them.
+struct RowsDrt {
+  std::vector<std::int32_t> up, down, b;
+  std::vector<std::int64_t> y;
+  std::vector<double> seg;
+  DrtView view;
+};
+
+constexpr int kMaxOrb = 64;
+
+// The GPU's warp-split gather of ket k (one group of lanes, run here in lane order).
+void gather_split(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol, int ld,
+                  const double* c, double* row, std::vector<double>& scratch) {
+  scratch.assign(2 * static_cast<size_t>(ld), 0.0);
+  double* r0 = scratch.data();
+  double* r1 = r0 + ld;
+  int steps[kMaxOrb], verts[kMaxOrb + 1];
+  csk::guga::unrank_csf(d, k, steps, verts);
+  csk::guga::split_zero(r0, r1, ld, 0, 1);
+  csk::guga::split_diagonal(d.norb, steps, colmap, c[k], r0, 0, 1);
+  for (int j = 0; j < csk::guga::split_parts(d.norb); ++j)
+    csk::guga::gather_part<kMaxOrb>(d, steps, verts, k, j, colmap, c, (j & 1) ? r1 : r0);
+  csk::guga::split_finish(r0, r1, ld, ld > ncol ? ncol : -1, c[k], row, 0, 1);
+}
+
+// The GPU's warp-split sigma of CSF m: lane l sums parts l, l + 32, ... (lane 0 the diagonal
+// term first), then the warp's reduction tree.
+double sigma_split(const DrtView& d, std::int64_t m, const std::int32_t* symmap, const double* G,
+                   int ldg, std::int64_t g0, std::int64_t gcount) {
+  int steps[kMaxOrb], verts[kMaxOrb + 1];
+  csk::guga::unrank_csf(d, m, steps, verts);
+  double lanes[32] = {0.0};
+  lanes[0] = csk::guga::sigma_diagonal_part(d, steps, m, symmap, G, ldg, g0, gcount);
+  for (int j = 0; j < csk::guga::split_parts(d.norb); ++j)
+    lanes[j % 32] +=
+        csk::guga::sigma_part<kMaxOrb>(d, steps, verts, m, j, symmap, G, ldg, g0, gcount);
+  return csk::guga::warp_tree_sum(lanes);
+}
+
+void check_range(const RowsDrt& d, std::int64_t k0, std::int64_t count) {
+  if (k0 < 0 || count < 0 || k0 + count > d.view.ncsf)
+    throw std::invalid_argument("CSF range outside 0.." + std::to_string(d.view.ncsf));
+}
+
+}  // namespace
+
+void bind_guga_rows(nb::module_& m) {
+  nb::class_<RowsDrt>(m, "Drt")
+      .def(
+          "__init__",
+          [](RowsDrt* self, int norb, int head, HostVector<std::int32_t> up,
+             HostVector<std::int32_t> down, HostVector<std::int32_t> b, HostVector<std::int64_t> y,
+             std::int64_t ncsf) {
+            if (norb < 1 || norb > kMaxOrb) throw std::invalid_argument("norb must be in 1..64");
+            const size_t nv = b.size();
+            need(up.size(), 4 * nv, "up");
+            need(down.size(), 4 * nv, "down");
+            need(y.size(), 4 * nv, "y");
+            if (head < 0 || static_cast<size_t>(head) >= nv)
+              throw std::invalid_argument("head outside the vertices");
+            RowsDrt* d = new (self) RowsDrt();
+            d->up.assign(up.data(), up.data() + up.size());
+            d->down.assign(down.data(), down.data() + down.size());
+            d->b.assign(b.data(), b.data() + b.size());
+            d->y.assign(y.data(), y.data() + y.size());
+            const int bmax = norb + 3;
+            d->seg.assign(csk::guga::segment_table_size(bmax), 0.0);
+            csk::guga::fill_segment_table(d->seg.data(), bmax);
+            d->view = DrtView{norb,        head,        bmax,          d->up.data(), d->down.data(),
+                              d->b.data(), d->y.data(), d->seg.data(), ncsf};
+          },
+          "norb"_a, "head"_a, "up"_a, "down"_a, "b"_a, "y"_a, "ncsf"_a)
+      .def_prop_ro("ncsf", [](const RowsDrt& d) { return d.view.ncsf; });
+
+  m.def(
+      "gather",
+      [](const RowsDrt& d, std::int64_t k0, std::int64_t count, HostVector<std::int32_t> colmap,
+         int ncol, int ld, HostVector<double> c, bool split) {
+        check_range(d, k0, count);
+        const int n = d.view.norb;
+        need(colmap.size(), static_cast<size_t>(n) * n, "colmap");
+        need(c.size(), static_cast<size_t>(d.view.ncsf), "c");
+        if (ld < ncol) throw std::invalid_argument("ld must be >= ncol");
+        for (size_t i = 0; i < colmap.size(); ++i)
+          if (colmap.data()[i] < 0 || colmap.data()[i] >= ncol)
+            throw std::invalid_argument("colmap entries must lie in 0..ncol - 1");
+        std::vector<double> T(static_cast<size_t>(count) * ld);
+        {
+          nb::gil_scoped_release rel;
+          std::vector<double> scratch;
+          for (std::int64_t k = 0; k < count; ++k) {
+            if (split)
+              gather_split(d.view, k0 + k, colmap.data(), ncol, ld, c.data(), T.data() + k * ld,
+                           scratch);
+            else
+              csk::guga::gather_row<kMaxOrb>(d.view, k0 + k, colmap.data(), ncol, ld, c.data(),
+                                             T.data() + k * ld);
+          }
+        }
+        return to_numpy(std::move(T), {static_cast<size_t>(count), static_cast<size_t>(ld)});
+      },
+      "drt"_a, "k0"_a, "count"_a, "colmap"_a, "ncol"_a, "ld"_a, "c"_a, "split"_a = false,
+      "T (count, ld): row k is gather_row of CSF k0 + k (split: as the GPU's warps run it).");
+
+  m.def(
+      "sigma",
+      [](const RowsDrt& d, std::int64_t m0, std::int64_t count, HostVector<std::int32_t> symmap,
+         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> G, std::int64_t g0,
+         bool split) {
+        check_range(d, m0, count);
+        const int n = d.view.norb;
+        need(symmap.size(), static_cast<size_t>(n) * n, "symmap");
+        const std::int64_t gcount = static_cast<std::int64_t>(G.shape(0));
+        check_range(d, g0, gcount);
+        const int ldg = static_cast<int>(G.shape(1));
+        for (size_t i = 0; i < symmap.size(); ++i)
+          if (symmap.data()[i] < 0 || symmap.data()[i] >= ldg)
+            throw std::invalid_argument("symmap entries must lie in 0..G.shape[1] - 1");
+        std::vector<double> out(static_cast<size_t>(count));
+        {
+          nb::gil_scoped_release rel;
+          for (std::int64_t k = 0; k < count; ++k)
+            out[k] = split ? sigma_split(d.view, m0 + k, symmap.data(), G.data(), ldg, g0, gcount)
+                           : csk::guga::sigma_row<kMaxOrb>(d.view, m0 + k, symmap.data(), G.data(),
+                                                           ldg, g0, gcount);
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(count)});
+      },
+      "drt"_a, "m0"_a, "count"_a, "symmap"_a, "G"_a, "g0"_a, "split"_a = false,
+      "sigma_row of CSFs m0 .. m0 + count - 1 over the rows g0 .. g0 + len(G) - 1 of G.");
+
+  m.def(
+      "diagonal",
+      [](const RowsDrt& d, std::int64_t k0, std::int64_t count, HostVector<double> hp,
+         HostVector<double> J, HostVector<double> K) {
+        check_range(d, k0, count);
+        const size_t n = d.view.norb;
+        need(hp.size(), n, "hp");
+        need(J.size(), n * n, "J");
+        need(K.size(), n * n, "K");
+        std::vector<double> out(static_cast<size_t>(count));
+        {
+          nb::gil_scoped_release rel;
+          for (std::int64_t k = 0; k < count; ++k)
+            out[k] =
+                csk::guga::diagonal_row<kMaxOrb>(d.view, k0 + k, hp.data(), J.data(), K.data());
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(count)});
+      },
+      "drt"_a, "k0"_a, "count"_a, "hp"_a, "J"_a, "K"_a,
+      "diagonal_row of CSFs k0 .. k0 + count - 1.");
+}

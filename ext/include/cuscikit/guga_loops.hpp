@@ -1,0 +1,269 @@
+// GUGA loop search and the per-CSF rows of the operator-direct sigma, written once for the host
+// and the device. The CUDA kernels (ext/cuda/guga) run one CSF per thread through these
+// functions; the CPU extension exposes the same functions over a plain loop (`_core.guga_rows`)
+// so that the device logic is tested on any machine.
+//
+// Every <m|E_pq|n> != 0 (p != q) of one ket n is found by a depth-first search through the DRT:
+// a loop starts at orbital lo (raising E_{lo,hi} or lowering E_{hi,lo}), passes the orbitals
+// above it as middle segments and closes at every orbital where the end segment lands back on
+// the ket's walk. The bra's index follows from the arc weights: rank(m) = rank(n) + sum of
+// (y[bra arc] - y[ket arc]) over the arcs of the loop. Segment values come from
+// guga_segments.hpp's table (Shavitt's tables, see there).
+//
+// Each row function owns its output (a row of T, or one sigma / diagonal entry) and sums in the
+// order of the search: no atomics, so GPU results are the same bit for bit from run to run.
+#pragma once
+#include "guga_segments.hpp"
+#include "hd.hpp"
+
+namespace csk {
+namespace guga {
+
+// A DRT as flat arrays numbered from the head (host or device pointers).
+struct DrtView {
+  int norb = 0;
+  int head = 0;
+  int bmax = 0;                        // segment table rows: b = 0 .. bmax - 1
+  const std::int32_t* up = nullptr;    // (nvert, 4): upper vertex along step d, -1 if none
+  const std::int32_t* down = nullptr;  // (nvert, 4): lower vertex along step d, -1 if none
+  const std::int32_t* b = nullptr;     // (nvert): 2S of the vertex
+  const std::int64_t* y = nullptr;     // (nvert, 4): arc weights
+  const double* seg = nullptr;         // fill_segment_table(seg, bmax)
+  std::int64_t ncsf = 0;
+};
+
+// Steps (orbital 0 first) and vertices (level 0..norb) of the CSF of index r.
+CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, int* steps, int* verts) {
+  int v = d.head;
+  verts[d.norb] = v;
+  for (int k = d.norb - 1; k >= 0; --k) {
+    int chosen = 0;
+    for (int s = 3; s >= 0; --s) {
+      if (d.down[4 * v + s] < 0) continue;
+      if (r >= d.y[4 * v + s]) {
+        chosen = s;
+        break;
+      }
+    }
+    r -= d.y[4 * v + chosen];
+    steps[k] = chosen;
+    v = d.down[4 * v + chosen];
+    verts[k] = v;
+  }
+}
+
+struct LoopFrame {
+  int level;  // the last orbital whose bra step is fixed
+  int vert;   // the bra's vertex above that orbital
+  double val;
+  std::int64_t dy;  // sum of bra minus ket arc weights so far
+};
+
+// Calls emit(m, code, w) for every w = <m|E_pq|n> != 0 of the ket n = rank (steps and vertices
+// given) whose loop starts at orbital lo in one direction: raising (E_{lo,hi}, an electron moves
+// down to lo) or lowering (E_{hi,lo}, up from lo); code = p * norb + q. MaxOrb bounds norb (the
+// stack: a depth-first search with at most two children per frame holds at most norb + 1).
+template <int MaxOrb, class Emit>
+CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int* verts,
+                                   std::int64_t rank, int lo, int raising, Emit&& emit) {
+  const int n = d.norb;
+  const int bmax = d.bmax;
+  const int occ_lo = step_occupation(steps[lo]);
+  if (raising ? occ_lo == 2 : occ_lo == 0) return;
+  const int kstart = raising ? kRaiseStart : kLowerStart;
+  const int kmid = raising ? kRaiseMiddle : kLowerMiddle;
+  const int kend = raising ? kRaiseEnd : kLowerEnd;
+  LoopFrame stack[MaxOrb + 4];
+  int top = 0;
+  {
+    const int dk = steps[lo];
+    const int target = occ_lo + (raising ? 1 : -1);
+    const int ku = verts[lo + 1];
+    const int bk = d.b[ku];
+    for (int dp = 0; dp < 4; ++dp) {
+      if (step_occupation(dp) != target) continue;
+      const int u = d.up[4 * verts[lo] + dp];
+      if (u < 0) continue;
+      const int delta = bk - d.b[u];
+      if (delta != 1 && delta != -1) continue;
+      const double v = d.seg[segment_index(kstart, dp, dk, delta, bk, bmax)];
+      if (v == 0.0) continue;
+      stack[top++] = LoopFrame{lo, u, v, d.y[4 * u + dp] - d.y[4 * ku + dk]};
+    }
+  }
+  while (top > 0) {
+    const LoopFrame f = stack[--top];
+    const int i = f.level + 1;
+    const int dk = steps[i];
+    const int occ = step_occupation(dk);
+    const int ku = verts[i + 1];
+    const int bk = d.b[ku];
+    // close the loop at i
+    if (raising ? occ > 0 : occ < 2) {
+      const int target = occ + (raising ? -1 : 1);
+      for (int dp = 0; dp < 4; ++dp) {
+        if (step_occupation(dp) != target) continue;
+        if (d.up[4 * f.vert + dp] != ku) continue;
+        const double v = d.seg[segment_index(kend, dp, dk, 1, bk, bmax)];
+        if (v == 0.0) continue;
+        const int p = raising ? lo : i, q = raising ? i : lo;
+        emit(rank + f.dy + d.y[4 * ku + dp] - d.y[4 * ku + dk], p * n + q, f.val * v);
+      }
+    }
+    // or pass through i as a middle segment
+    if (i + 1 < n) {
+      for (int dp = 0; dp < 4; ++dp) {
+        if (step_occupation(dp) != occ) continue;
+        const int u = d.up[4 * f.vert + dp];
+        if (u < 0) continue;
+        const int delta = bk - d.b[u];
+        if (delta != 1 && delta != -1) continue;
+        const double v = d.seg[segment_index(kmid, dp, dk, delta, bk, bmax)];
+        if (v == 0.0) continue;
+        stack[top++] = LoopFrame{i, u, f.val * v, f.dy + d.y[4 * u + dp] - d.y[4 * ku + dk]};
+      }
+    }
+  }
+}
+
+// Every <m|E_pq|n> != 0 (p != q) of the ket n: the searches of every start orbital and
+// direction, lo ascending, lowering first.
+template <int MaxOrb, class Emit>
+CSK_HD void for_each_coupling(const DrtView& d, const int* steps, const int* verts,
+                              std::int64_t rank, Emit&& emit) {
+  for (int lo = 0; lo < d.norb - 1; ++lo)
+    for (int raising = 0; raising < 2; ++raising)
+      for_each_coupling_from<MaxOrb>(d, steps, verts, rank, lo, raising, emit);
+}
+
+// --- rows split over the searches of one CSF ----------------------------------------------------
+// A warp of the GPU shares one CSF: part j = 0 .. split_parts(norb) - 1 is the search from
+// lo = j / 2 in direction raising = j % 2. The parts' outputs never collide: with the pair map
+// (or the generator map) the columns of a part are its own within its direction, so a gather
+// keeps one row per direction (the diagonal goes to the lowering row) and adds the two at the end.
+CSK_HD int split_parts(int norb) { return 2 * (norb - 1); }
+
+// Part j of the gather of ket k into rows[j % 2] (rows[0] holds n_r c_k on the diagonal
+// columns beforehand, see gather_split_init).
+template <int MaxOrb>
+CSK_HD void gather_part(const DrtView& d, const int* steps, const int* verts, std::int64_t k, int j,
+                        const std::int32_t* colmap, const double* c, double* row) {
+  for_each_coupling_from<MaxOrb>(
+      d, steps, verts, k, j >> 1, j & 1,
+      [&](std::int64_t m, int code, double w) { row[colmap[code]] += w * c[m]; });
+}
+
+// Part j of sigma_row (without its diagonal term, sigma_diagonal_part).
+template <int MaxOrb>
+CSK_HD double sigma_part(const DrtView& d, const int* steps, const int* verts, std::int64_t m,
+                         int j, const std::int32_t* symmap, const double* G, int ldg,
+                         std::int64_t g0, std::int64_t gcount) {
+  double s = 0.0;
+  for_each_coupling_from<MaxOrb>(d, steps, verts, m, j >> 1, j & 1,
+                                 [&](std::int64_t k, int code, double w) {
+                                   const std::int64_t r = k - g0;
+                                   if (r >= 0 && r < gcount) s += w * G[r * ldg + symmap[code]];
+                                 });
+  return s;
+}
+
+// sum_r n_r(m) G[m, P(r,r)] when row m lies in the chunk g0 .. g0 + gcount - 1, else 0.
+CSK_HD double sigma_diagonal_part(const DrtView& d, const int* steps, std::int64_t m,
+                                  const std::int32_t* symmap, const double* G, int ldg,
+                                  std::int64_t g0, std::int64_t gcount) {
+  if (m < g0 || m >= g0 + gcount) return 0.0;
+  const int n = d.norb;
+  const double* g = G + (m - g0) * ldg;
+  double s = 0.0;
+  for (int r = 0; r < n; ++r) s += step_occupation(steps[r]) * g[symmap[r * n + r]];
+  return s;
+}
+
+// The steps of a split gather for the lanes `lane`, lane + stride, ... of a group (the host runs
+// them with lane 0, stride 1); the group synchronises between steps.
+// 1. both direction rows to zero;
+CSK_HD void split_zero(double* r0, double* r1, int ld, int lane, int stride) {
+  for (int j = lane; j < ld; j += stride) r0[j] = r1[j] = 0.0;
+}
+// 2. n_r c_k on the diagonal columns of the lowering row;
+CSK_HD void split_diagonal(int n, const int* steps, const std::int32_t* colmap, double ck,
+                           double* r0, int lane, int stride) {
+  for (int r = lane; r < n; r += stride) r0[colmap[r * n + r]] = step_occupation(steps[r]) * ck;
+}
+// 3. the parts (gather_part); 4. the row: the sum of the two, and c_k in column ncol < ld.
+CSK_HD void split_finish(const double* r0, const double* r1, int ld, int ncol, double ck,
+                         double* row, int lane, int stride) {
+  for (int j = lane; j < ld; j += stride) row[j] = j == ncol ? ck : r0[j] + r1[j];
+}
+
+// The fixed reduction tree of a warp's partial sums (a shuffle-down tree over 32 lanes), for the
+// host twin of the GPU sigma: v[0] after the tree.
+CSK_HD double warp_tree_sum(double* v) {
+  for (int o = 16; o > 0; o >>= 1)
+    for (int i = 0; i < o; ++i) v[i] += v[i + o];
+  return v[0];
+}
+
+// Row k of the gather T = E c (T has ld >= ncol columns): T[colmap[r * n + r]] = n_r(k) c_k,
+// T[colmap[p * n + q]] += <m|E_pq|k> c_m over the couplings of ket k, and T[ncol] = c_k when
+// ld > ncol (the column that carries a one-body term through the GEMM). With colmap the packed
+// pair index this is T[k, P] = ((E_pq + E_qp) c)_k; with colmap[p * n + q] = q * n + p it is
+// t[k, r * n + s] = (E_rs c)_k.
+template <int MaxOrb>
+CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol,
+                       int ld, const double* c, double* row) {
+  int steps[MaxOrb], verts[MaxOrb + 1];
+  unrank_csf(d, k, steps, verts);
+  const int n = d.norb;
+  for (int j = 0; j < ld; ++j) row[j] = 0.0;
+  const double ck = c[k];
+  if (ld > ncol) row[ncol] = ck;
+  for (int r = 0; r < n; ++r) row[colmap[r * n + r]] += step_occupation(steps[r]) * ck;
+  for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t m, int code, double w) {
+    row[colmap[code]] += w * c[m];
+  });
+}
+
+// sigma_m's share from the rows g0 .. g0 + gcount - 1 of G (row stride ldg):
+// sum_P <m|E^sym_P|k> G[k, P] over those k, E^sym_P = E_pq + E_qp (E_rr on the diagonal). As
+// E^sym_P is symmetric, the couplings of m as a ket are exactly the incoming ones: a gather.
+template <int MaxOrb>
+CSK_HD double sigma_row(const DrtView& d, std::int64_t m, const std::int32_t* symmap,
+                        const double* G, int ldg, std::int64_t g0, std::int64_t gcount) {
+  int steps[MaxOrb], verts[MaxOrb + 1];
+  unrank_csf(d, m, steps, verts);
+  const int n = d.norb;
+  double s = 0.0;
+  if (m >= g0 && m < g0 + gcount) {
+    const double* g = G + (m - g0) * ldg;
+    for (int r = 0; r < n; ++r) s += step_occupation(steps[r]) * g[symmap[r * n + r]];
+  }
+  for_each_coupling<MaxOrb>(d, steps, verts, m, [&](std::int64_t k, int code, double w) {
+    const std::int64_t j = k - g0;
+    if (j >= 0 && j < gcount) s += w * G[j * ldg + symmap[code]];
+  });
+  return s;
+}
+
+// <k|H - ecore|k> = sum_r n_r hp[r] + 1/2 sum_rs n_r n_s J[r, s] + 1/2 sum <m|E_pq|k>^2 K[p, q]
+// with hp[r] = h_rr - 1/2 sum_s (rs|sr), J[r, s] = (rr|ss), K[p, q] = (pq|qp).
+template <int MaxOrb>
+CSK_HD double diagonal_row(const DrtView& d, std::int64_t k, const double* hp, const double* J,
+                           const double* K) {
+  int steps[MaxOrb], verts[MaxOrb + 1];
+  unrank_csf(d, k, steps, verts);
+  const int n = d.norb;
+  double one = 0.0, coul = 0.0, exch = 0.0;
+  for (int r = 0; r < n; ++r) {
+    const int nr = step_occupation(steps[r]);
+    if (nr == 0) continue;
+    one += nr * hp[r];
+    for (int s = 0; s < n; ++s) coul += nr * step_occupation(steps[s]) * J[r * n + s];
+  }
+  for_each_coupling<MaxOrb>(d, steps, verts, k,
+                            [&](std::int64_t, int code, double w) { exch += w * w * K[code]; });
+  return one + 0.5 * coul + 0.5 * exch;
+}
+
+}  // namespace guga
+}  // namespace csk

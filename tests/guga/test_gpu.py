@@ -1,0 +1,319 @@
+"""GUGA CI on the GPU against the CPU engine.
+
+Without a GPU: the per-CSF rows that the CUDA kernels run (``_core.guga_rows``, the same
+header) against the CPU engine, and the GPU engine's tiling and chunking on the host through a
+twin of the kernels. With a GPU (marked ``gpu``): sigma to 1e-12 (relative, max norm) for
+several DRTs and spins, with G whole and in chunks; energies to 1e-10; density matrices;
+repeated runs bitwise equal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cuscikit import _core
+from cuscikit.guga import DRT, GUGASolver
+from cuscikit.guga.gpu import GpuEngine, generator_map
+from cuscikit.guga.sigma import Engine, pair_index
+
+# (norb, nelec, 2S): closed and open shells, below and above half filling, high spin
+SPACES = [(6, 6, 0), (7, 6, 2), (8, 7, 1), (8, 8, 4), (9, 11, 3), (10, 8, 0)]
+
+
+def _integrals(n: int, seed: int):
+    """Random h1 and 4-fold ERIs with the symmetry of real orbitals."""
+    from cuscikit.chem.integrals import restore_eri
+
+    rng = np.random.default_rng(seed)
+    h1 = rng.standard_normal((n, n))
+    h1 = 0.5 * (h1 + h1.T)
+    g = 0.1 * rng.standard_normal((n,) * 4)
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    return h1, np.ascontiguousarray(restore_eri(g, n, 4)), g
+
+
+def _operator(n: int, seed: int):
+    """(V, h) over packed pairs as the solver passes them: symmetric V, any h."""
+    rng = np.random.default_rng(seed)
+    npair = n * (n + 1) // 2
+    V = rng.standard_normal((npair, npair))
+    return 0.5 * (V + V.T), rng.standard_normal(npair)
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def _rows_drt(drt: DRT):
+    return _core.guga_rows.Drt(
+        drt.norb,
+        drt.head,
+        drt.up.reshape(-1),
+        drt.down.reshape(-1),
+        drt.b,
+        drt.y.reshape(-1),
+        drt.n_csf,
+    )
+
+
+# --- the device rows on the host ------------------------------------------------------------------
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("space", SPACES)
+def test_rows_sigma_matches_cpu_engine(space, split):
+    drt = DRT(*space)
+    n = drt.norb
+    rows, eng = _rows_drt(drt), Engine(drt)
+    V, h = _operator(n, 1)
+    c = np.random.default_rng(2).standard_normal(drt.n_csf)
+    ref = eng.contract(c, V, h)
+    npair = n * (n + 1) // 2
+    T = _core.guga_rows.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split)
+    G = np.ascontiguousarray(T @ np.vstack([V, h[None]]))
+    whole = _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G, 0, split)
+    assert _rel(whole, ref) < 1e-13
+    # G in three chunks of rows: the shares add up to the same sigma
+    cuts = [0, drt.n_csf // 3, 2 * drt.n_csf // 3, drt.n_csf]
+    parts = sum(
+        _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G[a:b].copy(), a, split)
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+    )
+    assert _rel(parts, ref) < 1e-13
+
+
+@pytest.mark.parametrize("space", SPACES[:4])
+def test_rows_diagonal_and_generators_match_cpu_engine(space):
+    drt = DRT(*space)
+    n = drt.norb
+    rows, eng = _rows_drt(drt), Engine(drt)
+    h1, g4, g = _integrals(n, 3)
+    K = np.einsum("pqqp->pq", g)
+    J = np.einsum("ppqq->pq", g)
+    hp = np.diag(h1) - 0.5 * K.sum(axis=1)
+    diag = _core.guga_rows.diagonal(rows, 0, drt.n_csf, hp, J.reshape(-1), K.reshape(-1))
+    assert np.abs(diag - eng.diagonal(h1, g4)).max() < 1e-12
+    c = np.random.default_rng(4).standard_normal(drt.n_csf)
+    d1, M = eng.generator_products(c, c)
+    for split in (False, True):
+        t = _core.guga_rows.gather(rows, 0, drt.n_csf, generator_map(n), n * n, n * n, c, split)
+        assert np.abs(t.T @ t - M).max() < 1e-10 * np.abs(M).max()
+        assert np.abs(c @ t - d1.reshape(-1)).max() < 1e-10 * np.abs(d1).max()
+
+
+def test_rows_reject_bad_input():
+    drt = DRT(6, 6, 0)
+    rows = _rows_drt(drt)
+    c = np.ones(drt.n_csf)
+    with pytest.raises(ValueError, match="CSF range"):
+        _core.guga_rows.gather(rows, 0, drt.n_csf + 1, pair_index(6), 21, 22, c)
+    with pytest.raises(ValueError, match="colmap entries"):
+        _core.guga_rows.gather(rows, 0, 4, pair_index(6), 10, 22, c)
+
+
+class _HostKernels:
+    """The kernels of ``cuscikit._cuda.guga`` over ``_core.guga_rows`` on torch CPU tensors (the
+    warp-split rows, as the GPU runs them)."""
+
+    R = _core.guga_rows
+
+    @staticmethod
+    def Drt(norb, head, up, down, b, y, seg, ncsf):
+        return _core.guga_rows.Drt(norb, head, up.numpy(), down.numpy(), b.numpy(), y.numpy(), ncsf)
+
+    def gather(self, core, k0, colmap, ncol, c, T, split, stream):
+        out = self.R.gather(
+            core, k0, T.shape[0], colmap.numpy(), ncol, T.shape[1], c.numpy(), split
+        )
+        T.copy_(torch.from_numpy(out))
+
+    def sigma(self, core, m0, symmap, G, g0, out, accumulate, split, stream):
+        s = torch.from_numpy(
+            self.R.sigma(core, m0, out.shape[0], symmap.numpy(), G.contiguous().numpy(), g0, split)
+        )
+        out.copy_(out + s if accumulate else s)
+
+    def diagonal(self, core, k0, hp, J, K, out, stream):
+        out.copy_(
+            torch.from_numpy(
+                self.R.diagonal(core, k0, out.shape[0], hp.numpy(), J.numpy(), K.numpy())
+            )
+        )
+
+
+@pytest.mark.parametrize("space,split", [((8, 7, 1), False), ((9, 11, 3), True)])
+def test_engine_tiles_and_chunks_on_host_twin(space, split):
+    """Tiles of T and chunks of G (several sigma passes) give the CPU engine's sigma."""
+    drt = DRT(*space)
+    n = drt.norb
+    gpu = GpuEngine(drt, "cpu", tile_rows=97, kernels=_HostKernels())
+    gpu.split_gather = gpu.split_sigma = split
+    gpu.g_rows = 3 * 97 + 5  # force several chunks of G, the last one short
+    V, h = _operator(n, 5)
+    c = np.random.default_rng(6).standard_normal(drt.n_csf)
+    ref = Engine(drt).contract(c, V, h)
+    assert _rel(gpu.contract(c, V, h), ref) < 1e-13
+    h1, g4, _ = _integrals(n, 7)
+    assert np.abs(gpu.diagonal(h1, g4) - Engine(drt).diagonal(h1, g4)).max() < 1e-12
+    d1, M = gpu.generator_products(c, c)
+    d1r, Mr = Engine(drt).generator_products(c, c)
+    assert _rel(M, Mr) < 1e-13 and _rel(d1, d1r) < 1e-13
+
+
+def test_davidson_on_tensors_matches_numpy():
+    from cuscikit.linalg.davidson import davidson
+
+    rng = np.random.default_rng(0)
+    a = np.diag(np.arange(1.0, 301.0)) + 1e-2 * rng.standard_normal((300, 300))
+    a = 0.5 * (a + a.T)
+    ref = davidson(lambda v: a @ v, np.diag(a).copy(), nroots=3, tol=1e-12)
+    at = torch.from_numpy(a)
+    res = davidson(lambda v: at @ v, torch.from_numpy(np.diag(a).copy()), nroots=3, tol=1e-12)
+    assert torch.is_tensor(res.vectors) and res.converged
+    assert np.abs(res.energies - np.linalg.eigvalsh(a)[:3]).max() < 1e-10
+    assert np.abs(res.energies - ref.energies).max() < 1e-10
+
+
+def test_cuda_device_without_gpu_is_a_clear_error():
+    from cuscikit.backends import cuda_available
+    from cuscikit.backends.loader import CudaUnavailableError
+
+    if cuda_available():
+        pytest.skip("a GPU is present: the error path cannot be reached")
+    h1, g4, _ = _integrals(4, 0)
+    with pytest.raises(CudaUnavailableError):
+        GUGASolver(device="cuda").kernel(h1, g4, 4, (2, 2))
+    with pytest.raises(ValueError, match="device must be"):
+        GUGASolver(device="tpu").kernel(h1, g4, 4, (2, 2))
+
+
+# --- on the GPU -----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("space", SPACES)
+def test_gpu_sigma_matches_cpu(space):
+    drt = DRT(*space)
+    n = drt.norb
+    V, h = _operator(n, 11)
+    eng = Engine(drt)
+    gpu = GpuEngine(drt, "cuda", tile_rows=1000)
+    chunked = GpuEngine(drt, "cuda", tile_rows=333)
+    chunked.g_rows = 1000  # several passes over chunks of G
+    warps = GpuEngine(drt, "cuda", tile_rows=1000)  # one CSF per warp instead of per thread
+    warps.split_gather = warps.split_sigma = True
+    for seed in (12, 13):
+        c = np.random.default_rng(seed).standard_normal(drt.n_csf)
+        ref = eng.contract(c, V, h)
+        assert _rel(gpu.contract(c, V, h), ref) < 1e-12
+        assert _rel(chunked.contract(c, V, h), ref) < 1e-12
+        assert _rel(warps.contract(c, V, h), ref) < 1e-12
+    h1, g4, _ = _integrals(n, 14)
+    assert np.abs(gpu.diagonal(h1, g4) - eng.diagonal(h1, g4)).max() < 1e-12
+    d1r, Mr = eng.generator_products(c, c)
+    for e in (gpu, warps):
+        d1, M = e.generator_products(c, c)
+        assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
+    b = np.random.default_rng(20).standard_normal(drt.n_csf)  # a transition pair
+    d1, M = gpu.generator_products(b, c)
+    d1r, Mr = eng.generator_products(b, c)
+    assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
+
+
+@pytest.mark.gpu
+def test_gpu_sigma_is_bitwise_reproducible():
+    drt = DRT(10, 10, 0)
+    gpu = GpuEngine(drt, "cuda", tile_rows=4096)
+    Vh = gpu.operator(*_operator(10, 15))
+    c = torch.as_tensor(np.random.default_rng(16).standard_normal(drt.n_csf), device="cuda")
+    first = gpu.sigma(c, Vh)
+    for _ in range(3):
+        assert torch.equal(gpu.sigma(c, Vh), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("space,nroots", [((8, 8, 0), 3), ((9, 9, 3), 2), ((10, 10, 2), 1)])
+def test_gpu_solver_energies_match_cpu(space, nroots):
+    n, N, twos = space
+    h1, g4, _ = _integrals(n, 17)
+    nelec = ((N + twos) // 2, (N - twos) // 2)
+    opts = dict(nroots=nroots, conv_tol=1e-12, davidson_only=True, max_cycle=200)
+    e_cpu, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
+    solver = GUGASolver(device="cuda", **opts)
+    e_gpu, ci = solver.kernel(h1, g4, n, nelec)
+    assert np.abs(np.asarray(e_gpu) - np.asarray(e_cpu)).max() < 1e-10
+    again, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, n, nelec)
+    assert np.array_equal(np.asarray(again), np.asarray(e_gpu))  # bitwise, whole solve
+    c0 = ci if nroots == 1 else ci[0]
+    dm1, dm2 = solver.make_rdm12(c0, n, nelec)
+    ref1, ref2 = GUGASolver(**opts).make_rdm12(c0, n, nelec)
+    assert np.abs(dm1 - ref1).max() < 1e-12 and np.abs(dm2 - ref2).max() < 1e-12
+
+
+@pytest.mark.gpu
+def test_gpu_memory_cap_slows_down_instead_of_failing():
+    drt = DRT(10, 10, 0)
+    n = 10
+    V, h = _operator(n, 18)
+    c = np.random.default_rng(19).standard_normal(drt.n_csf)
+    ref = GpuEngine(drt, "cuda").contract(c, V, h)
+    # a cap whose budget (3/4 of it, less what is held) fits one tile and a tenth of G: the
+    # sigma runs over chunks of G and gives the same numbers
+    rows, npair = 2048, n * (n + 1) // 2
+    want = torch.cuda.memory_allocated() + rows * 8 * (npair + 1) + drt.n_csf * npair * 8 // 10
+    capped = GpuEngine(drt, "cuda", max_memory=int(want / 0.75) + 1, tile_rows=rows)
+    try:
+        assert capped.n_chunks >= 5
+        assert _rel(capped.contract(c, V, h), ref) < 1e-13
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_solver_device_flow_on_host_twin(monkeypatch):
+    """GUGASolver(device="cuda") end to end (device diagonal, guess, Davidson on tensors, density
+    matrices) with the kernels' host twin standing in for the GPU."""
+    import cuscikit.guga.gpu as gpu_mod
+
+    real = gpu_mod.GpuEngine
+
+    def host_engine(drt, device, max_memory=None, reserve=0):
+        return real(drt, "cpu", None, reserve, tile_rows=200, kernels=_HostKernels())
+
+    monkeypatch.setattr(gpu_mod, "GpuEngine", host_engine)
+    h1, g4, _ = _integrals(7, 21)
+    opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200)
+    e_cpu, ci_cpu = GUGASolver(spin=1, **opts).kernel(h1, g4, 7, (4, 3))
+    solver = GUGASolver(spin=1, device="cuda", **opts)
+    e_dev, ci_dev = solver.kernel(h1, g4, 7, (4, 3))
+    assert np.abs(e_dev - e_cpu).max() < 1e-10
+    assert isinstance(ci_dev[0], np.ndarray)
+    dm1, dm2 = solver.make_rdm12(ci_dev[1], 7, (4, 3))
+    ref1, ref2 = GUGASolver(spin=1, **opts).make_rdm12(ci_dev[1], 7, (4, 3))
+    assert np.abs(dm1 - ref1).max() < 1e-12 and np.abs(dm2 - ref2).max() < 1e-12
+
+
+def _cli_json(capsys, *argv):
+    import json
+
+    from cuscikit.cli import main
+
+    rc = main(list(argv))
+    return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cli_device_errors(capsys):
+    from cuscikit.backends import cuda_available
+
+    rc, r = _cli_json(capsys, "guga", "H2O", "--device", "gpu", "--json")
+    assert rc == 2 and "--device" in r["error"]
+    if not cuda_available():
+        rc, r = _cli_json(capsys, "guga", "H2O", "--device", "cuda", "--json")
+        assert rc == 2 and "--device cuda" in r["error"]
+
+
+@pytest.mark.gpu
+def test_cli_device_cuda_matches_cpu(capsys):
+    rc, cpu = _cli_json(capsys, "guga", "H2O", "--nroots", "2", "--json")
+    rc2, gpu = _cli_json(capsys, "guga", "H2O", "--nroots", "2", "--device", "cuda", "--json")
+    assert rc == rc2 == 0 and gpu["device"] == "cuda"
+    assert np.abs(np.array(gpu["e_tot"]) - np.array(cpu["e_tot"])).max() < 1e-10
