@@ -103,11 +103,13 @@ Options check(int n, int replicas, int steps, float dt, float a0, float c0, std:
 #ifdef __linux__
 void bind_ising_service(nb::module_& m);  // service.cpp (Linux sockets)
 #endif
+void bind_ising_stream(nb::module_& m);  // stream.cpp
 
 void bind_ising(nb::module_& m) {
 #ifdef __linux__
   bind_ising_service(m);
 #endif
+  bind_ising_stream(m);
   m.def(
       "run_exact",
       [](int kind, int n, In<std::uint32_t> plus, In<std::uint32_t> minus, In<std::int32_t> degree,

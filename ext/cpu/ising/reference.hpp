@@ -2,6 +2,7 @@
 // request service (service.cpp): a plain loop over the spins with the step of cuscikit/dsb.hpp.
 // Include it from sources compiled with -ffp-contract=off (CMake does so for ext/cpu/ising).
 #pragma once
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
@@ -34,24 +35,42 @@ struct ReplicaOut {
   std::size_t stride = 1;
 };
 
-// One replica's trajectory; returns its best energy. `field_of(i, v, sv, s_i)` gives a_i
-// (int32 for exact kinds, float for float32 couplings) from the sign words v or the +-1 bytes
-// sv; `h_of(i)` the field h_i in the energy's type; E accumulates s_i (a_i + h_i).
-template <typename E, typename Field, typename H>
-E run_replica(const Options& o, int b, Field field_of, H h_of, const ReplicaOut<E>& out) {
-  const int n = o.n, W = o.nwords;
-  float* x = out.x;
-  float* y = out.y;
-  std::vector<std::uint32_t> v(W, 0u), next(W, 0u);
-  std::vector<std::int8_t> sv(std::size_t(W) * 32, 0);  // the signs as +-1 bytes (0 = padding)
-  for (int i = 0; i < n; ++i) {
-    init_spin(o.seed, std::uint32_t(i), std::uint32_t(b), o.request, x[i], y[i]);
-    if (x[i] >= 0.0f) v[i >> 5] |= 1u << (i & 31);
-    sv[i] = x[i] >= 0.0f ? 1 : -1;
-  }
-  const float dta0 = fmul(o.dt, o.a0);
+// One replica's state between passes: x, y (in the caller's arrays), the sign words v and the
+// same signs as +-1 bytes sv (0 = padding), the best energy so far. Pass k = 1..S+1 scores the
+// current signs s^(k-1) and, for k <= S, makes the step to s^(k); pass S+1 only scores.
+template <typename E>
+struct Replica {
+  const Options& o;
+  int b;
+  float* x;
+  float* y;
+  std::vector<std::uint32_t> v, next;
+  std::vector<std::int8_t> sv;
+  float dta0;
   E best = std::numeric_limits<E>::max();
-  for (int k = 1; k <= o.steps + 1; ++k) {
+
+  Replica(const Options& opt, int replica, float* xs, float* ys)
+      : o(opt),
+        b(replica),
+        x(xs),
+        y(ys),
+        v(opt.nwords, 0u),
+        next(opt.nwords, 0u),
+        sv(std::size_t(opt.nwords) * 32, 0),
+        dta0(fmul(opt.dt, opt.a0)) {
+    for (int i = 0; i < o.n; ++i) {
+      init_spin(o.seed, std::uint32_t(i), std::uint32_t(b), o.request, x[i], y[i]);
+      if (x[i] >= 0.0f) v[i >> 5] |= 1u << (i & 31);
+      sv[i] = x[i] >= 0.0f ? 1 : -1;
+    }
+  }
+
+  // `field_of(i, v, sv, s_i)` gives a_i (int32 for exact kinds, float for float32 couplings)
+  // from the current sign words v or bytes sv; `h_of(i)` the field h_i in the energy's type;
+  // E accumulates s_i (a_i + h_i). Records pass k into `out` (see ReplicaOut).
+  template <typename Field, typename H>
+  void pass(int k, Field field_of, H h_of, const ReplicaOut<E>& out) {
+    const int n = o.n, W = o.nwords;
     const bool score_only = k == o.steps + 1;  // the final pass scores s^(S)
     const float p = score_only ? 0.0f : pump(k, o.steps, o.a0);
     E twice = 0;  // sum_i s_i (a_i + h_i) = -2 E
@@ -82,7 +101,14 @@ E run_replica(const Options& o, int b, Field field_of, H h_of, const ReplicaOut<
       for (int i = 0; i < n; ++i) sv[i] = x[i] >= 0.0f ? 1 : -1;
     }
   }
-  return best;
+};
+
+// One replica's whole trajectory (S + 1 passes); returns its best energy.
+template <typename E, typename Field, typename H>
+E run_replica(const Options& o, int b, Field field_of, H h_of, const ReplicaOut<E>& out) {
+  Replica<E> r(o, b, out.x, out.y);
+  for (int k = 1; k <= o.steps + 1; ++k) r.pass(k, field_of, h_of, out);
+  return r.best;
 }
 
 // a_i for the plane kinds (binary, ternary) from the sign words.

@@ -1,0 +1,282 @@
+"""Streamed dSB: ±1 couplings that need not fit in memory, delivered as 1-bit row tiles while the
+replicas' state (positions, momenta, signs, row sums) stays put.
+
+A source yields the matrix in the layout of `IsingModel.coupling_arrays()["plus"]`: row i as
+ceil(n/32) little-endian 32-bit words, bit j set when J_ij = +1 (every off-diagonal J_ij is
+±1), diagonal and padding bits 0. Sources: `MattisSource` (J = ξ ξ^T, generated), `RandomSource`
+(seeded, generated), `MemmapSource` (a file written by `write_bitmatrix`, read through
+`numpy.memmap`). Each tile serves every replica before the next is fetched; K steps take
+K + 1 passes over the matrix (the last scores the final signs). The records equal those of
+`solve` on the same matrix (restart 0) byte for byte, so a streamed run can be checked against
+a resident one wherever the matrix fits.
+
+This is the CPU implementation (C++, OpenMP over rows; generators fill tiles on the same
+threads).
+
+Example (a Mattis instance: the planted ground state has E = -n (n - 1) / 2):
+    >>> import numpy as np
+    >>> from cuscikit.ising.stream import MattisSource, solve_streamed
+    >>> src = MattisSource(np.where(np.arange(300) % 3, 1, -1))
+    >>> r = solve_streamed(src, agents=4, steps=60, seed=1)
+    >>> r.energy == -300 * 299 // 2
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "MattisSource",
+    "MemmapSource",
+    "RandomSource",
+    "StreamResult",
+    "solve_streamed",
+    "write_bitmatrix",
+]
+
+
+def _ext():
+    from cuscikit.backends.loader import core
+
+    return core().ising
+
+
+class _Source:
+    """A ±1 coupling matrix as 1-bit row tiles."""
+
+    n: int
+
+    @property
+    def nwords(self) -> int:
+        return (self.n + 31) // 32
+
+    @property
+    def row_bytes(self) -> int:
+        return 4 * self.nwords
+
+    def tile(self, r0: int, rows: int) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tiles(self, rows: int):
+        """(r0, bits[rows, W]) for the whole matrix, in row order."""
+        for r0 in range(0, self.n, rows):
+            yield r0, self.tile(r0, min(rows, self.n - r0))
+
+    def model(self):
+        """The whole matrix as an `IsingModel` (only where it fits: for checks)."""
+        from cuscikit.ising.model import IsingModel
+
+        bits = self.tile(0, self.n)
+        plus = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, : self.n]
+        J = 2 * plus.astype(np.int8) - 1
+        np.fill_diagonal(J, 0)
+        return IsingModel(J)
+
+
+class MattisSource(_Source):
+    """J = ξ ξ^T (zero diagonal) for a ±1 vector ξ: ground states ±ξ with E = -n (n - 1) / 2.
+
+    Args:
+        xi: the ±1 vector, or an int n for a random one drawn with `seed`.
+    """
+
+    def __init__(self, xi, seed: int = 0):
+        if isinstance(xi, (int, np.integer)):
+            xi = np.where(np.random.default_rng(seed).random(int(xi)) < 0.5, -1, 1)
+        xi = np.asarray(xi)
+        if xi.ndim != 1 or xi.size < 2 or not np.all(np.abs(xi) == 1):
+            raise ValueError("xi must be a vector of at least 2 entries, each +1 or -1")
+        self.xi = xi.astype(np.int8)
+        self.n = int(xi.size)
+
+    def tile(self, r0: int, rows: int) -> np.ndarray:
+        return _ext().mattis_tile(self.xi, r0, rows)
+
+    @property
+    def ground_energy(self) -> int:
+        return -self.n * (self.n - 1) // 2
+
+
+class RandomSource(_Source):
+    """A seeded random symmetric ±1 matrix (J_ij from splitmix64 of the pair (min, max) and the
+    seed), generated tile by tile: any n, no storage."""
+
+    def __init__(self, n: int, seed: int = 0):
+        if not isinstance(n, (int, np.integer)) or n < 2:
+            raise ValueError(f"n must be an integer >= 2, got {n!r}")
+        if not 0 <= seed < 2**64:
+            raise ValueError("seed must be in [0, 2^64)")
+        self.n, self.seed = int(n), int(seed)
+
+    def tile(self, r0: int, rows: int) -> np.ndarray:
+        return _ext().random_tile(self.n, self.seed, r0, rows)
+
+
+class MemmapSource(_Source):
+    """A matrix stored by `write_bitmatrix`: n then the rows, read through `numpy.memmap`."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        head = np.fromfile(path, "<u8", 1)
+        if head.size != 1 or head[0] < 2:
+            raise ValueError(f"{path}: not a bit matrix (bad header)")
+        self.n = int(head[0])
+        need = 8 + self.n * self.row_bytes
+        if path.stat().st_size != need:
+            raise ValueError(
+                f"{path}: {path.stat().st_size} bytes, a {self.n}-spin matrix has {need}"
+            )
+        self.path = path
+        self._rows = np.memmap(path, "<u4", "r", 8, (self.n, self.nwords))
+
+    def tile(self, r0: int, rows: int) -> np.ndarray:
+        return np.ascontiguousarray(self._rows[r0 : r0 + rows])
+
+
+def write_bitmatrix(path: str | os.PathLike, source, rows_per_tile: int = 4096) -> Path:
+    """Write a ±1 matrix (a source, or an `IsingModel` of kind "binary") for `MemmapSource`:
+    u64 n, then n rows of ceil(n/32) little-endian u32 words."""
+    from cuscikit.ising.model import IsingModel
+
+    if isinstance(source, IsingModel):
+        if source.kind != "binary" or np.any(source.h):
+            raise ValueError("only ±1 couplings without a field can be streamed")
+        plus = source.coupling_arrays()["plus"].reshape(source.n, source.nwords)
+
+        class _Model(_Source):
+            n = source.n
+
+            def tile(self, r0, rows):
+                return plus[r0 : r0 + rows]
+
+        source = _Model()
+    path = Path(path)
+    with open(path, "wb") as fh:
+        np.array([source.n], "<u8").tofile(fh)
+        for _, bits in source.tiles(rows_per_tile):
+            np.ascontiguousarray(bits, "<u4").tofile(fh)
+    return path
+
+
+@dataclass
+class StreamResult:
+    """What `solve_streamed` returns: best spins and energy, per-pass records (as `solve`'s
+    `history`: restart, step, e_min, e_best, checksum), and the streaming rate."""
+
+    spins: np.ndarray
+    energy: int
+    replica_energies: np.ndarray
+    history: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    passes: int
+    bytes_streamed: int
+    wall_s: float
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        """Coupling payload streamed per second of the whole run (10^9 bytes/s)."""
+        return self.bytes_streamed / self.wall_s / 1e9 if self.wall_s > 0 else 0.0
+
+
+def solve_streamed(
+    source,
+    agents: int = 8,
+    steps: int = 100,
+    dt: float = 0.5,
+    seed: int = 0,
+    h=None,
+    a0: float = 1.0,
+    tile_bytes: int = 64 * 2**20,
+    progress: bool = False,
+) -> StreamResult:
+    """dSB with the couplings streamed from `source` in row tiles of about `tile_bytes`.
+
+    Args:
+        source: a `MattisSource`, `RandomSource` or `MemmapSource`.
+        agents, steps, dt, seed, a0: as in `solve` (restart 0).
+        h: an integer field (default 0).
+        tile_bytes: bytes of couplings per tile.
+        progress: a tqdm bar over the passes.
+
+    Raises:
+        ValueError: bad options (before any work).
+    """
+    from cuscikit.ising.solver import HISTORY_DTYPE, unpack_signs
+
+    if not isinstance(source, _Source):
+        raise ValueError(f"source must be a coupling source, got {type(source).__name__}")
+    for name, v in (("agents", agents), ("steps", steps)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    for name, v in (("dt", dt), ("a0", a0)):
+        if not (isinstance(v, (int, float, np.floating)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+    if not isinstance(tile_bytes, (int, np.integer)) or tile_bytes < 1:
+        raise ValueError(f"tile_bytes must be a positive integer, got {tile_bytes!r}")
+    n = source.n
+    h = np.zeros(n, np.int64) if h is None else np.asarray(h)
+    if h.shape != (n,) or np.any(h != np.round(h)) or np.abs(h).max(initial=0) > 2**24:
+        raise ValueError(f"h must be {n} integers with |h_i| <= 2^24")
+    # c0 exactly as IsingModel.c0(): F = ||J||_F^2 + 2 ||h||^2 with ||J||_F^2 = n (n - 1)
+    F = n * (n - 1) + 2 * sum(int(v) * int(v) for v in h[h != 0])
+    ne = n + int(bool(np.any(h)))
+    c0 = np.float32(0.5 * math.sqrt(ne - 1) / math.sqrt(F))
+    rows = max(1, min(n, tile_bytes // source.row_bytes))
+    run = _ext().StreamRun(n, h.astype(np.int32), int(agents), int(steps), float(dt), float(a0),
+                           float(c0), int(seed), 0)  # fmt: skip
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=run.passes, desc="passes", unit="pass")
+    t0 = time.perf_counter()
+    t_fetch = 0.0
+    for _ in range(run.passes):
+        it = source.tiles(rows)
+        while True:
+            t1 = time.perf_counter()
+            nxt = next(it, None)
+            t_fetch += time.perf_counter() - t1
+            if nxt is None:
+                break
+            run.add_tile(nxt[0], np.ascontiguousarray(nxt[1], np.uint32))
+        run.end_pass()
+        if bar is not None:
+            bar.update(1)
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    energy, checksum, best_e, best_words, x, y = run.result()
+    hist = np.zeros(steps + 1, HISTORY_DTYPE)
+    hist["step"] = np.arange(steps + 1)
+    hist["e_min"] = energy.min(1)
+    hist["e_best"] = np.minimum.accumulate(hist["e_min"])
+    with np.errstate(over="ignore"):
+        hist["checksum"] = checksum.sum(1, dtype=np.uint64)
+    b = int(np.argmin(best_e))
+    spins = unpack_signs(best_words[b : b + 1], n)[0]
+    return StreamResult(
+        spins=spins,
+        energy=int(best_e[b]),
+        replica_energies=best_e,
+        history=hist,
+        x=x,
+        y=y,
+        passes=run.passes,
+        bytes_streamed=run.passes * n * source.row_bytes,
+        wall_s=wall,
+        timings={"fetch_s": t_fetch, "raw": (energy, checksum, best_e, best_words)},
+    )
