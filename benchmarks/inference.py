@@ -50,6 +50,10 @@ def main():
     for name in args.systems:
         mol = Molecule.load(name)
         x = to_device(sample_space(mol, args.n), DEV)
+        distinct = len(x)
+        if distinct < args.n:  # a small sector (N2/STO-3G: 14,400): repeat it to fill batches
+            x = x.repeat((args.n + distinct - 1) // distinct, 1)[: args.n]
+        print(f"# {name}: {len(x):,} configurations ({distinct:,} distinct)")
         a32 = Ansatz.for_molecule(mol, seed=0, device=DEV)
         a64 = copy.deepcopy(a32).to(torch.float64)
         with torch.no_grad():

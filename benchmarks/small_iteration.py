@@ -1,12 +1,14 @@
 """Seconds per NNQS-SCI iteration of a small system on one GPU: the eager optimiser stage
-against the CUDA-graph one (`Runner(graphs=...)`), same seed, in one process.
+against the CUDA-graph one (`Runner(graphs=...)`, optionally recording the compiled ansatz),
+same seed, in one process.
 
 Defaults are the command line's (topk, inner steps, |S| cap, rate with its tail decay, float32
 ansatz); the table gives the median seconds per stage over iterations --from..--iterations and
-the largest difference of the energies between the two runs (float32: they agree to float32
+the largest difference of the energies from the first variant's run (float32: they agree to float32
 rounding, which the optimisation amplifies slowly; --float64 for the 1e-10 comparison).
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
+        [--variants eager graph eager-compiled graph-compiled]
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ from _common import machine, print_table
 from cuscikit import Ansatz, Molecule, Runner
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 
+VARIANTS = {  # label: Runner options
+    "eager": {"graphs": False},
+    "graph": {"graphs": True},
+    "eager-compiled": {"graphs": False, "compile_inference": True},
+    "graph-compiled": {"graphs": True, "compile_inference": True},
+}
 
-def run(mol, graphs: bool, iterations: int, dtype, compile_inference: bool):
+
+def run(mol, options: dict, iterations: int, dtype):
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
-    runner = Runner(
-        mol, ansatz, seed=0, graphs=graphs, verbose=0, compile_inference=compile_inference
-    )
+    runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
@@ -39,7 +46,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--from", dest="first", type=int, default=20)
     ap.add_argument("--float64", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="compiled inference in both runs")
+    ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
     args = ap.parse_args()
     dtype = torch.float64 if args.float64 else torch.float32
     print(f"# {machine()}, torch {torch.__version__}, {dtype}")
@@ -47,15 +54,18 @@ def main():
     for name in args.systems:
         mol = Molecule.load(name)
         hist = {}
-        for graphs in (False, True):
-            runner, wall = run(mol, graphs, args.iterations, dtype, args.compile)
+        for variant in args.variants:
+            runner, wall = run(mol, VARIANTS[variant], args.iterations, dtype)
             h = runner.history
-            hist[graphs] = h
+            hist[variant] = h
             tail = h[h["iteration"] >= args.first]
             med = {s: float(np.median(tail[f"t_{s}"])) * 1e3 for s in STAGES}
-            label = "graph" if graphs else "eager"
-            if graphs:
+            label = variant
+            if runner._graph_stage is not None:
                 label += f" ({runner._graph_stage.captures} captures)"
+            if runner._graphs_off is not None:
+                label += " (graphs failed: eager)"
+                print("#", runner._graphs_off)
             rows.append(
                 [
                     name,
@@ -68,20 +78,21 @@ def main():
                 ]
             )
             print(rows[-1], flush=True)
-        d = hist[True][["e_coupled", "e_variational"]] - hist[False][["e_coupled", "e_variational"]]
-        first = float(d.abs().max(axis=1).iloc[: args.first].max())
-        worst = float(d.abs().to_numpy().max())
-        rows.append(
-            [
-                name,
-                "max |dE| graph-eager",
-                "",
-                f"{first:.1e} (it<{args.first})",
-                *[""] * len(STAGES),
-                "",
-                f"{worst:.1e} (all)",
-            ]
-        )
+        ref = hist[args.variants[0]][["e_coupled", "e_variational"]]
+        for variant in args.variants[1:]:
+            d = (hist[variant][["e_coupled", "e_variational"]] - ref).abs().max(axis=1)
+            first = float(d.iloc[: args.first].max())
+            rows.append(
+                [
+                    name,
+                    f"max |dE| {variant} - {args.variants[0]}",
+                    "",
+                    f"{first:.1e} (it<{args.first})",
+                    *[""] * len(STAGES),
+                    "",
+                    f"{float(d.max()):.1e} (all)",
+                ]
+            )
     print_table(
         f"Milliseconds per iteration (median over iterations {args.first}..{args.iterations}), "
         f"{dtype}",

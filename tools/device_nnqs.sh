@@ -40,7 +40,9 @@ for step in "$@"; do
       echo "iteration P=$P exit $? in $((SECONDS - t0)) s"; tail -12 "$out/iteration_P$P.log" ;;
     graphs)
       timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/gpu/test_optimizer_graph.py tests/gpu/test_pipeline.py > "$out/graphs.log" 2>&1
+        tests/gpu/test_optimizer_graph.py \
+        tests/gpu/test_pipeline.py::test_baseline_on_gpu_matches_gpu_pipeline \
+        > "$out/graphs.log" 2>&1
       echo "graph tests exit $? in $((SECONDS - t0)) s"
       grep -E "passed|failed|^FAILED|^ERROR|Error" "$out/graphs.log" | tail -15 ;;
     small)

@@ -163,7 +163,8 @@ class Runner(Solver):
             (pinned host memory only when they do not fit), "device" or "host".
         compile_inference: evaluate ln psi over the unique set with a `torch.compile`d pass
             (about 2x faster on an H200 after a few seconds of compilation; equal to float32
-            rounding).
+            rounding). With `graphs`, the recorded passes of the optimiser stage and of the
+            inference up to `batch_size` use the compiled ansatz too.
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
@@ -452,17 +453,17 @@ class Runner(Solver):
 
     def _set_graph_inference(self) -> None:
         """With graphs on: the pipeline's ln psi without autograd graph, through recorded
-        forward passes (eager when the inference is compiled), and the optimiser stage
-        graphed."""
+        forward passes, and the optimiser stage graphed (both recording the compiled ansatz
+        with `compile_inference`)."""
         active = self._graphs_reason() is None
         p = self._pipeline
         p.keep_graph = not active
-        if not active or self.compile_inference or self.device.type != "cuda":
+        if not active or self.device.type != "cuda":
             p.inference_graph = None
         elif p.inference_graph is None:
             from cuscikit.nnqs.graphs import InferenceGraph
 
-            p.inference_graph = InferenceGraph(self.ansatz)
+            p.inference_graph = InferenceGraph(self.ansatz, compile=self.compile_inference)
 
     def _graphed_stage(self, S, w, de, r) -> tuple[float, bool] | None:
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
@@ -476,7 +477,9 @@ class Runner(Solver):
 
         try:
             if self._graph_stage is None:
-                self._graph_stage = OptimizerGraph(self.ansatz, self.optimizer)
+                self._graph_stage = OptimizerGraph(
+                    self.ansatz, self.optimizer, compile=self.compile_inference
+                )
             loss, inner_ok, finite = self._graph_stage.run(
                 S, w, de, r.hdiag, r.space_pairs, self.inner_steps
             )
