@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["InferenceGraph", "OptimizerGraph", "bucket", "forward_of", "unsupported_reason"]
+__all__ = ["InferenceGraph", "OptimizerGraph", "bucket", "unsupported_reason"]
 
 _MIN_BUCKET = 64
 
@@ -86,25 +86,6 @@ def unsupported_reason(ansatz, optimizer) -> str | None:
     return None
 
 
-def forward_of(ansatz, compile: bool = False):
-    """``tokens -> ln psi`` of the ansatz: its own pass, or with ``compile`` the amplitude and
-    the phase through `torch.compile` (one compilation for every batch size; Inductor does
-    not generate complex arithmetic, so the two real parts are joined outside)."""
-    if not compile:
-        return ansatz._log_psi_tokens
-
-    def parts(tokens):
-        return ansatz.log_amplitude(tokens), ansatz.phase(tokens)
-
-    compiled = torch.compile(parts, dynamic=True)
-
-    def log_psi(tokens):
-        amp, phase = compiled(tokens)
-        return torch.complex(amp, phase.to(amp.dtype))
-
-    return log_psi
-
-
 class OptimizerGraph:
     """The optimiser stage (the iteration's AdamW step plus the inner steps) replayed as one
     CUDA graph per size bucket. See the module docstring.
@@ -113,8 +94,6 @@ class OptimizerGraph:
         ansatz: a `cuscikit.Ansatz` (single process).
         optimizer: its `torch.optim.AdamW` (one parameter group).
         use_graph: capture and replay (CUDA); False runs the body directly (tests, any device).
-        compile: record the passes of a `torch.compile`d ansatz (`forward_of`): fewer, fused
-            kernels per pass; equal to the eager pass to float rounding.
 
     Example:
         >>> import torch
@@ -126,12 +105,11 @@ class OptimizerGraph:
         (104, 64)
     """
 
-    def __init__(self, ansatz, optimizer, *, use_graph: bool = True, compile: bool = False) -> None:
+    def __init__(self, ansatz, optimizer, *, use_graph: bool = True) -> None:
         reason = unsupported_reason(ansatz, optimizer)
         if reason is not None:
             raise ValueError(f"the graphed optimiser stage cannot run: {reason}")
         self.ansatz, self.optimizer, self.use_graph = ansatz, optimizer, bool(use_graph)
-        self._forward = forward_of(ansatz, compile)
         self.params = list(ansatz.parameters())
         self.device = self.params[0].device
         self._key = None
@@ -315,7 +293,7 @@ class OptimizerGraph:
                 torch._foreach_copy_(b["bk_v"], b["exp_avg_sq"])
         # The iteration's step: the loss with the pipeline's weights and local energies.
         with torch.enable_grad():
-            lp = self._forward(tok).to(c128)
+            lp = self.ansatz._log_psi_tokens(tok).to(c128)
             loss0 = 2.0 * (b["w0"] * (lp.conj() * b["de0"])).real.sum()
             grads = self._grads(loss0)
         with torch.no_grad():
@@ -325,7 +303,7 @@ class OptimizerGraph:
         n_inner = self._key[2]
         for _ in range(n_inner):
             with torch.enable_grad():
-                lp = self._forward(tok).to(c128)
+                lp = self.ansatz._log_psi_tokens(tok).to(c128)
             with torch.no_grad():
                 lpd = lp.detach()
                 psi = torch.exp(lpd - lpd.real.max())
@@ -358,7 +336,6 @@ class InferenceGraph:
     Args:
         ansatz: a `cuscikit.Ansatz` on a CUDA device.
         max_graphs: recorded buckets kept at once.
-        compile: record the pass of a `torch.compile`d ansatz (`forward_of`).
 
     Example:
         >>> import torch
@@ -368,11 +345,10 @@ class InferenceGraph:
         torch.Size([...])
     """
 
-    def __init__(self, ansatz, max_graphs: int = 2, compile: bool = False) -> None:
+    def __init__(self, ansatz, max_graphs: int = 2) -> None:
         if not (hasattr(ansatz, "tokens") and hasattr(ansatz, "_log_psi_tokens")):
             raise ValueError("InferenceGraph needs a cuscikit Ansatz (tokens, _log_psi_tokens)")
         self.ansatz, self.max_graphs = ansatz, int(max_graphs)
-        self._forward = forward_of(ansatz, compile)
         self._graphs: dict[int, tuple] = {}
         self.captures = 0
 
@@ -404,10 +380,10 @@ class InferenceGraph:
         with torch.no_grad():
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._forward(tok)
+                    self.ansatz._log_psi_tokens(tok)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                out = self._forward(tok)
+                out = self.ansatz._log_psi_tokens(tok)
         self.captures += 1
         return graph, tok, out

@@ -163,16 +163,17 @@ class Runner(Solver):
             (pinned host memory only when they do not fit), "device" or "host".
         compile_inference: evaluate ln psi over the unique set with a `torch.compile`d pass
             (about 2x faster on an H200 after a few seconds of compilation; equal to float32
-            rounding). With `graphs`, the recorded passes of the optimiser stage and of the
-            inference up to `batch_size` use the compiled ansatz too.
+            rounding). With it, ``graphs="auto"`` stays off (``graphs=True`` records the eager
+            ansatz for the optimiser stage beside the compiled inference).
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
             no inference over the unique set.
         graphs: run the optimiser stage (the iteration's AdamW step and the inner steps) as
             one recorded CUDA graph per size bucket (`cuscikit.nnqs.graphs`): "auto" (default:
-            on a CUDA device, single process, when |S| fits one batch), True (the same, but an
-            error on a CPU or on several ranks) or False (the eager stage). Same arithmetic as
+            on a CUDA device, single process, without `compile_inference`, when |S| fits one
+            batch), True (the same, compiled or not, but an error on a CPU or on several ranks)
+            or False (the eager stage). Same arithmetic as
             the eager stage (equal to rounding); on N2/STO-3G it removes most of the launch
             overhead of a small system (docs/performance.md).
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
@@ -449,21 +450,23 @@ class Runner(Solver):
             why = unsupported_reason(self.ansatz, self.optimizer)
         if why is not None and self.graphs is True:
             raise ValueError(f"graphs=True, but {why}")
+        if why is None and self.graphs == "auto" and self.compile_inference:
+            why = "compile_inference (graphs='auto' leaves compiled runs eager)"
         return why
 
     def _set_graph_inference(self) -> None:
         """With graphs on: the pipeline's ln psi without autograd graph, through recorded
-        forward passes, and the optimiser stage graphed (both recording the compiled ansatz
-        with `compile_inference`)."""
+        forward passes (the compiled pass instead with `compile_inference`), and the
+        optimiser stage graphed."""
         active = self._graphs_reason() is None
         p = self._pipeline
         p.keep_graph = not active
-        if not active or self.device.type != "cuda":
+        if not active or self.compile_inference or self.device.type != "cuda":
             p.inference_graph = None
         elif p.inference_graph is None:
             from cuscikit.nnqs.graphs import InferenceGraph
 
-            p.inference_graph = InferenceGraph(self.ansatz, compile=self.compile_inference)
+            p.inference_graph = InferenceGraph(self.ansatz)
 
     def _graphed_stage(self, S, w, de, r) -> tuple[float, bool] | None:
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
@@ -477,9 +480,7 @@ class Runner(Solver):
 
         try:
             if self._graph_stage is None:
-                self._graph_stage = OptimizerGraph(
-                    self.ansatz, self.optimizer, compile=self.compile_inference
-                )
+                self._graph_stage = OptimizerGraph(self.ansatz, self.optimizer)
             loss, inner_ok, finite = self._graph_stage.run(
                 S, w, de, r.hdiag, r.space_pairs, self.inner_steps
             )

@@ -81,14 +81,3 @@ def test_recorded_inference_equals_the_module(dtype):
         assert got.shape == ref.shape and got.dtype == ref.dtype
         assert float((got - ref).abs().max()) <= tol
     assert graph.captures >= 5 and len(graph._graphs) <= graph.max_graphs
-
-
-def test_graphed_stage_with_the_compiled_ansatz():
-    """compile_inference with graphs: the recorded passes are the compiled ansatz's; the run
-    equals the eager one to rounding (float64)."""
-    eager = _runner("LiH", graphs=False).run(8, progress=False)
-    comp = _runner("LiH", graphs=True, compile_inference=True).run(8, progress=False)
-    assert comp._graphs_off is None and comp._graph_stage.replays == 8
-    assert comp._pipeline.inference_graph.captures >= 1
-    for c in COLUMNS:
-        np.testing.assert_allclose(comp.history[c], eager.history[c], rtol=0, atol=1e-9)
