@@ -1,8 +1,10 @@
 """Ansatz inference throughput (ln psi per second, no gradient) on the GPU, by variant.
 
-Variants: eager float32 (the default), eager with TF32 matmuls, bfloat16 autocast, and
-torch.compile'd float32; each with its largest |ln psi - ln psi(float64)| on the same batch,
-and a profiler table of the eager float32 pass (where the time goes).
+Variants: eager float32 (the default), eager with TF32 matmuls, bfloat16 autocast, the
+float32 pass recorded as a CUDA graph per batch size (`cuscikit.nnqs.graphs.InferenceGraph`,
+what `Runner(graphs=...)` uses for batches up to its batch size) and torch.compile'd float32;
+each with its largest |ln psi - ln psi(float64)| on the same batch, and a profiler table of the
+eager float32 pass (where the time goes).
 
     python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
 """
@@ -20,6 +22,7 @@ from benchmarks_space import sample_space
 
 from cuscikit import Ansatz, Molecule
 from cuscikit.backends.keys import to_device
+from cuscikit.nnqs.graphs import InferenceGraph
 
 DEV = torch.device("cuda")
 
@@ -47,6 +50,10 @@ def main():
     for name in args.systems:
         mol = Molecule.load(name)
         x = to_device(sample_space(mol, args.n), DEV)
+        distinct = len(x)
+        if distinct < args.n:  # a small sector (N2/STO-3G: 14,400): repeat it to fill batches
+            x = x.repeat((args.n + distinct - 1) // distinct, 1)[: args.n]
+        print(f"# {name}: {len(x):,} configurations ({distinct:,} distinct)")
         a32 = Ansatz.for_molecule(mol, seed=0, device=DEV)
         a64 = copy.deepcopy(a32).to(torch.float64)
         with torch.no_grad():
@@ -71,6 +78,7 @@ def main():
         variants.append(
             ("bf16 autocast", a32.log_psi, lambda: torch.autocast("cuda", dtype=torch.bfloat16))
         )
+        variants.append(("recorded fp32 (CUDA graph)", InferenceGraph(a32), contextlib.nullcontext))
         if args.compile:
             comp = torch.compile(a32.log_psi, dynamic=False)
             t0 = time.perf_counter()

@@ -73,8 +73,8 @@ def allowed_tokens(
         tensor([[False,  True, False, False]])
     """
     dev = used_alpha.device
-    da = torch.tensor(_TOKEN_ALPHA, device=dev)
-    db = torch.tensor(_TOKEN_BETA, device=dev)
+    token = torch.arange(4, device=dev)  # made on the device: no host copy (CUDA graphs)
+    da, db = token & 1, token >> 1  # _TOKEN_ALPHA, _TOKEN_BETA
     if not isinstance(remaining, torch.Tensor):
         remaining = torch.tensor(remaining, device=dev)
     ua = used_alpha.unsqueeze(-1) + da  # alpha electrons used after choosing each token

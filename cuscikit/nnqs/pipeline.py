@@ -166,6 +166,12 @@ class Pipeline:
         self.largest_batch = 0
         self.retries = 0  # out-of-memory retries so far
         self._stage = ""  # the stage running, for the retry policy
+        # ln psi of the sources keeps its autograd graph for the loss (False: the Runner's
+        # graphed optimiser stage recomputes it, so the values come without one)
+        self.keep_graph = True
+        # ln psi without gradient of at most `batch_size` rows through recorded CUDA graphs
+        # (`cuscikit.nnqs.graphs.InferenceGraph`; set by the Runner with `graphs`), or None
+        self.inference_graph = None
 
     # ------------------------------------------------------------------------- memory plan
     def _bytes_per_item(self) -> int:
@@ -257,8 +263,25 @@ class Pipeline:
                 if is_tensor(configs)
                 else torch.from_numpy(np.ascontiguousarray(configs).view(np.int64))
             )  # tensors in: compile-friendly
-            lp = self._infer(x).detach()
+            lp = None
+            if self.inference_graph is not None and len(x) <= self.batch_size:
+                lp = self._graphed(x)
+            if lp is None:
+                lp = self._infer(x).detach()
         return self._to_engine(lp)
+
+    def _graphed(self, configs) -> torch.Tensor | None:
+        """ln psi through the recorded forward passes; None (and eager from now on) when
+        recording fails."""
+        try:
+            return self.inference_graph(configs)
+        except RuntimeError as exc:
+            warnings.warn(
+                f"recorded inference failed ({exc}); eager inference from now on",
+                stacklevel=3,
+            )
+            self.inference_graph = None
+            return None
 
     def _run(self, space_configs: np.ndarray, k: int) -> StageResult:
         eng, comm = self.engine, self.comm
@@ -323,7 +346,13 @@ class Pipeline:
         lp_graph = None
         rows = self._arange(u)
         if 0 < n_loc <= self.batch_size:
-            lp_graph = self.ansatz.log_psi(S_loc)
+            if self.keep_graph and torch.is_grad_enabled():
+                lp_graph = self.ansatz.log_psi(S_loc)
+            else:
+                lp_graph = self._graphed(S_loc) if self.inference_graph is not None else None
+                if lp_graph is None:
+                    with torch.no_grad():
+                        lp_graph = self.ansatz.log_psi(S_loc)
             mine = eng.find(U, S_loc)  # this rank's sources among its owned keys
             have = mine >= 0
             logpsi[mine[have]] = self._to_engine(lp_graph.detach())[have]

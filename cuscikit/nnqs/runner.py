@@ -163,11 +163,19 @@ class Runner(Solver):
             (pinned host memory only when they do not fit), "device" or "host".
         compile_inference: evaluate ln psi over the unique set with a `torch.compile`d pass
             (about 2x faster on an H200 after a few seconds of compilation; equal to float32
-            rounding).
+            rounding). With it, ``graphs="auto"`` stays off (``graphs=True`` records the eager
+            ansatz for the optimiser stage beside the compiled inference).
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
             no inference over the unique set.
+        graphs: run the optimiser stage (the iteration's AdamW step and the inner steps) as
+            one recorded CUDA graph per size bucket (`cuscikit.nnqs.graphs`): "auto" (default:
+            on a CUDA device, single process, without `compile_inference`, when |S| fits one
+            batch), True (the same, compiled or not, but an error on a CPU or on several ranks)
+            or False (the eager stage). Same arithmetic as
+            the eager stage (equal to rounding); on N2/STO-3G it removes most of the launch
+            overhead of a small system (docs/performance.md).
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
             E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
             normalised on S and E_var the variational energy, from the coupled sets the
@@ -208,6 +216,7 @@ class Runner(Solver):
     staging: str = "auto"
     compile_inference: bool = False
     inner_steps: int = DEFAULT_INNER_STEPS
+    graphs: bool | str = "auto"
     pt2: bool = True
     verbose: int = NOTE
 
@@ -313,6 +322,8 @@ class Runner(Solver):
             raise ValueError(f"prune_weight must be None or in [0, 1), got {self.prune_weight!r}")
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
+        if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
+            raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}: use one of {ESTIMATORS}")
         if self.pipeline not in PIPELINES:
@@ -360,6 +371,9 @@ class Runner(Solver):
             pt2=bool(self.pt2),
         )
         self._kind = kind
+        self._graph_stage = None
+        self._graphs_off: str | None = None
+        self._set_graph_inference()  # raises for graphs=True where graphs cannot run
         self._built_with = {k: getattr(self, k) for k in self._structural}
 
     def _choose_pipeline(self) -> str:
@@ -392,6 +406,7 @@ class Runner(Solver):
                 torch.manual_seed(self.seed)
             self._build()
         self._pipeline.want_pairs = self.inner_steps > 0
+        self._set_graph_inference()
         self._pipeline.pt2 = bool(self.pt2)
         d = self.optimizer.defaults
         if (d["betas"], d["weight_decay"], d["eps"]) != (
@@ -412,6 +427,77 @@ class Runner(Solver):
     def distributed(self) -> bool:
         """True on more than one rank."""
         return self.comm.size > 1
+
+    @property
+    def graphs_active(self) -> bool:
+        """Whether the optimiser stage runs as a CUDA graph (the `graphs` option resolved;
+        a single iteration still runs eagerly when |S| exceeds `batch_size`)."""
+        return self._graphs_reason() is None
+
+    def _graphs_reason(self) -> str | None:
+        """Why the graphed optimiser stage is off (None: it is on)."""
+        if self.graphs is False:
+            return "graphs=False"
+        if self._graphs_off is not None:
+            return self._graphs_off
+        if self.device.type != "cuda":
+            why = f"the runner is on {self.device.type}, CUDA graphs need a CUDA device"
+        elif self.distributed:
+            why = "several ranks (the gradients are summed between the passes)"
+        else:
+            from cuscikit.nnqs.graphs import unsupported_reason
+
+            why = unsupported_reason(self.ansatz, self.optimizer)
+        if why is not None and self.graphs is True:
+            raise ValueError(f"graphs=True, but {why}")
+        if why is None and self.graphs == "auto" and self.compile_inference:
+            why = "compile_inference (graphs='auto' leaves compiled runs eager)"
+        return why
+
+    def _set_graph_inference(self) -> None:
+        """With graphs on: the pipeline's ln psi without autograd graph, through recorded
+        forward passes (the compiled pass instead with `compile_inference`), and the
+        optimiser stage graphed."""
+        active = self._graphs_reason() is None
+        p = self._pipeline
+        p.keep_graph = not active
+        if not active or self.compile_inference or self.device.type != "cuda":
+            p.inference_graph = None
+        elif p.inference_graph is None:
+            from cuscikit.nnqs.graphs import InferenceGraph
+
+            p.inference_graph = InferenceGraph(self.ansatz)
+
+    def _graphed_stage(self, S, w, de, r) -> tuple[float, bool] | None:
+        """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
+        iteration takes the eager stage (graphs off, |S| above one batch, a non-finite local
+        energy in an inner step: then nothing was applied)."""
+        if self._graphs_reason() is not None or not 0 < len(S) <= self.batch_size:
+            return None
+        if self.inner_steps and r.space_pairs is None:
+            return None
+        from cuscikit.nnqs.graphs import OptimizerGraph
+
+        try:
+            if self._graph_stage is None:
+                self._graph_stage = OptimizerGraph(self.ansatz, self.optimizer)
+            loss, inner_ok, finite = self._graph_stage.run(
+                S, w, de, r.hdiag, r.space_pairs, self.inner_steps
+            )
+        except (RuntimeError, ValueError) as exc:  # e.g. an operation CUDA cannot capture
+            if self.graphs is True:
+                raise
+            import warnings
+
+            self._graphs_off = f"the graphed stage failed ({exc})"
+            self._set_graph_inference()
+            warnings.warn(
+                f"{self._graphs_off}; the eager optimiser stage runs instead", stacklevel=3
+            )
+            return None
+        if math.isfinite(loss) and not inner_ok:
+            return None  # undone; the eager stage stops the inner steps where it must
+        return loss, finite
 
     @property
     def active_pipeline(self) -> str:
@@ -507,6 +593,20 @@ class Runner(Solver):
             loss += float(part.detach())
         return loss
 
+    def _check_loss(self, loss_val: float, e_c: float, e_v: float) -> None:
+        if not (math.isfinite(loss_val) and math.isfinite(e_c) and math.isfinite(e_v)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"iteration {self.iteration + 1}: non-finite loss {loss_val} or energies "
+                f"({e_c}, {e_v}); the step was not applied"
+            )
+
+    def _nonfinite_weights(self) -> None:
+        raise NonFiniteLossError(
+            f"iteration {self.iteration + 1}: the optimiser step made the weights "
+            "non-finite; the last good weights and optimiser state were kept"
+        )
+
     def _snapshot(self) -> tuple[dict, dict]:
         """Copies of the weights and of the optimiser state (a step can be undone)."""
         import copy
@@ -571,28 +671,30 @@ class Runner(Solver):
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         eloc_t = (eloc - e_est).to(torch.complex128)
-        loss_val = self._backward_loss(S[lo:hi], r.lp_graph, w, eloc_t)
-        if self.distributed:  # one gradient for every replica; the loss travels along
-            from cuscikit.nnqs.distributed import allreduce_gradients
+        graphed = None
+        if math.isfinite(e_c) and math.isfinite(e_v):
+            graphed = self._graphed_stage(S, w, eloc_t, r)
+        if graphed is not None:  # applied (or undone when the loss or the weights are bad)
+            loss_val, finite = graphed
+            self._check_loss(loss_val, e_c, e_v)
+            if not finite:
+                self._nonfinite_weights()
+        else:
+            lp_graph = r.lp_graph if r.lp_graph is not None and r.lp_graph.requires_grad else None
+            loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
+            if self.distributed:  # one gradient for every replica; the loss travels along
+                from cuscikit.nnqs.distributed import allreduce_gradients
 
-            (loss_val,) = allreduce_gradients(self.ansatz.parameters(), self.comm, [loss_val])
-            loss_val = float(loss_val)
-        if not (math.isfinite(loss_val) and math.isfinite(e_c) and math.isfinite(e_v)):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"iteration {self.iteration + 1}: non-finite loss {loss_val} or energies "
-                f"({e_c}, {e_v}); the step was not applied"
-            )
-        before = self._snapshot()
-        self.optimizer.step()
-        if self.inner_steps:
-            self._inner(S, r.hdiag, r.space_pairs, r.share)
-        if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
-            self._restore(before)
-            raise NonFiniteLossError(
-                f"iteration {self.iteration + 1}: the optimiser step made the weights "
-                "non-finite; the last good weights and optimiser state were kept"
-            )
+                (loss_val,) = allreduce_gradients(self.ansatz.parameters(), self.comm, [loss_val])
+                loss_val = float(loss_val)
+            self._check_loss(loss_val, e_c, e_v)
+            before = self._snapshot()
+            self.optimizer.step()
+            if self.inner_steps:
+                self._inner(S, r.hdiag, r.space_pairs, r.share)
+            if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
+                self._restore(before)
+                self._nonfinite_weights()
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).

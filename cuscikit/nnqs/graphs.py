@@ -1,0 +1,389 @@
+"""The optimiser stage of an NNQS-SCI iteration as one CUDA graph.
+
+On a small system the optimiser stage (the loss's backward pass, the AdamW step and the inner
+steps on the energy within S) is a few thousand kernels of a few microseconds each, launched
+one by one from Python, with a host synchronisation in every inner step. `OptimizerGraph`
+records the whole stage once per size bucket and replays it with one launch:
+
+1. a copy of the weights and the AdamW moments (so the stage can be undone);
+2. the iteration's step: ln psi over S, L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E),
+   its gradient and AdamW;
+3. ``inner_steps`` times: ln psi over S, the Rayleigh quotient of psi on S with H_SS from the
+   iteration's pairs, its loss, gradient and AdamW;
+4. flags: the loss of step 2, whether any inner step met a non-finite local energy, whether the
+   weights are finite.
+
+The host reads the flags once, after the replay. The arithmetic is that of the eager stage in
+`cuscikit.nnqs.runner.Runner`, written for static shapes: S and the H_SS pairs are padded to a
+bucket (rows of weight zero that repeat the first configuration, pairs of value zero), and the
+AdamW update is the one of `torch.optim.AdamW` (foreach, not amsgrad) with the rate and the
+step count in device scalars. The eager stage and this one agree to rounding (1e-10 in float64
+in the tests). When an inner step meets a non-finite local energy, the stage is undone and the
+Runner runs the eager stage instead, which stops the inner steps at that point.
+
+``use_graph=False`` runs the same body without capturing (any device): the tests compare it
+with the eager stage on the CPU.
+
+`InferenceGraph` does the same for ln psi without gradient (the iteration's inference over S
+and the coupled set when they fit one batch): one recorded forward pass per size bucket.
+
+Example:
+    >>> import torch
+    >>> from cuscikit import Ansatz, Molecule, Runner
+    >>> mol = Molecule.load("LiH")
+    >>> runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0)
+    >>> runner.graphs_active   # on a CPU: the eager stage
+    False
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["InferenceGraph", "OptimizerGraph", "bucket", "unsupported_reason"]
+
+_MIN_BUCKET = 64
+
+
+def bucket(n: int) -> int:
+    """The smallest capacity ``2^k * j / 8`` (j = 8..16, at least 64) that holds ``n``: at most
+    an eighth of a padded pass is padding.
+
+    Example:
+        >>> [bucket(n) for n in (0, 64, 65, 1824, 2048, 2049)]
+        [64, 64, 72, 1920, 2048, 2304]
+    """
+    n = max(int(n), _MIN_BUCKET)
+    base = 1 << (n.bit_length() - 1)
+    if base == n:
+        return n
+    for j in range(9, 17):
+        cap = base * j // 8
+        if cap >= n:
+            return cap
+    raise AssertionError("unreachable")
+
+
+def unsupported_reason(ansatz, optimizer) -> str | None:
+    """Why the graphed stage cannot run this ansatz/optimiser pair (None: it can)."""
+    if not (hasattr(ansatz, "tokens") and hasattr(ansatz, "_log_psi_tokens")):
+        return "the ansatz is not a cuscikit Ansatz (needs tokens and _log_psi_tokens)"
+    if type(optimizer) is not torch.optim.AdamW:
+        return f"the optimiser is {type(optimizer).__name__}, not torch.optim.AdamW"
+    if len(optimizer.param_groups) != 1:
+        return "the optimiser has more than one parameter group"
+    g = optimizer.param_groups[0]
+    for flag in ("amsgrad", "maximize", "differentiable"):
+        if g.get(flag):
+            return f"AdamW with {flag}=True"
+    params = list(ansatz.parameters())
+    if len(params) != len(g["params"]) or any(
+        a is not b for a, b in zip(params, g["params"], strict=True)
+    ):
+        return "the optimiser's parameters are not the ansatz's"
+    if not all(p.requires_grad for p in params):
+        return "some parameters are frozen"
+    return None
+
+
+class OptimizerGraph:
+    """The optimiser stage (the iteration's AdamW step plus the inner steps) replayed as one
+    CUDA graph per size bucket. See the module docstring.
+
+    Args:
+        ansatz: a `cuscikit.Ansatz` (single process).
+        optimizer: its `torch.optim.AdamW` (one parameter group).
+        use_graph: capture and replay (CUDA); False runs the body directly (tests, any device).
+
+    Example:
+        >>> import torch
+        >>> from cuscikit import Ansatz
+        >>> psi = Ansatz(4, (2, 1), seed=0, dtype=torch.float64)
+        >>> opt = torch.optim.AdamW(psi.parameters(), lr=1e-3)
+        >>> stage = OptimizerGraph(psi, opt, use_graph=False)
+        >>> stage.key_for(100, 10, 4)[:2]
+        (104, 64)
+    """
+
+    def __init__(self, ansatz, optimizer, *, use_graph: bool = True) -> None:
+        reason = unsupported_reason(ansatz, optimizer)
+        if reason is not None:
+            raise ValueError(f"the graphed optimiser stage cannot run: {reason}")
+        self.ansatz, self.optimizer, self.use_graph = ansatz, optimizer, bool(use_graph)
+        self.params = list(ansatz.parameters())
+        self.device = self.params[0].device
+        self._key = None
+        self._graph = None
+        self._buf: dict = {}
+        self.captures = 0  # graphs recorded so far (one per new bucket or new state tensors)
+        self.replays = 0
+
+    # ----------------------------------------------------------------------------- state
+    def _state(self) -> tuple[list, list, float]:
+        """AdamW moments (created as torch would on the first step) and the common step count."""
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        exp_avg, exp_avg_sq, steps = [], [], set()
+        for p in self.params:
+            st = self.optimizer.state[p]
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            exp_avg.append(st["exp_avg"])
+            exp_avg_sq.append(st["exp_avg_sq"])
+            steps.add(float(st["step"]))
+        if len(steps) != 1:
+            raise ValueError("the parameters are at different AdamW step counts")
+        return exp_avg, exp_avg_sq, steps.pop()
+
+    def key_for(self, n: int, m: int, inner_steps: int) -> tuple:
+        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads."""
+        g = self.optimizer.param_groups[0]
+        ptrs = tuple(p.data_ptr() for p in self.params)
+        for p in self.params:
+            st = self.optimizer.state.get(p) or {}
+            ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
+        consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
+        return (bucket(n), bucket(m), int(inner_steps), consts, ptrs)
+
+    # ------------------------------------------------------------------------------ run
+    def run(self, configs, w, de, hdiag, pairs, inner_steps: int) -> tuple[float, bool, bool]:
+        """Run the stage over S = ``configs``; returns ``(loss, inner_ok, weights_finite)``.
+
+        Args:
+            configs: S (uint64 host array or int64 tensor), n rows.
+            w: weights |psi|^2 / sum_S |psi|^2 (n,), real.
+            de: E_loc(x) - E (n,), complex.
+            hdiag: <x|H|x> over S (n,).
+            pairs: (source row, target row, H value) of the off-diagonal H_SS entries.
+            inner_steps: inner steps after the iteration's step.
+
+        When the loss is not finite, an inner step met a non-finite local energy, or the
+        weights end non-finite, the weights and the AdamW state are put back as they were and
+        the step count is left alone; otherwise the step count advances by 1 + inner_steps.
+        """
+        exp_avg, exp_avg_sq, step = self._state()
+        tokens = self.ansatz.tokens(configs)
+        n = tokens.shape[0]
+        src, dst, val = pairs if pairs is not None else ((), (), ())
+        src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
+        m = src.shape[0]
+        key = self.key_for(n, m, inner_steps)
+        if key != self._key or not self._buf:
+            self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
+        b = self._buf
+        n_cap = key[0]
+        dev = self.device
+        b["tok"][:n].copy_(tokens)
+        b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
+        b["mask"].zero_()[:n] = 1
+        b["w0"].zero_()[:n].copy_(torch.as_tensor(w).to(dev))
+        b["de0"].zero_()[:n].copy_(torch.as_tensor(de).to(dev))
+        b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(dev))
+        b["src"].zero_()[:m].copy_(src)
+        b["dst"].zero_()[:m].copy_(dst)
+        b["val"].zero_()[:m].copy_(val)
+        b["lr"].fill_(float(self.optimizer.param_groups[0]["lr"]))
+        b["step"].fill_(step)
+        if self.use_graph:
+            if self._graph is None:
+                self._capture()
+            self._graph.replay()
+        else:
+            self._body(apply=True)
+        self.replays += 1
+        loss, bad, finite = b["flags"].tolist()
+        ok = bad == 0 and finite == 1 and loss == loss and abs(loss) != float("inf")
+        if not ok:
+            self._undo()
+        else:
+            for p in self.params:
+                self.optimizer.state[p]["step"] += 1 + inner_steps
+        return loss, bad == 0, finite == 1
+
+    def _undo(self) -> None:
+        b = self._buf
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, b["bk_p"])
+            torch._foreach_copy_(b["exp_avg"], b["bk_m"])
+            torch._foreach_copy_(b["exp_avg_sq"], b["bk_v"])
+
+    def _allocate(self, key, norb, exp_avg, exp_avg_sq) -> None:
+        self._graph = None  # the old graph's memory goes with it
+        self._buf = {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        n_cap, m_cap = key[0], key[1]
+        dev, rdt = self.device, torch.float64
+        c128, long = torch.complex128, torch.long
+        self._buf = {
+            "tok": torch.zeros((n_cap, norb), dtype=long, device=dev),
+            "mask": torch.zeros(n_cap, dtype=rdt, device=dev),
+            "w0": torch.zeros(n_cap, dtype=rdt, device=dev),
+            "de0": torch.zeros(n_cap, dtype=c128, device=dev),
+            "hd": torch.zeros(n_cap, dtype=rdt, device=dev),
+            "src": torch.zeros(m_cap, dtype=long, device=dev),
+            "dst": torch.zeros(m_cap, dtype=long, device=dev),
+            "val": torch.zeros(m_cap, dtype=c128, device=dev),
+            "lr": torch.zeros((), dtype=rdt, device=dev),
+            "step": torch.zeros((), dtype=rdt, device=dev),
+            "flags": torch.zeros(3, dtype=rdt, device=dev),
+            "exp_avg": exp_avg,
+            "exp_avg_sq": exp_avg_sq,
+            "bk_p": [torch.empty_like(p) for p in self.params],
+            "bk_m": [torch.empty_like(t) for t in exp_avg],
+            "bk_v": [torch.empty_like(t) for t in exp_avg_sq],
+        }
+        self._key = key
+
+    def _capture(self) -> None:
+        """Warm up (gradients only, nothing applied) on a side stream, then record."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(apply=False)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._body(apply=True)
+        self._graph = graph
+        self.captures += 1
+
+    # ----------------------------------------------------------------------------- body
+    def _grads(self, loss: torch.Tensor) -> list[torch.Tensor]:
+        # every parameter has a gradient here (an unused one is an error, not a zero step)
+        return list(torch.autograd.grad(loss, self.params))
+
+    def _adamw(self, grads: list[torch.Tensor]) -> None:
+        """One `torch.optim.AdamW` step (foreach arithmetic) with the rate and step on device."""
+        b, g = self._buf, self.optimizer.param_groups[0]
+        beta1, beta2 = g["betas"]
+        eps, wd = float(g["eps"]), float(g["weight_decay"])
+        params, m, v = self.params, b["exp_avg"], b["exp_avg_sq"]
+        b["step"].add_(1)
+        lr, step = b["lr"], b["step"]
+        if wd:
+            torch._foreach_mul_(params, (1 - lr * wd).to(params[0].dtype))
+        torch._foreach_lerp_(m, grads, 1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
+        # scalars in the parameters' dtype, as torch's kernels take its Python-float ones
+        pdt = params[0].dtype
+        bias1 = 1 - torch.pow(beta1, step)
+        bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, step)).to(pdt)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, bias2_sqrt)
+        torch._foreach_add_(denom, eps)
+        update = torch._foreach_div(m, denom)
+        torch._foreach_mul_(update, (lr / bias1).to(pdt))
+        torch._foreach_sub_(params, update)
+
+    def _body(self, apply: bool) -> None:
+        """The recorded work; with ``apply=False`` only the gradients (warm-up)."""
+        b = self._buf
+        c128 = torch.complex128
+        tok, mask, hd = b["tok"], b["mask"], b["hd"]
+        valid = mask > 0
+        with torch.no_grad():
+            if apply:
+                torch._foreach_copy_(b["bk_p"], self.params)
+                torch._foreach_copy_(b["bk_m"], b["exp_avg"])
+                torch._foreach_copy_(b["bk_v"], b["exp_avg_sq"])
+        # The iteration's step: the loss with the pipeline's weights and local energies.
+        with torch.enable_grad():
+            lp = self.ansatz._log_psi_tokens(tok).to(c128)
+            loss0 = 2.0 * (b["w0"] * (lp.conj() * b["de0"])).real.sum()
+            grads = self._grads(loss0)
+        with torch.no_grad():
+            if apply:
+                self._adamw(grads)
+        bad = torch.zeros((), dtype=torch.bool, device=tok.device)
+        n_inner = self._key[2]
+        for _ in range(n_inner):
+            with torch.enable_grad():
+                lp = self.ansatz._log_psi_tokens(tok).to(c128)
+            with torch.no_grad():
+                lpd = lp.detach()
+                psi = torch.exp(lpd - lpd.real.max())
+                prob = psi.abs() ** 2 * mask
+                num = torch.zeros_like(psi).index_add_(0, b["src"], b["val"] * psi[b["dst"]])
+                w = prob / prob.sum()
+                eloc = torch.where(valid, hd + num / psi, 0)
+                e = (w * eloc).real.sum()
+                bad = bad | (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
+            with torch.enable_grad():
+                loss = 2.0 * (w * (lp.conj() * (eloc - e))).real.sum()
+                grads = self._grads(loss)
+            with torch.no_grad():
+                if apply:
+                    self._adamw(grads)
+        with torch.no_grad():
+            zeros = torch._foreach_mul(self.params, 0.0)  # 0 where finite, NaN elsewhere
+            finite = torch.isfinite(torch.stack(torch._foreach_norm(zeros))).all()
+            flags = (loss0.detach(), bad.to(loss0.dtype), finite.to(loss0.dtype))
+            b["flags"].copy_(torch.stack(flags))
+
+
+class InferenceGraph:
+    """ln psi without gradient through a recorded forward pass per size bucket (CUDA).
+
+    Inputs are padded to `bucket` (rows repeating the first configuration) and the result is
+    cut back, so the values are those of the eager pass up to the rounding of a different batch
+    size. The last ``max_graphs`` buckets are kept.
+
+    Args:
+        ansatz: a `cuscikit.Ansatz` on a CUDA device.
+        max_graphs: recorded buckets kept at once.
+
+    Example:
+        >>> import torch
+        >>> from cuscikit import Ansatz
+        >>> psi = Ansatz(4, (2, 1), seed=0, device="cuda")  # doctest: +SKIP
+        >>> InferenceGraph(psi)(psi.sample(100)[0]).shape  # doctest: +SKIP
+        torch.Size([...])
+    """
+
+    def __init__(self, ansatz, max_graphs: int = 2) -> None:
+        if not (hasattr(ansatz, "tokens") and hasattr(ansatz, "_log_psi_tokens")):
+            raise ValueError("InferenceGraph needs a cuscikit Ansatz (tokens, _log_psi_tokens)")
+        self.ansatz, self.max_graphs = ansatz, int(max_graphs)
+        self._graphs: dict[int, tuple] = {}
+        self.captures = 0
+
+    def __call__(self, configs) -> torch.Tensor:
+        """ln psi (n,) of configurations (as `Ansatz.log_psi`), without gradient."""
+        tokens = self.ansatz.tokens(configs)
+        n = tokens.shape[0]
+        if n == 0:
+            with torch.no_grad():
+                return self.ansatz._log_psi_tokens(tokens)
+        cap = bucket(n)
+        entry = self._graphs.pop(cap, None)
+        if entry is None:
+            entry = self._capture(cap, tokens)
+        self._graphs[cap] = entry  # most recent last
+        graph, tok, out = entry
+        tok[:n].copy_(tokens)
+        tok[n:].copy_(tokens[:1].expand(cap - n, -1))
+        graph.replay()
+        return out[:n].clone()
+
+    def _capture(self, cap: int, tokens: torch.Tensor) -> tuple:
+        while len(self._graphs) >= self.max_graphs:
+            self._graphs.pop(next(iter(self._graphs)))
+        dev = tokens.device
+        tok = tokens[:1].expand(cap, -1).clone()
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.no_grad():
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.ansatz._log_psi_tokens(tok)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self.ansatz._log_psi_tokens(tok)
+        self.captures += 1
+        return graph, tok, out

@@ -1,0 +1,102 @@
+"""The graphed optimiser stage: option handling, and its arithmetic against the eager stage.
+
+CUDA graphs need a GPU (tests/gpu/test_optimizer_graph.py); here the same body runs without
+capturing (``use_graph=False``) on the CPU and must reproduce the eager stage to rounding."""
+
+import numpy as np
+import pytest
+import torch
+
+from cuscikit import Molecule
+from cuscikit.nnqs import Ansatz
+from cuscikit.nnqs.graphs import OptimizerGraph, bucket, unsupported_reason
+from cuscikit.nnqs.runner import LearningRateDecay, NonFiniteLossError, Runner
+
+COLUMNS = ["e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_unique", "n_new"]
+
+
+def make_runner(name="LiH", **kw):
+    mol = Molecule.load(name)
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    kw.setdefault("topk", 16)
+    return Runner(mol, ansatz, seed=0, **kw)
+
+
+def with_body(runner):
+    """Route the runner's optimiser stage through the graph body, run without capturing."""
+    runner._graphs_reason = lambda: None
+    runner._graph_stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
+    return runner
+
+
+def test_graphs_option_on_the_cpu():
+    runner = make_runner()
+    assert runner.graphs == "auto" and not runner.graphs_active
+    assert runner._pipeline.keep_graph  # the eager stage uses the pipeline's graph
+    assert not make_runner(graphs=False).graphs_active
+    with pytest.raises(ValueError, match="CUDA"):
+        make_runner(graphs=True)
+    with pytest.raises(ValueError, match="graphs must be"):
+        make_runner(graphs="yes")
+    with pytest.raises(ValueError, match="graphs must be"):
+        make_runner(graphs=1)
+
+
+def test_unsupported_pairs_are_named():
+    psi = Ansatz(4, (2, 1), seed=0)
+    assert unsupported_reason(psi, torch.optim.AdamW(psi.parameters())) is None
+    assert "Adam" in unsupported_reason(psi, torch.optim.Adam(psi.parameters()))
+    assert "amsgrad" in unsupported_reason(psi, torch.optim.AdamW(psi.parameters(), amsgrad=True))
+    lin = torch.nn.Linear(2, 2)
+    assert "Ansatz" in unsupported_reason(lin, torch.optim.AdamW(lin.parameters()))
+    with pytest.raises(ValueError, match="cannot run"):
+        OptimizerGraph(lin, torch.optim.AdamW(lin.parameters()))
+
+
+def test_buckets_hold_their_size_with_at_most_an_eighth_padding():
+    for n in [*range(0, 3000), 16383, 16384, 16385, 10**6 + 7]:
+        cap = bucket(n)
+        assert cap >= max(n, 64) and (n <= 64 or cap <= n * 9 / 8 + 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("LiH", {"inner_steps": 3, "weight_decay": 0.01}),
+        ("LiH", {"inner_steps": 1, "estimator": "variational"}),
+        ("LiH", {"inner_steps": 0, "topk": 32}),
+    ],
+)
+def test_graph_body_matches_the_eager_stage(name, kw):
+    """float64: energies, losses and weights agree to 1e-10 over iterations whose |S| changes
+    (new buckets) and under a decaying rate (the rate is a device scalar of the graph)."""
+    decay = LearningRateDecay(start=1, end=4, final_lr=1e-4)
+    eager = make_runner(name, graphs=False, **kw).run(4, [decay], progress=False)
+    body = with_body(make_runner(name, **kw)).run(4, [decay], progress=False)
+    assert body._graph_stage.replays == 4
+    assert not body._pipeline.keep_graph  # the values come without an autograd graph
+    np.testing.assert_array_equal(body.history["n_space"], eager.history["n_space"])
+    for c in COLUMNS:
+        np.testing.assert_allclose(body.history[c], eager.history[c], rtol=0, atol=1e-10)
+    for a, b in zip(eager.ansatz.parameters(), body.ansatz.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    for p, q in zip(eager.ansatz.parameters(), body.ansatz.parameters(), strict=True):
+        s, t = eager.optimizer.state[p], body.optimizer.state[q]
+        assert float(s["step"]) == float(t["step"]) == 4 * (1 + kw["inner_steps"])
+        torch.testing.assert_close(s["exp_avg_sq"], t["exp_avg_sq"], rtol=1e-8, atol=1e-14)
+
+
+def test_a_bad_stage_is_undone():
+    """An infinite rate makes the weights non-finite inside the stage: it is undone (weights,
+    moments, step count) and the run stops as the eager stage would."""
+    runner = with_body(make_runner())
+    runner.run(2, progress=False)
+    good = {k: v.clone() for k, v in runner.ansatz.state_dict().items()}
+    p0 = next(runner.ansatz.parameters())
+    moment = runner.optimizer.state[p0]["exp_avg"].clone()
+    runner.optimizer.param_groups[0]["lr"] = float("inf")
+    with pytest.raises(NonFiniteLossError, match="non-finite"):
+        runner.step()
+    assert all(torch.equal(runner.ansatz.state_dict()[k], good[k]) for k in good)
+    assert torch.equal(runner.optimizer.state[p0]["exp_avg"], moment)
+    assert float(runner.optimizer.state[p0]["step"]) == 2 * 5
