@@ -38,7 +38,8 @@ struct Lists {
   std::vector<double> w;
 };
 
-// counts: the entries per ket (count_lists) when known, else nullptr (counted here).
+// counts: the entries per ket (count_lists) when known, else nullptr (one loop search per ket
+// into per-thread buffers, then copied into place).
 Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads,
                   const std::int64_t* counts = nullptr);
 std::vector<std::int64_t> count_lists(const Drt& drt, std::int64_t k0, std::int64_t count,
