@@ -213,3 +213,18 @@ def test_bad_input_is_refused_before_work():
         s = GUGASolver()
         s.conv_tl = 1e-9
         s.kernel(h1, eri, norb, (3, 3))
+
+
+def test_sigma_is_bitwise_reproducible_for_a_thread_count():
+    from cuscikit.guga.sigma import Engine
+
+    drt = DRT(8, 8, 0)
+    rng = np.random.default_rng(3)
+    c = rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((36, 36))
+    V = V + V.T
+    eng = Engine(drt, nthreads=2)
+    first = eng.contract(c, V)
+    for _ in range(5):
+        assert np.array_equal(eng.contract(c, V), first)
+    np.testing.assert_allclose(Engine(drt, nthreads=1).contract(c, V), first, atol=1e-11)

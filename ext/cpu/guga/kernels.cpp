@@ -317,7 +317,9 @@ void scatter_pairs(const Drt& drt, const BlockView& v, const std::int32_t* symma
   {
     const int tid = thread_id();
     double* out = sigma + static_cast<size_t>(tid) * ncsf;  // this thread's buffer
-#pragma omp for schedule(dynamic, 256)
+    // a static schedule gives each thread the same kets on every call, so every buffer adds
+    // the same terms in the same order: the sum is bitwise reproducible for a thread count
+#pragma omp for schedule(static, 256)
     for (std::int64_t k = 0; k < v.count; ++k) {
       const double* g = G + k * npair;
       for (std::int64_t e = v.offsets[k]; e < v.offsets[k + 1]; ++e)
