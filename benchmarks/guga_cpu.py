@@ -4,14 +4,15 @@ N2/cc-pVDZ at 1.098 A, RHF orbitals, CASCI(10,10) and (12,12) (``--sizes 10 12 1
 singlet and triplet. Every solver runs in a process of its own, one after the other and, with
 ``--rounds R``, R times alternating, so that a shared machine loads them alike. Each process
 first solves (conv_tol 1e-10, one root, no guess; the time includes every setup: for GUGA the
-DRT and the coupling lists) and reads its peak resident memory, then times one sigma vector
-(H c) on a random vector (median and best of ``--repeat``). The anchor is PySCF's direct_spin1
-with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin penalty, the
-lowest state of the M sector), direct_spin0 for singlets, pyscf-forge's csf_solver when it is
-installed (the script says so when it is not), and with ``--df TOL`` GUGA with the integrals
-factored by pivoted Cholesky to TOL. ``--sigma-only`` skips the solves (for CAS(14,14) on a
-small machine); the memory is then that of the sigma. ``--max-memory MB`` caps GUGA's memory
-(coupling lists beyond the cap are searched again on every sigma).
+DRT and the coupling lists; wall and CPU seconds of the process, the latter summed over its
+threads and less sensitive to other jobs) and reads its peak resident memory, then times one
+sigma vector (H c) on a random vector (median and best of ``--repeat``). The anchor is PySCF's
+direct_spin1 with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin
+penalty, the lowest state of the M sector), direct_spin0 for singlets, pyscf-forge's csf_solver
+when it is installed (the script says so when it is not), and with ``--df TOL`` GUGA with the
+integrals factored by pivoted Cholesky to TOL. ``--sigma-only`` skips the solves (for
+CAS(14,14) on a small machine); the memory is then that of the sigma. ``--max-memory MB`` caps
+GUGA's memory (coupling lists beyond the cap are searched again on every sigma).
 
     python benchmarks/guga_cpu.py [--threads 2] [--sizes 10 12] [--repeat 3] [--rounds 1]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import time
@@ -60,6 +62,7 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
     mol, h1, eri, ecore = _integrals(ncas)
     nelec = ((ncas + twos) // 2, (ncas - twos) // 2)
     out = {"setup_s": 0.0, "solve_s": float("nan"), "e": float("nan"), "sigma_s": float("nan")}
+    out["solve_cpu_s"] = float("nan")
     out["sigma_min_s"] = float("nan")
     times = []
     if method.startswith("guga"):
@@ -69,17 +72,19 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         if opts["max_memory"] is not None:
             kw["max_memory"] = opts["max_memory"]
         solver = GUGASolver(spin=twos, threads=threads, conv_tol=1e-10, **kw)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         eng, matvec = solver._hop(h1, eri, ncas, nelec)  # DRT, integrals, every coupling list
         for i in range(len(eng.blocks)):
             eng.lists(i)
         out["setup_s"] = time.perf_counter() - t0
+        out["setup_cpu_s"] = time.process_time() - c0
         out["size"] = eng.ncsf
         out["list_mib"] = eng.list_bytes / 2**20
         if solve:
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
             out["solve_s"] = out["setup_s"] + time.perf_counter() - t1
+            out["solve_cpu_s"] = out["setup_cpu_s"] + time.process_time() - c1
             out["e"] = float(e)
             out["peak_mib"] = _peak_mib()
         c = np.random.default_rng(0).standard_normal(eng.ncsf)
@@ -94,9 +99,10 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
 
         out["size"] = comb(ncas, nelec[0]) * comb(ncas, nelec[1])
         if solve:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
             out["solve_s"] = time.perf_counter() - t0
+            out["solve_cpu_s"] = time.process_time() - c0
             out["e"] = float(e)
             out["peak_mib"] = _peak_mib()
     else:
@@ -113,9 +119,10 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         shape = (comb(ncas, nelec[0]), comb(ncas, nelec[1]))
         out["size"] = shape[0] * shape[1]
         if solve:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
             out["solve_s"] = time.perf_counter() - t0
+            out["solve_cpu_s"] = time.process_time() - c0
             out["e"] = float(e)
             out["peak_mib"] = _peak_mib()
         h2 = solver.absorb_h1e(h1, eri, ncas, nelec, 0.5)
@@ -169,6 +176,10 @@ def main() -> None:
     args = ap.parse_args()
     opts = {"df": args.df, "max_memory": args.max_memory}
     solve = not args.sigma_only
+    # every BLAS of every solver on the same number of threads (numpy's OpenBLAS would take
+    # all cores otherwise); the spawned processes inherit this before they import numpy
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
     print(f"machine: {machine()}; threads: {args.threads}")
     have_csf = csf_solver_or_none() is not None
     if not have_csf:
@@ -187,7 +198,8 @@ def main() -> None:
             others += ["csf_solver"] if have_csf and solve and not args.no_others else []
             for m in others:
                 runs[m] = [measure(m, ncas, twos, args.threads, args.repeat, solve, opts)]
-            anchor = {k: _median(runs[ANCHOR], k) for k in ("sigma_s", "solve_s", "e")}
+            keys = ("sigma_s", "solve_s", "solve_cpu_s", "e")
+            anchor = {k: _median(runs[ANCHOR], k) for k in keys}
             for m, rs in runs.items():
                 r = {k: _median(rs, k) for k in rs[0] if isinstance(rs[0][k], (int, float))}
                 rows.append(
@@ -201,6 +213,8 @@ def main() -> None:
                         f"{r['setup_s']:.2f}",
                         f"{r['solve_s']:.2f}",
                         f"{anchor['solve_s'] / r['solve_s']:.2f}x",
+                        f"{r['solve_cpu_s']:.2f}",
+                        f"{anchor['solve_cpu_s'] / r['solve_cpu_s']:.2f}x",
                         f"{r['e']:.10f}",
                         f"{r['e'] - anchor['e']:+.1e}",
                         f"{r['peak_mib']:.0f}",
@@ -219,6 +233,8 @@ def main() -> None:
                     "vs anchor",
                     "setup s",
                     "solve s",
+                    "vs anchor",
+                    "solve CPU s",
                     "vs anchor",
                     "E (Ha)",
                     "dE",
