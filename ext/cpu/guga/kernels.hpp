@@ -1,6 +1,7 @@
 // GUGA CI kernels of the CPU extension: the DRT as flat arrays, step vectors of CSFs by index,
-// the one-body coupling lists <m|E_pq|n> by loop search (count, scan, write), and the gathers and
-// scatters of the operator-direct sigma, the diagonal and the density matrices over those lists.
+// the one-body coupling lists <m|E_pq|n> by loop search (remembered across kets that share the walk
+// above the start orbital; one pass, or count then write), and the gathers and scatters of the
+// operator-direct sigma, the diagonal and the density matrices over those lists.
 #pragma once
 #include <cstdint>
 #include <vector>
