@@ -8,9 +8,9 @@ h'_pq = h_pq - 1/2 sum_r (pr|rq). For a block of kets k and the symmetric pairs 
 3. sigma_m += sum_P <m|E_pq + E_qp|k> G[k, P] (E_rr for the diagonal pairs): a scatter, each
    thread into a buffer of its own, summed at the end (no races).
 
-The lists hold every <m|E_pq|k> != 0 of the block's kets, found by loop search through the DRT
-(count, prefix sum, write). They are kept between sigma calls when they fit the memory budget;
-otherwise they are rebuilt block by block on every call.
+The lists hold every <m|E_pq|k> != 0 of a block's kets, found by loop search through the DRT
+(one search per ket into per-thread buffers, then copied into place). They are kept between
+sigma calls while they fit the memory budget; blocks beyond it are searched again on every call.
 
 Example:
     >>> import numpy as np
@@ -45,14 +45,19 @@ def pair_index(norb: int) -> np.ndarray:
 class Engine:
     """The compiled loop search and the sigma / RDM kernels for one DRT.
 
+    The CSFs are split into blocks of `rows` kets. The coupling lists of a block are found by one
+    loop search per ket the first time the block is used and kept while the kept lists stay within
+    `budget` bytes; blocks beyond it are searched again on every call (streamed), so memory stays
+    at the budget plus one block.
+
     Args:
         drt: the table.
-        budget: bytes the cached lists may take (beyond it they are rebuilt per call).
+        budget: bytes the kept lists may take.
         nthreads: OpenMP threads (0: the runtime's default).
-        block_bytes: list bytes per block when they are not cached.
+        rows: kets per block (and per gather / GEMM / scatter step).
     """
 
-    def __init__(self, drt: DRT, budget: int = 2**31, nthreads: int = 0, block_bytes=2**28):
+    def __init__(self, drt: DRT, budget: int = 2**31, nthreads: int = 0, rows: int = 32768):
         self.drt = drt
         self.core = drt.core
         self.mod = load()
@@ -65,35 +70,37 @@ class Engine:
         self.symmap = pair_index(n)
         self.ncsf = drt.n_csf
         self.steps = drt.steps()
-        counts = self.core.counts(0, self.ncsf, self.nthreads)
-        self.n_entries = int(counts.sum())
-        self._counts = counts
-        self.cached = ENTRY_BYTES * self.n_entries <= budget
-        if self.cached:
-            self.blocks = [(0, self.ncsf)]
-        else:
-            per = max(1, block_bytes // ENTRY_BYTES)
-            cum = np.cumsum(counts)
-            self.blocks, start = [], 0
-            while start < self.ncsf:
-                base = cum[start - 1] if start else 0
-                stop = int(np.searchsorted(cum, base + per, side="right"))
-                stop = min(max(stop, start + 1), self.ncsf)
-                self.blocks.append((start, stop - start))
-                start = stop
+        self.budget = int(budget)
+        rows = max(1, int(rows))
+        self.blocks = [(k0, min(rows, self.ncsf - k0)) for k0 in range(0, self.ncsf, rows)]
+        self.rows = rows
         self._lists: dict[int, tuple] = {}
+        self._held = 0  # bytes of the kept lists
+        self._streamed: set[int] = set()  # blocks that did not fit the budget
         self._work = None  # (T, G) buffers reused between calls
-        self.rows = 32768  # kets per gather / GEMM / scatter step
+
+    @property
+    def cached(self) -> bool:
+        """True when the lists of every block are kept (known once each block has been used)."""
+        return not self._streamed and len(self._lists) == len(self.blocks)
+
+    @property
+    def list_bytes(self) -> int:
+        """Bytes of the kept coupling lists."""
+        return self._held
 
     def lists(self, i: int):
-        """(offsets, bra, code, w) of block i (cached or rebuilt)."""
+        """(offsets, bra, code, w) of block i (kept, or searched again when beyond the budget)."""
         if i in self._lists:
             return self._lists[i]
         k0, count = self.blocks[i]
-        known = np.ascontiguousarray(self._counts[k0 : k0 + count])
-        lst = self.core.lists(k0, count, self.nthreads, known)
-        if self.cached:
+        lst = self.core.lists(k0, count, self.nthreads)
+        size = ENTRY_BYTES * len(lst[3]) + 8 * len(lst[0])
+        if i not in self._streamed and self._held + size <= self.budget:
             self._lists[i] = lst
+            self._held += size
+        else:
+            self._streamed.add(i)
         return lst
 
     def _chunks(self, i):
@@ -106,30 +113,53 @@ class Engine:
             yield (off[a : b + 1], bra, code, w, self.steps[k0 + a : k0 + b], k0 + a), k0 + a, b - a
 
     # --- sigma -----------------------------------------------------------------------------------
-    def contract(self, c: np.ndarray, V: np.ndarray, h: np.ndarray | None = None) -> np.ndarray:
+    def contract(self, c: np.ndarray, V, h: np.ndarray | None = None) -> np.ndarray:
         """sum_PQ V[P,Q] E^sym_P E^sym_Q c + sum_P h[P] E^sym_P c, V and h over packed pairs.
 
         With V = 1/2 (pq|rs) (4-fold) and h = h' packed, this is (H - ecore) c; with V the
-        absorbed h2eff of PySCF's `absorb_h1e` and h None, it is PySCF's `contract_2e`.
+        absorbed h2eff of PySCF's `absorb_h1e` and h None, it is PySCF's `contract_2e`. V may
+        also be a factored pair (A, B), A (npair, naux) and B (naux, npair), meaning V = A B
+        (density fitting / Cholesky: A = L, B = 1/2 L^T): then g = (T A) B, two GEMMs of
+        naux columns instead of one of npair.
         """
         c = np.ascontiguousarray(c, dtype=np.float64).reshape(-1)
         nbuf = self.nthreads or self.mod.max_threads()
         sigma = np.zeros((nbuf, self.ncsf))  # one buffer per thread, summed at the end
         npair = self.npair
-        # one GEMM carries the one-body term too: T gets a column c_k, V a row h
+        # the GEMMs carry the one-body term too: T gets a column c_k, V a row h
         ld = npair + (h is not None)
-        if h is not None:
-            V = np.vstack([V, np.asarray(h, dtype=np.float64)[None, :]])
-        V = np.ascontiguousarray(V)
+        if isinstance(V, tuple):
+            A, B = (np.asarray(x, dtype=np.float64) for x in V)
+            if A.shape[0] != npair or B.shape != (A.shape[1], npair):
+                raise ValueError(f"factors must be (npair, naux) and (naux, npair), npair={npair}")
+            if h is not None:  # [T | c] [[A, 0], [0, 1]] = [T A | c]; [[B], [h]] adds c (x) h
+                corner = np.ones((1, 1))
+                A = np.block([[A, np.zeros((npair, 1))], [np.zeros((1, A.shape[1])), corner]])
+                B = np.vstack([B, np.asarray(h, dtype=np.float64)[None, :]])
+            A, B = np.ascontiguousarray(A), np.ascontiguousarray(B)
+            naux = A.shape[1]
+        else:
+            if h is not None:
+                V = np.vstack([V, np.asarray(h, dtype=np.float64)[None, :]])
+            V = np.ascontiguousarray(V, dtype=np.float64)
+            A = B = None
+            naux = 0
         rows = min(self.rows, max(count for _, count in self.blocks))
-        if self._work is None or self._work[0].shape[0] < rows or self._work[0].shape[1] != ld:
-            self._work = (np.empty((rows, ld)), np.empty((rows, npair)))
-        T_all, G_all = self._work
+        work = self._work
+        if work is None or work[0].shape[0] < rows or work[0].shape[1] != ld or work[2] != naux:
+            X = np.empty((rows, naux)) if naux else None
+            self._work = work = (np.empty((rows, ld)), np.empty((rows, npair)), naux, X)
+        T_all, G_all, _, X_all = work
         for i in range(len(self.blocks)):
             for args, _, count in self._chunks(i):
                 T, G = T_all[:count], G_all[:count]
                 self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
-                np.matmul(T, V, out=G)
+                if A is None:
+                    np.matmul(T, V, out=G)
+                else:
+                    X = X_all[:count]
+                    np.matmul(T, A, out=X)
+                    np.matmul(X, B, out=G)
                 self.mod.scatter_pairs(
                     self.core, *args, self.symmap, npair, G, sigma, self.nthreads
                 )

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 
 import numpy as np
 
+from cuscikit.guga.df import cholesky_pairs, pair_factor
 from cuscikit.guga.drt import DRT, MAX_NORB, split_nelec
 from cuscikit.guga.sigma import Engine, pair_index
 from cuscikit.lib.logger import new_logger
@@ -39,6 +39,18 @@ def _eri4(eri, norb: int) -> np.ndarray:
     from cuscikit.chem.integrals import restore_eri
 
     return np.ascontiguousarray(restore_eri(np.asarray(eri, dtype=np.float64), norb, 4))
+
+
+def _restricted(matvec, sub: np.ndarray, n: int):
+    """matvec on the CSFs `sub` (vectors zero elsewhere; H keeps them there)."""
+
+    def mv(X):
+        X = np.asarray(X, dtype=np.float64)
+        full = np.zeros((n,) + X.shape[1:])
+        full[sub] = X
+        return matvec(full)[sub]
+
+    return mv
 
 
 def _pack(h: np.ndarray) -> np.ndarray:
@@ -72,7 +84,11 @@ class GUGASolver(Solver):
         pspace_size: largest space diagonalised densely.
         nroots: roots returned by `kernel`.
         spin: 2S; None takes n_alpha - n_beta of the nelec passed to `kernel`.
-        orbsym, wfnsym: accepted for PySCF compatibility; point-group symmetry is not used.
+        orbsym, wfnsym: irrep ids of the active orbitals and of the wanted state (PySCF's
+            abelian ids; a name for wfnsym needs ``mol``). With wfnsym set the roots are those
+            of the CSFs of that irrep (linear groups: of its D2h/C2v subgroup irrep, so Sigma+
+            and Delta are not told apart); without it, of every irrep. The CSF space and the
+            sigma are not reduced by symmetry.
         max_memory: MB the vectors and caches may take (None: 80 % of the host's available
             memory); a space that does not fit is refused before any work.
         threads: OpenMP threads of the kernels (0: the runtime's default).
@@ -81,6 +97,14 @@ class GUGASolver(Solver):
             CudaUnavailableError where no GPU or no compiled kernels are present.
         gpu_memory: MB the solve may hold on the GPU (None: what is free); under a tighter
             cap the sigma works in more passes instead of failing.
+        df: factor the integrals passed to `kernel` by pivoted Cholesky (to ``df_tol``) and
+            run the sigma as g = L (L^T t) (`cuscikit.guga.df`); False: the dense GEMM.
+        df_tol: largest error of a diagonal integral (pq|pq) left by the Cholesky factor
+            (0: exact to round-off).
+        cderi: a 3-index factor of the active-space integrals, (naux, norb, norb) or
+            (naux, npair) with (pq|rs) = sum_P cderi[P, pq] cderi[P, rs] (density fitting);
+            then `kernel` takes eri=None and the sigma runs factored. df, cderi and wfnsym
+            run on the CPU only.
 
     Results: ``e_tot``, ``ci``, ``converged``, ``eci`` (after `kernel`).
     """
@@ -99,6 +123,9 @@ class GUGASolver(Solver):
     wfnsym = None
     max_memory: float | None = None
     threads: int = 0
+    df: bool = False
+    df_tol: float = 1e-10
+    cderi = None
     device: str = "cpu"
     gpu_memory: float | None = None
     _keys = {"e_tot", "ci", "converged", "eci", "mol", "stdout", "norb", "nelec"}
@@ -186,6 +213,7 @@ class GUGASolver(Solver):
 
     # --- Hamiltonian -----------------------------------------------------------------------------
     def _operator(self, h1e, eri, norb: int):
+        """(h1e, g4, h', L): g4 the 4-fold integrals, L (npair, naux) their factor or None."""
         norb = int(norb)
         if norb > MAX_NORB:
             raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
@@ -194,16 +222,28 @@ class GUGASolver(Solver):
             raise ValueError(f"h1e has shape {h1e.shape}, expected ({norb}, {norb})")
         if not np.allclose(h1e, h1e.T, atol=1e-10):
             raise ValueError("h1e is not symmetric")
-        g4 = _eri4(eri, norb)
+        L = None
+        if self.cderi is not None:
+            if eri is not None:
+                raise ValueError("cderi is set: pass eri=None (the factor replaces the integrals)")
+            L = pair_factor(self.cderi, norb)
+            g4 = L @ L.T
+        elif eri is None:
+            raise ValueError("eri is None and no cderi is set")
+        else:
+            g4 = _eri4(eri, norb)
+            if self.df:
+                L = cholesky_pairs(g4, self.df_tol)
+                g4 = L @ L.T  # the Hamiltonian solved is the factored one
         sym = pair_index(norb).reshape(norb, norb)
         # h'_pq = h_pq - 1/2 sum_r (pr|rq)
         hp = h1e - 0.5 * np.einsum("prrq->pq", g4[sym][:, :, sym])
-        return h1e, g4, hp
+        return h1e, g4, hp, L
 
     def make_hdiag(self, h1e, eri, norb: int, nelec, compress=False) -> np.ndarray:
         """<m|H|m> of every CSF (without a core energy)."""
         eng = self._engine(norb, nelec)
-        h1e, g4, _ = self._operator(h1e, eri, norb)
+        h1e, g4, _, _ = self._operator(h1e, eri, norb)
         return eng.diagonal(h1e, g4)
 
     def absorb_h1e(self, h1e, eri, norb: int, nelec, fac: float = 1.0) -> np.ndarray:
@@ -237,9 +277,13 @@ class GUGASolver(Solver):
         return s * (s + 1) * np.asarray(fcivec, dtype=np.float64)
 
     def _hop(self, h1e, eri, norb: int, nelec):
-        _, g4, hp = self._operator(h1e, eri, norb)  # validates before any table is built
+        _, g4, hp, L = self._operator(h1e, eri, norb)  # validates before any table is built
+        if L is not None and self._on_gpu():
+            raise ValueError("factored integrals (df, cderi) run on the CPU only: device='cpu'")
         eng = self._engine(norb, nelec)
-        V, h = 0.5 * g4, _pack(hp)
+        # dense: g = 1/2 T (pq|rs), one GEMM; factored: g = (T L)(1/2 L^T), two thinner ones
+        V = 0.5 * g4 if L is None else (L, np.ascontiguousarray(0.5 * L.T))
+        h = _pack(hp)
         if self._on_gpu():
             Vh = eng.operator(V, h)
 
@@ -298,14 +342,14 @@ class GUGASolver(Solver):
         Args:
             h1e: (norb, norb) symmetric one-electron integrals.
             eri: two-electron integrals (chemists' notation), full or 4/8-fold packed; not
-                modified.
+                modified. None when the ``cderi`` option holds a factor of them.
             norb: active orbitals.
             nelec: (n_alpha, n_beta) or a total count; 2S = the ``spin`` option or
                 n_alpha - n_beta.
             ci0: a guess vector or a list of them (CSF basis), or None.
             tol, lindep, max_cycle, max_space, nroots, davidson_only, pspace_size: override the
                 options for this call.
-            orbsym, wfnsym: accepted, not used (a warning if given).
+            orbsym, wfnsym: override the options for this call (see the class).
             ecore: a constant added to every energy.
             **kwargs: PySCF's extra keywords (``verbose``, ``max_memory``): accepted, ignored.
 
@@ -320,9 +364,6 @@ class GUGASolver(Solver):
         max_space = int(self.max_space if max_space is None else max_space)
         davidson_only = self.davidson_only if davidson_only is None else davidson_only
         pspace_size = int(self.pspace_size if pspace_size is None else pspace_size)
-        if orbsym is not None or wfnsym is not None or self.wfnsym is not None:
-            if wfnsym is not None or self.wfnsym is not None:
-                warnings.warn("GUGASolver ignores wfnsym (no point-group symmetry)", stacklevel=2)
         if not math.isfinite(float(ecore)):
             raise ValueError(f"ecore must be finite, got {ecore}")
         twos = self._twos(nelec)[1]
@@ -332,14 +373,25 @@ class GUGASolver(Solver):
                 f"fix_spin_ asks for <S^2> = {ss_value}, but this CSF space has S(S+1) = "
                 f"{0.25 * twos * (twos + 2)}; set GUGASolver(spin=2S) instead"
             )
-        eng, matvec = self._hop(h1e, eri, norb, nelec)
-        n = eng.ncsf
-        if not 1 <= nroots <= n:
-            raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
         gpu = self._on_gpu()
+        if gpu and (self.wfnsym if wfnsym is None else wfnsym) is not None:
+            raise ValueError("wfnsym restricts the roots on the CPU only: use device='cpu'")
+        eng, matvec = self._hop(h1e, eri, norb, nelec)
         h1 = np.asarray(h1e, dtype=np.float64)
         hdiag = eng.diagonal_device(h1, matvec.g4) if gpu else eng.diagonal(h1, matvec.g4)
-        guess = self._guess(ci0, n, nroots)
+        # wfnsym: the CSFs of that irrep only (H does not couple irreps; PySCF's casci_symm
+        # sets orbsym and wfnsym on the fcisolver). Without wfnsym every irrep is searched.
+        sub = self._irrep_subspace(eng, norb, orbsym, wfnsym)
+        ncsf = eng.ncsf
+        if sub is not None:
+            matvec = _restricted(matvec, sub, ncsf)
+            hdiag = hdiag[sub]
+        n = len(hdiag)
+        if not 1 <= nroots <= n:
+            raise ValueError(f"nroots must be in 1..{n}, got {nroots}")
+        guess = self._guess(ci0, ncsf, nroots)
+        if guess is not None and sub is not None:
+            guess = guess[sub]
         if n <= max(pspace_size, nroots) and guess is None and not davidson_only:
             H = matvec(np.eye(n))
             w, v = np.linalg.eigh(0.5 * (H + H.T))
@@ -351,7 +403,7 @@ class GUGASolver(Solver):
             if guess is None and gpu:
                 guess = _device_guess(hdiag, n, nroots)
             elif guess is None:
-                k0 = min(n, max(nroots + 2, 2 * nroots))
+                k0 = min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
                 order = np.argsort(hdiag, kind="stable")[:k0]
                 guess = np.zeros((n, k0))
                 guess[order, np.arange(k0)] = 1.0
@@ -374,6 +426,10 @@ class GUGASolver(Solver):
                 log.warn("GUGASolver: Davidson not converged after %d cycles", res.iterations)
         e = np.asarray(e, dtype=np.float64) + float(ecore)
         vecs = vecs / np.linalg.norm(vecs, axis=0)
+        if sub is not None:
+            full = np.zeros((ncsf, vecs.shape[1]))
+            full[sub] = vecs
+            vecs = full
         self.norb, self.nelec = int(norb), nelec
         if nroots == 1:
             self.e_tot, self.ci, self.converged = float(e[0]), vecs[:, 0].copy(), conv[0]
@@ -384,6 +440,35 @@ class GUGASolver(Solver):
         self.eci = self.e_tot
         log.info("GUGASolver: %d CSFs (2S = %d), E = %s", n, self._twos(nelec)[1], self.e_tot)
         return self.e_tot, self.ci
+
+    def _irrep_subspace(self, eng: Engine, norb: int, orbsym, wfnsym):
+        """Indices of the CSFs of irrep `wfnsym` (None: no restriction)."""
+        orbsym = self.orbsym if orbsym is None else orbsym
+        wfnsym = self.wfnsym if wfnsym is None else wfnsym
+        if wfnsym is None:
+            return None
+        if orbsym is None:
+            raise ValueError("wfnsym is set but orbsym is not: give the irrep of each orbital")
+        orbsym = np.asarray(orbsym)
+        if orbsym.shape != (norb,) or not np.issubdtype(orbsym.dtype, np.integer):
+            raise ValueError(f"orbsym must hold {norb} integer irrep ids, got {orbsym!r}")
+        if isinstance(wfnsym, str):
+            group = getattr(self.mol, "groupname", None)
+            if group is None:
+                raise ValueError(f"wfnsym {wfnsym!r} is a name: give GUGASolver(mol) or an id")
+            from pyscf import symm
+
+            wfnsym = symm.irrep_name2id(group, wfnsym)
+        # abelian ids (PySCF's D2h convention) multiply by XOR; linear groups' ids reduce to
+        # their D2h subgroup (id % 10), as in PySCF's direct_spin1_symm
+        orbsym = orbsym.astype(np.int64) % 10
+        target = int(wfnsym) % 10
+        single = (eng.steps == 1) | (eng.steps == 2)
+        irrep = np.bitwise_xor.reduce(np.where(single, orbsym[None, :], 0), axis=1)
+        sub = np.flatnonzero(irrep == target)
+        if sub.size == 0:
+            raise ValueError(f"no CSF of this space has irrep {wfnsym} (orbsym {orbsym.tolist()})")
+        return sub
 
     @staticmethod
     def _guess(ci0, n: int, nroots: int):

@@ -91,3 +91,31 @@ def test_fix_spin_is_harmless_and_a_wrong_spin_is_refused():
     ci = plain.ci
     top = GUGASolver().large_ci(ci, 4, (2, 2), tol=0.1)
     assert top and abs(top[0][0]) > 0.9 and top[0][1] == "2200"
+
+
+def test_wfnsym_selects_the_irrep_as_pyscf_symmetric_casci():
+    mol = gto.M(atom="N 0 0 0; N 0 0 1.098", basis="6-31g", symmetry="D2h", verbose=0)
+    mf = scf.RHF(mol).run()
+    for wfnsym in (None, "B1u"):
+        ref = mcscf.CASCI(mf, 6, 6)  # singlets of one irrep (B1u: spin0 alone finds a triplet)
+        ref.fcisolver = fci.addons.fix_spin_(fci.direct_spin1_symm.FCI(mol), ss=0)
+        ref.fcisolver.wfnsym = wfnsym
+        ref.fcisolver.conv_tol = 1e-12
+        ours = mcscf.CASCI(mf, 6, 6)
+        ours.fcisolver = GUGASolver(mol, wfnsym=wfnsym, conv_tol=1e-12)
+        e_ref, e = ref.kernel()[0], ours.kernel()[0]
+        assert e == pytest.approx(e_ref, abs=1e-8)
+        assert ours.fcisolver.orbsym is not None  # set by PySCF's casci_symm
+    assert e > mf.e_tot  # the B1u singlet is an excited state
+
+
+def test_wfnsym_needs_orbsym_and_a_populated_irrep():
+    h1 = np.diag([-1.0, -0.5, 0.5, 1.0])
+    eri = np.zeros((4, 4, 4, 4))
+    with pytest.raises(ValueError, match="orbsym is not"):
+        GUGASolver(wfnsym=1).kernel(h1, eri, 4, (2, 2))
+    with pytest.raises(ValueError, match="no CSF"):  # all orbitals Ag: only Ag states
+        GUGASolver(wfnsym=1, orbsym=[0, 0, 0, 0]).kernel(h1, eri, 4, (2, 2))
+    e, c = GUGASolver(wfnsym=1, orbsym=[0, 1, 0, 0]).kernel(h1, eri, 4, (2, 2))
+    assert e == pytest.approx(2 * -1.0 - 0.5 + 0.5)  # 0^2 1^1 2^1: orbital 1 open
+    assert GUGASolver().kernel(h1, eri, 4, (2, 2))[0] == pytest.approx(-3.0)  # 0^2 1^2

@@ -158,9 +158,14 @@ def test_blocked_and_cached_sigma_agree():
     V = V + V.T
     h = np.random.default_rng(2).standard_normal(21)
     full = Engine(drt).contract(c, V, h)
-    small = Engine(drt, budget=0, block_bytes=14 * 500, nthreads=2)
-    assert len(small.blocks) > 3 and not small.cached
+    small = Engine(drt, budget=0, rows=37, nthreads=2)
     np.testing.assert_allclose(small.contract(c, V, h), full, atol=1e-12)
+    assert len(small.blocks) > 3 and not small.cached and small.list_bytes == 0
+    part = Engine(drt, rows=37)
+    part.budget = part.list_bytes + 2 * 14 * int(np.diff(part.lists(0)[0]).sum()) + 1000
+    np.testing.assert_allclose(part.contract(c, V, h), full, atol=1e-12)
+    assert 0 < len(part._lists) < len(part.blocks) and not part.cached
+    np.testing.assert_allclose(part.contract(c, V, h), full, atol=1e-12)
     chunked = Engine(drt)
     chunked.rows = 37  # row ranges inside one cached block
     np.testing.assert_allclose(chunked.contract(c, V, h), full, atol=1e-12)
@@ -208,3 +213,18 @@ def test_bad_input_is_refused_before_work():
         s = GUGASolver()
         s.conv_tl = 1e-9
         s.kernel(h1, eri, norb, (3, 3))
+
+
+def test_sigma_is_bitwise_reproducible_for_a_thread_count():
+    from cuscikit.guga.sigma import Engine
+
+    drt = DRT(8, 8, 0)
+    rng = np.random.default_rng(3)
+    c = rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((36, 36))
+    V = V + V.T
+    eng = Engine(drt, nthreads=2)
+    first = eng.contract(c, V)
+    for _ in range(5):
+        assert np.array_equal(eng.contract(c, V), first)
+    np.testing.assert_allclose(Engine(drt, nthreads=1).contract(c, V), first, atol=1e-11)

@@ -1,6 +1,7 @@
 // GUGA CI kernels of the CPU extension: the DRT as flat arrays, step vectors of CSFs by index,
-// the one-body coupling lists <m|E_pq|n> by loop search (count, scan, write), and the gathers and
-// scatters of the operator-direct sigma, the diagonal and the density matrices over those lists.
+// the one-body coupling lists <m|E_pq|n> by loop search (remembered across kets that share the walk
+// above the start orbital; one pass, or count then write), and the gathers and scatters of the
+// operator-direct sigma, the diagonal and the density matrices over those lists.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -38,7 +39,8 @@ struct Lists {
   std::vector<double> w;
 };
 
-// counts: the entries per ket (count_lists) when known, else nullptr (counted here).
+// counts: the entries per ket (count_lists) when known, else nullptr (one loop search per ket
+// into per-thread buffers, then copied into place).
 Lists build_lists(const Drt& drt, std::int64_t k0, std::int64_t count, int nthreads,
                   const std::int64_t* counts = nullptr);
 std::vector<std::int64_t> count_lists(const Drt& drt, std::int64_t k0, std::int64_t count,
