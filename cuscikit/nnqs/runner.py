@@ -713,6 +713,8 @@ class Runner(Solver):
             if self.space_memory is not None
             else int(self._pipeline.budget.available())
         )
+        if self.distributed:  # one decision on every rank: the tightest rank's budget
+            budget = -int(self.comm.allreduce(np.array([-budget], np.int64), op="max")[0])
         m = max(1, int(np.searchsorted(need, budget, side="right")))
         m = min(m, len(cand))
         if self.space_cap is not None:

@@ -189,3 +189,27 @@ def test_growth_options_are_checked_before_work():
             Runner(mol, Ansatz.for_molecule(mol, seed=0), **kw)
     assert Runner(mol, Ansatz.for_molecule(mol, seed=0)).space_cap == 16384
     assert Runner(mol, Ansatz.for_molecule(mol, seed=0), growth="weight").space_cap is None
+
+
+def test_weight_growth_on_thread_ranks_matches_one_rank():
+    from cuscikit.parallel.comm import run_ranks
+
+    mol = Molecule.load("H2O")
+
+    def make(comm=None):
+        ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+        kw = dict(seed=0, topk=24, growth="weight", inner_steps=0, space_memory=500_000)
+        return Runner(mol, ansatz, comm=comm, **kw)
+
+    one = make().run(5, progress=False)
+    assert (one.history["bytes_planned"] > 0.8 * 500_000).any()  # the budget takes part
+
+    def rank(comm):
+        r = make(comm).run(5, progress=False)
+        return r.space.configs, r.history
+
+    for configs, h in run_ranks(3, rank):  # the same S (budget and ties included) on every rank
+        assert np.array_equal(configs, one.space.configs)
+        assert h["n_space_next"].tolist() == one.history["n_space_next"].tolist()
+        np.testing.assert_allclose(h["e_variational"], one.history["e_variational"], atol=1e-8)
+        np.testing.assert_allclose(h["weight_outside"], one.history["weight_outside"], rtol=1e-8)
