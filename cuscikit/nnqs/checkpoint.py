@@ -414,7 +414,7 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: parameter {k} is not finite")
     settings = _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
-    for key in ("estimator", "topk", "max_space", "eps", "inner_steps", "growth"):
+    for key in ("growth", "estimator", "topk", "max_space", "eps", "inner_steps"):
         if settings[key] != _settings(runner)[key]:
             raise CheckpointError(
                 f"{path}: saved with {key}={settings[key]!r}, this runner has "

@@ -213,3 +213,24 @@ def test_weight_growth_on_thread_ranks_matches_one_rank():
         assert h["n_space_next"].tolist() == one.history["n_space_next"].tolist()
         np.testing.assert_allclose(h["e_variational"], one.history["e_variational"], atol=1e-8)
         np.testing.assert_allclose(h["weight_outside"], one.history["weight_outside"], rtol=1e-8)
+
+
+def test_command_line_weight_growth_resumes_and_refuses_bad_combinations(capsys, tmp_path):
+    import json
+
+    from cuscikit.cli import main
+
+    def run(*args):
+        assert main(["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", *args]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    full = run("--growth", "weight", "--iters", "4")
+    assert full["growth"] == "weight" and full["iterations"] == 4
+    ck = tmp_path / "ck.h5"
+    run("--growth", "weight", "--iters", "2", "--checkpoint", str(ck))
+    assert run("--growth", "weight", "--iters", "4", "--resume", str(ck))["e_tot"] == full["e_tot"]
+    saved_weight = ["nnqs", "LiH", "--topk", "8", "--iters", "4", "--resume", str(ck)]
+    assert main(saved_weight) == 2  # saved with growth "weight", resumed under "count"
+    assert "growth" in capsys.readouterr().err
+    assert main(["nnqs", "LiH", "--add-weight", "1e-6"]) == 2
+    assert "growth" in capsys.readouterr().err
