@@ -17,8 +17,8 @@ reference of a system without a bundled one is its FCI energy (`cuscikit.FCI`). 
 lattice`` runs the molecule-and-lattice set, ``--set quick`` its smallest cases (a CPU run).
 
 With --checkpoint-dir a run longer than one call (e.g. one 10-minute device call) continues
-where the last call stopped: each system keeps DIR/<slug>.h5 and resumes from it; --iters is
-then the total, and "run s" sums the iteration times of all calls.
+where the last call stopped: each system and seed keeps DIR/<slug>_seed<N>.h5 and resumes from
+it; --iters is then the total, and "run s" sums the iteration times of all calls.
 """
 
 from __future__ import annotations
