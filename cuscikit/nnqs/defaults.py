@@ -23,7 +23,10 @@ DEFAULT_MAX_SPACE = 16384
 """Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""
 
 DEFAULT_WEIGHT_ADD = 1e-7
-"""growth="weight": the least first-order weight |c_a|^2 of a configuration added to S."""
+"""growth="weight": the least first-order weight |c_a|^2 of a configuration added to S. The
+largest threshold tried whose space error (exact energy within the final S minus FCI) stayed
+below 0.004 mHa on LiH and H2O (0.0019 and 0.0037 mHa; 1e-6 left 0.011 and 0.062), CPU, seed
+0, 60 iterations (docs/nnqs_sci.md, "Growth by weight")."""
 
 DEFAULT_WEIGHT_PRUNE = None
 """growth="weight": S drops the tail of smallest |psi| whose share of sum |psi|^2 is at most
