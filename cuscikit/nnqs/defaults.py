@@ -32,7 +32,7 @@ DEFAULT_WEIGHT_PRUNE = None
 """growth="weight": S drops the tail of smallest |psi| whose share of sum |psi|^2 is at most
 this, every iteration (None: no pruning). Off, because a configuration enters S with the
 untrained network's |psi| and is pruned again before it has learnt its amplitude: on the 8-site
-Hubbard chain (U = 4, seed 0) a share of 1e-6 dropped 77-972 configurations per iteration and
+Hubbard chain (U = 4, seed 0) a share of 1e-6 dropped 40-392 configurations per iteration and
 |S| see-sawed (docs/nnqs_sci.md, "Growth by weight")."""
 
 DEFAULT_INNER_STEPS = 4
