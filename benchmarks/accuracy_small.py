@@ -1,21 +1,31 @@
 """NNQS-SCI accuracy on the small benchmark set with the default settings.
 
 Runs the Runner with its defaults (no per-molecule tuning; the rate's tail decay of the command
-line) for a fixed number of iterations on each system and prints: system, qubits, E_FCI, the
-final energies of both estimators and their errors, the first iteration from which both stay
-within chemical accuracy (1.6 mHa), wall time and machine. Histories go to --out (CSV per system).
+line) for a fixed number of iterations on each system and seed, and prints: system, qubits,
+E_FCI, seed, the errors of both estimators and of the PT2-corrected energy at the last
+iteration, the first iteration from which both estimators stay within chemical accuracy
+(1.6 mHa), iterations, |S|, wall time and machine; then, per system, the largest error over the
+seeds. Histories go to --out (CSV per system and seed).
 
-    python benchmarks/accuracy_small.py [--iters 2000] [--device cpu|cuda] [systems...]
+    python benchmarks/accuracy_small.py [--iters 2000] [--seeds 0,1,2] [--device cpu|cuda]
+        [systems...]
+
+Systems: the bundled molecules by name; lattices as ``Hubbard-<L>-<chain|ring>-U<U>`` (half
+filling, the default RHF working basis) or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``; and
+``H6-stretched`` (a linear H6 chain with 2.0 Angstrom bonds in STO-3G, needs PySCF). The
+reference of a system without a bundled one is its FCI energy (`cuscikit.FCI`). ``--set
+lattice`` runs the molecule-and-lattice set, ``--set quick`` its smallest cases (a CPU run).
 
 With --checkpoint-dir a run longer than one call (e.g. one 10-minute device call) continues
-where the last call stopped: each system keeps DIR/<slug>.h5 and resumes from it; --iters is
-then the total, and "run s" sums the iteration times of all calls.
+where the last call stopped: each system and seed keeps DIR/<slug>_seed<N>.h5 and resumes from
+it; --iters is then the total, and "run s" sums the iteration times of all calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -23,13 +33,59 @@ import numpy as np
 import torch
 from _common import machine, print_table
 
-from cuscikit import Molecule
+from cuscikit import FCI, Molecule
 from cuscikit.nnqs import Ansatz, Callback, LearningRateDecay, Runner
 from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS, DEFAULT_LR_DECAY_FROM, DEFAULT_LR_FINAL
 
 SMALL_SET = ["LiH", "H2O", "N2", "C2", "LiF", "LiCl", "Li2O"]
 HARD_SET = ["N2-stretched", "H8-chain", "O2-triplet"]
+LATTICE_SET = [
+    "LiH",
+    "H2O",
+    "H8-chain",
+    "N2-stretched",
+    "H6-stretched",
+    "Hubbard-6-ring-U2",
+    "Hubbard-6-ring-U4",
+    "Hubbard-6-ring-U8",
+    "Hubbard-8-chain-U4",
+    "Hubbard-10-chain-U4",
+    "Hubbard-12-ring-U4",
+    "Hubbard-4x3-open-U4",
+]
+QUICK_SET = [
+    "LiH",
+    "H2O",
+    "H6-stretched",
+    "Hubbard-6-ring-U2",
+    "Hubbard-6-ring-U4",
+    "Hubbard-6-ring-U8",
+    "Hubbard-6-chain-U4",
+]
+SETS = {"small": SMALL_SET + HARD_SET, "lattice": LATTICE_SET, "quick": QUICK_SET}
 CHEMICAL_ACCURACY = 1.6e-3
+PT2_GOAL = 0.5e-3
+
+_HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)$")
+
+
+def build_system(name: str):
+    """(molecule, reference energy, slug) of a benchmark system name (see the module doc)."""
+    m = _HUBBARD.match(name)
+    if m:
+        lx, ly, bc, u = m.groups()
+        shape = int(lx) if ly is None else (int(lx), int(ly))
+        mol = Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
+    elif name == "H6-stretched":
+        from pyscf import gto
+
+        atoms = [("H", (0.0, 0.0, 2.0 * i)) for i in range(6)]
+        mol = Molecule.from_pyscf(gto.M(atom=atoms, basis="sto-3g", verbose=0), name=name)
+    else:
+        mol = Molecule.load(name)
+        return mol, mol.metadata["reference"]["energy"], mol.metadata["slug"]
+    slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    return mol, FCI(mol).run().e_tot, slug
 
 
 class TimeLimit(Callback):
@@ -57,10 +113,11 @@ def first_stable_hit(err_c: np.ndarray, err_v: np.ndarray) -> int | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("systems", nargs="*", default=SMALL_SET + HARD_SET)
+    ap.add_argument("systems", nargs="*")
+    ap.add_argument("--set", choices=sorted(SETS), default="small", help="systems if none given")
     ap.add_argument("--iters", type=int, default=DEFAULT_ITERATIONS)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds, one run each")
     ap.add_argument("--out", default="out/accuracy")
     ap.add_argument(
         "--max-seconds",
@@ -98,86 +155,120 @@ def main() -> None:
         f"last (default {default_decay}); 'none': constant",
     )
     args = ap.parse_args()
+    systems = args.systems or SETS[args.set]
+    seeds = [int(v) for v in args.seeds.split(",")]
     ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in args.systems:
-        mol = Molecule.load(name)
-        ref = mol.metadata["reference"]["energy"]
-        ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=args.device, **ansatz_kw)
-        runner = Runner(
-            mol,
-            ansatz,
-            seed=args.seed,
-            device=args.device,
-            compile_inference=args.compile,
-            **runner_kw,
-        )
-        ckpt = None
-        if args.checkpoint_dir:
-            ckpt = Path(args.checkpoint_dir) / f"{mol.metadata['slug']}.h5"
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            if ckpt.exists():
-                runner.load(str(ckpt))
-                print(f"{name}: resumed from {ckpt} at iteration {runner.iteration}", flush=True)
-        callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
-        if args.lr_decay != "none":
-            frac, lr_final = (float(v) for v in args.lr_decay.split(","))
-            callbacks.append(LearningRateDecay.over_tail(args.iters, frac, lr_final))
-        runner.run(
-            max(0, args.iters - runner.iteration),
-            callbacks=callbacks,
-            progress=False,
-            checkpoint=None if ckpt is None else str(ckpt),
-            checkpoint_every=50,
-        )
-        h = runner.history
-        wall = float(h["t_total"].sum())
-        h.to_csv(out / f"{mol.metadata['slug']}.csv", index=False)
-        last = h.iloc[-1]
-        hit = first_stable_hit(h["error"].to_numpy(), h["error_variational"].to_numpy())
-        rows.append(
-            [
-                name,
-                2 * mol.norb,
-                f"{ref:.8f}",
-                f"{last['e_coupled']:.8f}",
-                f"{last['error'] * 1e3:+.3f}",
-                f"{last['e_variational']:.8f}",
-                f"{last['error_variational'] * 1e3:+.3f}",
-                hit if hit else "-",
-                len(h),
-                int(last["n_space"]),
-                f"{wall:.0f}",
-            ]
-        )
-        print(
-            f"{name}: coupled {last['error'] * 1e3:+.3f} mHa, variational "
-            f"{last['error_variational'] * 1e3:+.3f} mHa after {len(h)} iterations, "
-            f"{wall:.0f} s",
-            flush=True,
-        )
+    summary: dict[str, list] = {}
+    for name in systems:
+        mol, ref, slug = build_system(name)
+        for seed in seeds:
+            rows.append(
+                run_one(args, name, mol, ref, f"{slug}_seed{seed}", seed, ansatz_kw, runner_kw, out)
+            )
+            summary.setdefault(name, []).append(rows[-1])
+    extra = (
+        f"{' but ' + args.ansatz if ansatz_kw else ''}{' but ' + args.runner if runner_kw else ''}"
+        f"{' but lr decay ' + args.lr_decay if args.lr_decay != default_decay else ''}"
+    )
     print_table(
-        f"NNQS-SCI accuracy, default settings{' but ' + args.ansatz if ansatz_kw else ''}"
-        f"{' but ' + args.runner if runner_kw else ''}"
-        f"{' but lr decay ' + args.lr_decay if args.lr_decay != default_decay else ''}, "
-        f"seed {args.seed}, on {machine()} ({args.device})",
+        f"NNQS-SCI accuracy, default settings{extra}, {args.iters} iterations, "
+        f"on {machine()} ({args.device})",
         [
             "system",
             "qubits",
             "E_FCI",
-            "E coupled",
-            "err mHa",
-            "E variational",
-            "err mHa",
+            "seed",
+            "err coupled mHa",
+            "err variational mHa",
+            "err PT2 mHa",
             "within 1.6 mHa from it",
             "iters",
             "|S|",
             "run s",
         ],
-        rows,
+        [r[:-1] for r in rows],
     )
+    table = []
+    for name, runs in summary.items():
+        worst = np.max(np.abs(np.array([r[-1] for r in runs])), axis=0) * 1e3
+        table.append(
+            [
+                name,
+                ",".join(str(r[3]) for r in runs),
+                f"{worst[0]:.3f}",
+                f"{worst[1]:.3f}",
+                f"{worst[2]:.3f}",
+                "yes" if worst[1] < CHEMICAL_ACCURACY * 1e3 else "no",
+                "yes" if worst[2] < PT2_GOAL * 1e3 else "no",
+            ]
+        )
+    print_table(
+        f"Largest |error| over the seeds (goals: variational < {CHEMICAL_ACCURACY * 1e3} mHa, "
+        f"PT2-corrected < {PT2_GOAL * 1e3} mHa){extra}",
+        ["system", "seeds", "coupled", "variational", "PT2", "var goal", "PT2 goal"],
+        table,
+    )
+
+
+def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out):
+    """One run of one system and seed; its table row (last item: the three final errors)."""
+    ansatz = Ansatz.for_molecule(mol, seed=seed, device=args.device, **ansatz_kw)
+    runner = Runner(
+        mol,
+        ansatz,
+        seed=seed,
+        device=args.device,
+        reference=ref,
+        compile_inference=args.compile,
+        **runner_kw,
+    )
+    ckpt = None
+    if args.checkpoint_dir:
+        ckpt = Path(args.checkpoint_dir) / f"{tag}.h5"
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        if ckpt.exists():
+            runner.load(str(ckpt))
+            print(f"{name}: resumed from {ckpt} at iteration {runner.iteration}", flush=True)
+    callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
+    if args.lr_decay != "none":
+        frac, lr_final = (float(v) for v in args.lr_decay.split(","))
+        callbacks.append(LearningRateDecay.over_tail(args.iters, frac, lr_final))
+    runner.run(
+        max(0, args.iters - runner.iteration),
+        callbacks=callbacks,
+        progress=False,
+        checkpoint=None if ckpt is None else str(ckpt),
+        checkpoint_every=50,
+    )
+    h = runner.history
+    wall = float(h["t_total"].sum())
+    h.to_csv(out / f"{tag}.csv", index=False)
+    last = h.iloc[-1]
+    hit = first_stable_hit(h["error"].to_numpy(), h["error_variational"].to_numpy())
+    errs = (float(last["error"]), float(last["error_variational"]), float(last["error_pt2"]))
+    print(
+        f"{name} seed {seed}: coupled {errs[0] * 1e3:+.3f} mHa, variational "
+        f"{errs[1] * 1e3:+.3f}, PT2-corrected {errs[2] * 1e3:+.3f} after {len(h)} iterations, "
+        f"|S| {int(last['n_space_next'])}, {wall:.0f} s",
+        flush=True,
+    )
+    return [
+        name,
+        2 * mol.norb,
+        f"{ref:.8f}",
+        seed,
+        f"{errs[0] * 1e3:+.3f}",
+        f"{errs[1] * 1e3:+.3f}",
+        f"{errs[2] * 1e3:+.3f}",
+        hit if hit else "-",
+        len(h),
+        int(last["n_space_next"]),
+        f"{wall:.0f}",
+        errs,
+    ]
 
 
 if __name__ == "__main__":

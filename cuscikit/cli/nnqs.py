@@ -106,8 +106,11 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         topk=args.topk,
         estimator=args.estimator,
         seed=args.seed,
-        max_space=args.max_space,
+        growth=args.growth,
+        max_space="auto" if args.max_space is None else args.max_space,
         prune_weight=args.prune_weight,
+        add_weight=args.add_weight,
+        space_memory=args.space_memory,
         device=args.device,
         pipeline=args.pipeline,
         max_gpu_memory=args.max_gpu_memory,
@@ -152,6 +155,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "e_tot_pt2": float(last["e_tot_pt2"]) if "e_tot_pt2" in last else None,
         "estimator": args.estimator,
         "n_space": int(last["n_space"]),
+        "growth": runner.growth,
         "iterations": int(runner.iteration),
         "wall_s": wall,
         "device": str(runner.device),
@@ -251,7 +255,32 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         default="coupled",
         help="the energy the loss follows (both are reported)",
     )
-    s.add_argument("--max-space", type=positive_int, default=DEFAULT_MAX_SPACE, help="cap on |S|")
+    s.add_argument(
+        "--growth",
+        choices=("count", "weight"),
+        default="count",
+        help="count: S + top-K by |psi| up to --max-space; weight: S + the top-K by "
+        "first-order weight above --add-weight, the memory budget the only hard limit",
+    )
+    s.add_argument(
+        "--max-space",
+        type=positive_int,
+        default=None,
+        help=f"cap on |S| (default: {DEFAULT_MAX_SPACE} under --growth count, none under weight)",
+    )
+    s.add_argument(
+        "--add-weight",
+        type=finite_float,
+        default=None,
+        help="--growth weight: least first-order weight of a configuration added to S",
+    )
+    s.add_argument(
+        "--space-memory",
+        type=positive_int,
+        default=None,
+        metavar="BYTES",
+        help="--growth weight: bytes S and its coupled set may take (default: what is free)",
+    )
     s.add_argument(
         "--prune-weight",
         type=finite_float,

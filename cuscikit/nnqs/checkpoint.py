@@ -59,12 +59,13 @@ def molecule_fingerprint(molecule) -> str:
 
 
 # Settings added after the first files were written, with the value those files ran with.
-_SETTINGS_BEFORE_THEY_WERE_SAVED = {"inner_steps": 0}
+_SETTINGS_BEFORE_THEY_WERE_SAVED = {"inner_steps": 0, "growth": "count"}
 
 
 def saved_settings(path: str | os.PathLike) -> dict:
     """The Runner settings a checkpoint was written with (topk, estimator, max_space, eps, seed,
-    batch_size, inner_steps), as Runner keyword arguments: a Runner built with them can load it.
+    batch_size, inner_steps, growth), as Runner keyword arguments: a Runner built with them can
+    load it.
 
     Example:
         >>> import os, tempfile
@@ -109,11 +110,12 @@ def _settings(runner) -> dict:
     return {
         "topk": runner.topk,
         "estimator": runner.estimator,
-        "max_space": runner.max_space,
+        "max_space": runner.space_cap,
         "eps": runner.eps,
         "seed": runner.seed,
         "batch_size": runner.batch_size,
         "inner_steps": runner.inner_steps,
+        "growth": runner.growth,
     }
 
 
@@ -412,7 +414,7 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: parameter {k} is not finite")
     settings = _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
-    for key in ("estimator", "topk", "max_space", "eps", "inner_steps"):
+    for key in ("growth", "estimator", "topk", "max_space", "eps", "inner_steps"):
         if settings[key] != _settings(runner)[key]:
             raise CheckpointError(
                 f"{path}: saved with {key}={settings[key]!r}, this runner has "

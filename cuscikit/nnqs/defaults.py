@@ -22,6 +22,19 @@ iterations, and Li2O still ended at +3.60 mHa and the H8 chain at +3.02."""
 DEFAULT_MAX_SPACE = 16384
 """Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""
 
+DEFAULT_WEIGHT_ADD = 1e-7
+"""growth="weight": the least first-order weight |c_a|^2 of a configuration added to S. The
+largest threshold tried whose space error (exact energy within the final S minus FCI) stayed
+below 0.004 mHa on LiH and H2O (0.0019 and 0.0037 mHa; 1e-6 left 0.011 and 0.062), CPU, seed
+0, 60 iterations (docs/nnqs_sci.md, "Growth by weight")."""
+
+DEFAULT_WEIGHT_PRUNE = None
+"""growth="weight": S drops the tail of smallest |psi| whose share of sum |psi|^2 is at most
+this, every iteration (None: no pruning). Off, because a configuration enters S with the
+untrained network's |psi| and is pruned again before it has learnt its amplitude: on the 8-site
+Hubbard chain (U = 4, seed 0) a share of 1e-6 dropped 40-392 configurations per iteration and
+|S| see-sawed (docs/nnqs_sci.md, "Growth by weight")."""
+
 DEFAULT_INNER_STEPS = 4
 """Extra AdamW steps per iteration on the energy within S (`Runner(inner_steps=...)`). Each is a
 forward and backward pass over S, no inference over the coupled set: for Li2O (|S| = 16,384) on

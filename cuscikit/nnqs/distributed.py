@@ -56,7 +56,14 @@ def sync_replicas(runner, comm) -> None:
     from cuscikit.nnqs.checkpoint import molecule_fingerprint
 
     settings = json.dumps(
-        [runner.topk, runner.estimator, runner.max_space, runner.eps, type(runner.ansatz).__name__]
+        [
+            runner.topk,
+            runner.estimator,
+            runner.space_cap,
+            runner.eps,
+            type(runner.ansatz).__name__,
+            runner.growth,
+        ]
     )
     mine = np.concatenate([_digest(molecule_fingerprint(runner.molecule)), _digest(settings)])
     table = np.stack(comm.allgather(mine))

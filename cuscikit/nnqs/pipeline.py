@@ -85,6 +85,8 @@ class StageResult:
         pt2_numerators: |sum_x H_ax psi(x)|^2 over this rank's owned a outside S (with
             ``pt2``; the psi of `psi_s`, not normalised), else None.
         pt2_diagonal: H_aa of the same a.
+        pt2_keys: the same a as engine keys (their first-order weights drive the growth of S
+            under ``Runner(growth="weight")``).
     """
 
     share: tuple[int, int]
@@ -108,6 +110,7 @@ class StageResult:
     peak_theoretical: float = float("nan")
     pt2_numerators: object = None
     pt2_diagonal: object = None
+    pt2_keys: object = None
 
 
 class Pipeline:
@@ -414,12 +417,13 @@ class Pipeline:
             hdiag = eng.diagonal(S_loc)
             eloc_c = hdiag + num_c / psi_s
             eloc_v = hdiag + num_v / psi_s
-            pt2_num = pt2_diag = None
+            pt2_num = pt2_diag = pt2_keys = None
             if self.pt2:  # the sums meet on the owners, which know H_aa
                 acc_U = gd.reduce(acc_L, comm)
                 rows = self._nonzero(~in_space_U)
                 pt2_num = acc_U[rows].abs() ** 2 if self.tensors else np.abs(acc_U[rows]) ** 2
-                pt2_diag = eng.diagonal(U[rows])
+                pt2_keys = U[rows]
+                pt2_diag = eng.diagonal(pt2_keys)
         times["energy"] = self._clock(t0)
         busy = sum(times.values())
         return StageResult(
@@ -446,6 +450,7 @@ class Pipeline:
             else float("nan"),
             pt2_numerators=pt2_num,
             pt2_diagonal=pt2_diag,
+            pt2_keys=pt2_keys,
         )
 
     # ---------------------------------------------------------------------------- helpers
@@ -510,6 +515,29 @@ class Pipeline:
 
     def _exp(self, x):
         return torch.exp(x) if self.tensors else np.exp(x)
+
+
+def space_bytes(n_space, n_coupled, words: int):
+    """Bytes one iteration holds for a space of `n_space` configurations whose coupled sets
+    have `n_coupled` entries in all, with every intermediate resident (no batching): the model
+    the growth rule's memory limit applies (``Runner(growth="weight")``).
+
+    Per coupled entry: the configuration and its matrix element (cold data), its keys in L and
+    U, its location, psi and ln psi in L and U, the membership flags and the PT2 accumulator,
+    rounded up to 24 words + 64 bytes. Per source: that again (a source is in L and U too),
+    plus its key in S, psi, both local energies, the numerators and H_xx (8 words + 128).
+
+    Integers give an int, arrays an int64 array (element by element).
+
+    Example:
+        >>> space_bytes(1000, 50_000, 1)
+        4624000
+    """
+    item = 24 * words + 64
+    out = np.asarray(n_coupled, np.int64) * item + np.asarray(n_space, np.int64) * (
+        item + 8 * words + 128
+    )
+    return int(out) if out.ndim == 0 else out
 
 
 def _host(a) -> np.ndarray:

@@ -34,6 +34,8 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
     DEFAULT_TOPK,
+    DEFAULT_WEIGHT_ADD,
+    DEFAULT_WEIGHT_PRUNE,
 )
 from cuscikit.parallel.comm import SerialComm
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
@@ -44,6 +46,7 @@ __all__ = ["Callback", "EarlyStopping", "LearningRateDecay", "NonFiniteLossError
 ESTIMATORS = ("coupled", "variational")
 STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
 PIPELINES = ("auto", "gpu", "baseline")
+GROWTH = ("count", "weight")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -143,12 +146,30 @@ class Runner(Solver):
         estimator: "coupled" (sum over all of C(x), the papers' form) or "variational" (only
             x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
             computed and kept in the history.
-        max_space: cap on |S| (None: no cap).
-        prune_weight: None (default: S only grows, up to `max_space`) or a weight w: after
-            each growth step the configurations of smallest |psi| whose summed share of
-            sum |psi|^2 over S is at most w are dropped (pruning by weight, not by count; the
-            cap still applies). The history's ``weight_dropped`` is that share, whichever rule
-            dropped configurations.
+        growth: how S grows and shrinks. "count" (default): S <- S + the top-K new
+            configurations by |psi|, capped at `max_space`. "weight": the new configurations
+            are ranked by their first-order weight |c_a|^2 = |sum_x H_ax psi(x)|^2 /
+            (E_var - H_aa)^2 (psi normalised on S; the PT2 terms the iteration already has), the
+            top-K of those with |c_a|^2 >= `add_weight` are added, S is pruned by weight
+            (`prune_weight`), and the memory budget is the hard limit: S keeps the longest
+            prefix (S by decreasing |psi|, then the new ones by weight) whose next iteration
+            fits `space_memory` (`cuscikit.nnqs.pipeline.space_bytes` of its exact coupled
+            counts). History columns ``weight_outside`` (sum of |c_a|^2 over all a coupled to
+            S and outside it) and ``bytes_planned`` (the model's bytes for the next S).
+        max_space: cap on |S|; None: no cap; "auto" (default): `DEFAULT_MAX_SPACE` under
+            growth="count", no cap under growth="weight" (the memory budget alone limits S).
+        prune_weight: a weight w or None: after each growth step the configurations of
+            smallest |psi| whose summed share of sum |psi|^2 is at most w are dropped (pruning
+            by weight, not by count). Under growth="count" (default None: off) the share is
+            over S and the new configurations and the cap still applies; under
+            growth="weight" (None: `DEFAULT_WEIGHT_PRUNE`) it is over S only, before the new
+            ones are added (their |psi| has not been trained yet; default off). The history's
+            ``weight_dropped`` is the share dropped, whichever rule dropped configurations.
+        add_weight: growth="weight" only: the least first-order weight |c_a|^2 of a new
+            configuration (None: `DEFAULT_WEIGHT_ADD`).
+        space_memory: growth="weight" only: bytes S and its coupled set may take (None: what
+            the pipeline's `cuscikit.backends.MemoryBudget` has available at each iteration:
+            host memory on the CPU, the GPU's on a GPU).
         eps: screening threshold of the coupled sets.
         lr, betas, weight_decay, adam_eps: AdamW settings.
         batch_size: configurations per inference batch.
@@ -201,8 +222,11 @@ class Runner(Solver):
 
     topk: int = DEFAULT_TOPK
     estimator: str = "coupled"
-    max_space: int | None = DEFAULT_MAX_SPACE
+    growth: str = "count"
+    max_space: int | None | str = "auto"
     prune_weight: float | None = None
+    add_weight: float | None = None
+    space_memory: int | None = None
     eps: float = DEFAULT_EPS
     lr: float = DEFAULT_LR
     betas: tuple[float, float] = (0.9, 0.99)
@@ -313,13 +337,21 @@ class Runner(Solver):
                 raise ValueError(f"{name} must be {what} integer, got {value!r}")
 
         positive_int("topk", self.topk)
-        positive_int("max_space", self.max_space, allow_none=True)
-        if self.prune_weight is not None and not (
-            isinstance(self.prune_weight, (int, float))
-            and not isinstance(self.prune_weight, bool)
-            and 0 <= self.prune_weight < 1
-        ):
-            raise ValueError(f"prune_weight must be None or in [0, 1), got {self.prune_weight!r}")
+        if self.growth not in GROWTH:
+            raise ValueError(f"unknown growth {self.growth!r}: use one of {GROWTH}")
+        if self.max_space != "auto":
+            positive_int("max_space", self.max_space, allow_none=True)
+        for name in ("prune_weight", "add_weight"):
+            v = getattr(self, name)
+            if v is not None and not (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
+            ):
+                raise ValueError(f"{name} must be None or in [0, 1), got {v!r}")
+        positive_int("space_memory", self.space_memory, allow_none=True)
+        if self.growth == "count" and (self.add_weight, self.space_memory) != (None, None):
+            raise ValueError('add_weight and space_memory apply to growth="weight" only')
+        if self.growth == "weight" and not self.pt2:
+            raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
@@ -423,6 +455,13 @@ class Runner(Solver):
                 g["lr"] = self.lr
 
     # ------------------------------------------------------------------------------ results
+    @property
+    def space_cap(self) -> int | None:
+        """The cap on |S| in force: `max_space` with "auto" resolved (None: no cap)."""
+        if self.max_space == "auto":
+            return DEFAULT_MAX_SPACE if self.growth == "count" else None
+        return self.max_space
+
     @property
     def distributed(self) -> bool:
         """True on more than one rank."""
@@ -697,12 +736,13 @@ class Runner(Solver):
                 self._nonfinite_weights()
         t["optimizer"] = time.perf_counter() - t0
 
-        # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|).
+        # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|), or
+        # the weight-driven rule.
         t0 = time.perf_counter()
-        n_new = self.space.add(r.new_configs) if len(r.new_configs) else 0
-        keep, weight_dropped = _kept(r.keep_rows, r.keep_scores, self.max_space, self.prune_weight)
-        if keep is not None:
-            self.space = SCISpace(self.molecule, r.keep_configs[keep], eps=self.eps)
+        if self.growth == "count":
+            n_new, weight_dropped, grown = self._grow_by_count(r)
+        else:
+            n_new, weight_dropped, grown = self._grow_by_weight(r, e_v, z, n)
         self.iteration += 1
         t["other"] = time.perf_counter() - t0
         total = time.perf_counter() - t_start
@@ -726,6 +766,7 @@ class Runner(Solver):
             "n_space_next": len(self.space),
             "weight_dropped": weight_dropped,
         }
+        row.update(grown)
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
         row["peak_memory_bytes"] = 0  # set by `step` once the iteration's peak is known
@@ -736,6 +777,84 @@ class Runner(Solver):
             row.update(self._load_columns(r))
         self._rows.append(row)
         return row
+
+    def _grow_by_count(self, r) -> tuple[int, float, dict]:
+        """growth="count": S <- S + top-K by |psi|, then the cap (and `prune_weight`) over S
+        and the new ones. Returns (configurations added, share dropped, history columns)."""
+        n_new = self.space.add(r.new_configs) if len(r.new_configs) else 0
+        keep, weight_dropped = _kept(r.keep_rows, r.keep_scores, self.space_cap, self.prune_weight)
+        if keep is not None:
+            self.space = SCISpace(self.molecule, r.keep_configs[keep], eps=self.eps)
+        return n_new, weight_dropped, {}
+
+    def _grow_by_weight(self, r, e_v: float, z: float, n: int) -> tuple[int, float, dict]:
+        """growth="weight": prune S by |psi|^2 share, add the top-K new configurations by
+        first-order weight (at least `add_weight`), and keep the longest prefix that fits the
+        memory budget. Returns (configurations added, share of S dropped, history columns)."""
+        eng = self._pipeline.engine
+        prune = self.prune_weight if self.prune_weight is not None else DEFAULT_WEIGHT_PRUNE
+        add = DEFAULT_WEIGHT_ADD if self.add_weight is None else self.add_weight
+        # S ranked by |psi| (ties by row), and the tail of weight at most `prune` dropped
+        scores, rows = r.keep_scores[:n], r.keep_rows[:n]
+        order = np.lexsort((rows, -scores))
+        share = np.exp(2.0 * (scores[order] - scores[order[0]]))
+        share /= share.sum()
+        tail = np.cumsum(share[::-1])[::-1]
+        k_s = n if prune is None else max(1, int(np.count_nonzero(tail > prune)))
+        # the new configurations: first-order weights on their owners, top-K over the ranks
+        weight_outside, new = self._first_order_top(r, e_v, z, add)
+        cand = np.concatenate([r.keep_configs[:n][order[:k_s]], new])
+        # the hard limit: the longest prefix whose next iteration fits the budget
+        counts = np.asarray(_host_array(eng.coupled_counts(eng.keys(cand))), dtype=np.int64)
+        from cuscikit.nnqs.pipeline import space_bytes
+
+        words = cand.shape[1]
+        need = space_bytes(np.arange(1, len(cand) + 1), np.cumsum(counts), words)
+        budget = (
+            int(self.space_memory)
+            if self.space_memory is not None
+            else int(self._pipeline.budget.available())
+        )
+        if self.distributed:  # one decision on every rank: the tightest rank's budget
+            budget = -int(self.comm.allreduce(np.array([-budget], np.int64), op="max")[0])
+        m = max(1, int(np.searchsorted(need, budget, side="right")))
+        m = min(m, len(cand))
+        if self.space_cap is not None:
+            m = min(m, int(self.space_cap))
+        k_s = min(k_s, m)
+        dropped = float(tail[k_s]) if k_s < n else 0.0
+        self.space = SCISpace(self.molecule, cand[:m], eps=self.eps)
+        planned = space_bytes(m, int(counts[:m].sum()), words)
+        return (
+            m - k_s,
+            dropped,
+            {"weight_outside": weight_outside, "bytes_planned": planned, "bytes_budget": budget},
+        )
+
+    def _first_order_top(self, r, e_v: float, z: float, add: float) -> tuple[float, np.ndarray]:
+        """(sum of |c_a|^2 over every a outside S, the top-K a with |c_a|^2 >= add, best
+        first; ties by key), from this iteration's PT2 terms, the same on every rank."""
+        num, diag, keys = r.pt2_numerators, r.pt2_diagonal, r.pt2_keys
+        words = self.space.configs.shape[1]
+        q = num / ((e_v - diag) ** 2 * z)
+        total = float(q.sum()) if len(q) else 0.0
+        k = self.topk
+        if len(q) > k:  # this rank's top-K, ties at the K-th value included
+            kth = torch.topk(q, k).values[-1] if torch.is_tensor(q) else np.partition(q, -k)[-k]
+            mask = q >= max(float(kth), add)
+        else:
+            mask = q >= add
+        idx = torch.nonzero(mask).squeeze(1) if torch.is_tensor(q) else np.flatnonzero(mask)
+        q_sel = _host_array(q[idx]).astype(np.float64)
+        k_sel = np.asarray(self._pipeline.engine.to_host(keys[idx]), np.uint64).reshape(-1, words)
+        if self.distributed:
+            (total,) = self._allreduce([total])
+            total = float(total)
+            packed = np.concatenate([q_sel.view(np.uint64)[:, None], k_sel], axis=1)
+            packed = np.concatenate(self.comm.allgather(packed))
+            q_sel, k_sel = packed[:, 0].view(np.float64), packed[:, 1:]
+        order = np.lexsort((*[k_sel[:, w] for w in range(words)], -q_sel))[:k]
+        return total, k_sel[order]
 
     def _load_columns(self, r) -> dict:
         """History columns of a distributed step: per-rank loads and the de-dup metrics; the
@@ -898,6 +1017,10 @@ class Runner(Solver):
             bad = np.flatnonzero(failed).tolist()
             raise CheckpointError(f"{path}: ranks {bad} could not read the checkpoint")
         return self
+
+
+def _host_array(a) -> np.ndarray:
+    return a.detach().to("cpu").numpy() if torch.is_tensor(a) else np.asarray(a)
 
 
 def _kept(rows, scores, max_space, prune_weight):
