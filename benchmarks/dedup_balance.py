@@ -14,7 +14,7 @@ P = 2, 4, 8 run as real processes (mpiexec + mpi4py, or torchrun + gloo); P = 32
 simulated in one process (`simulate_partition`: balance as P ranks would see it, compute time
 only). max/min and CV are over the keys each rank owns after the exchange ("recv" is over the
 keys it received, which is what the sampling itself balances). items/s: coupled keys in, all
-ranks, per second of the slowest rank's wall time, best of --repeats. Goal of the issue:
+ranks, per second of the slowest rank's wall time, best of --repeats. Goal:
 max/min <= 1.05 and CV <= 0.01 (the paper: 1.01-1.25 and 0.010-0.027).
 
     python benchmarks/dedup_balance.py [--engine mpi|torch] [--ranks 2 4 8] [--sim 32 64]

@@ -254,7 +254,7 @@ def bench_iteration(args):
     base = Ansatz.for_molecule(mol, seed=0, device=DEV)
     pipelines = args.pipelines.split(",")
     # Both pipelines infer ln psi over U: pick the largest source count whose iterations fit
-    # the time budget (the issue asks for 256,000; the table says what ran).
+    # the time budget (256,000 is the target; the table says what ran).
     probe = sample_space(mol, 200_000, seed=1)
     rate = inference_rate(base, probe, args.batch_size) * (2.0 if args.compile else 1.0)
     print(f"# ansatz inference: {rate:.3e} configurations/s expected (batch {args.batch_size})")

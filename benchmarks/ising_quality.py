@@ -4,8 +4,9 @@ temperature schedule) and the PyPI package simulated-bifurcation (discrete mode 
 stopping, and its defaults), with the best-known cut as the anchor.
 
 dSB runs first (``--steps`` steps, or restarts within ``--time-budget``); each baseline then gets
-the same wall time. Graphs are read from ``--gset-dir`` (default: ../shared/data/gset next to the
-repository, or $CUSCIKIT_GSET_DIR); nothing is copied.
+the same wall time. Graphs are read from ``--gset-dir`` (default: $CUSCIKIT_GSET_DIR), a folder
+holding the G-set files and a ``best_known.json`` with each graph's file and best-known cut;
+nothing is copied.
 
 Several values of --agents, --steps and --dt run every combination (the baselines get the wall
 time of the first). ``t_found_s`` is the end of the run (restart) that first reached the final
@@ -29,8 +30,6 @@ import numpy as np
 from _common import machine, print_table
 
 from cuscikit.ising import IsingModel, solve
-
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gset"
 
 
 def simulated_annealing(model: IsingModel, replicas: int, seconds: float, seed: int) -> float:
@@ -89,7 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--gset-dir", default=os.environ.get("CUSCIKIT_GSET_DIR", str(DEFAULT_DIR)))
+    ap.add_argument("--gset-dir", default=os.environ.get("CUSCIKIT_GSET_DIR", ""))
     ap.add_argument("--graphs", nargs="+", default=["G1", "G22", "G43", "K2000"])
     ap.add_argument("--agents", type=int, nargs="+", default=[100])
     ap.add_argument("--steps", type=int, nargs="+", default=[1000])

@@ -9,7 +9,7 @@
 # skips that step), *_TIMEOUT.
 set -u
 OUT=${OUT:-$PWD/device_ising_out}
-GSET_DIR=${GSET_DIR:-../shared/data/gset}
+GSET_DIR=${GSET_DIR:-${CUSCIKIT_GSET_DIR:-gset}}  # the G-set folder (with best_known.json)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 GSET_DIR=$(cd "$GSET_DIR" 2> /dev/null && pwd || echo "$GSET_DIR")

@@ -8,8 +8,8 @@ DEFAULT_REFERENCE_BIAS = 5.0
 
 DEFAULT_LR = 1e-3
 """AdamW learning rate. The published method uses 3e-4; at 3e-4 the fresh-start runs on
-the small benchmark set need several times more iterations to reach chemical accuracy (see the
-closing notes of the NNQS issue), so the default is 1e-3 and 3e-4 stays one argument away."""
+the small benchmark set needed several times more iterations to reach chemical accuracy
+(`benchmarks/accuracy_small.py`), so the default is 1e-3 and 3e-4 stays one argument away."""
 
 DEFAULT_ITERATIONS = 2000
 """Iterations of `cuscikit nnqs` and of the accuracy benchmark, with the inner steps and the
