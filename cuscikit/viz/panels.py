@@ -271,7 +271,7 @@ def plot_panels(
         bottom=0.55 / fig.get_figheight(),
         top=top,
         wspace=0.3,
-        hspace=0.55 * 3.2 / 2.6,
+        hspace=0.45,
     )
     if not chosen or history.empty:
         ax = fig.add_subplot(111)
