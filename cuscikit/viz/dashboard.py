@@ -12,6 +12,10 @@ Without ipywidgets the dashboard degrades to a static matplotlib figure that `st
 the foreground every `every` iterations (no buttons; the kernel's interrupt stops the run after
 the current iteration).
 
+Runs that are not stepped from outside (a GUGA Davidson solve, a dSB run) have no buttons to
+offer; their histories (`davidson_history`, `ising_history`) feed the same panels through
+`plot_panels`.
+
 Example (no notebook needed: drive it from code):
     >>> from cuscikit import Ansatz, Molecule, Runner
     >>> mol = Molecule.load("LiH")

@@ -154,7 +154,9 @@ def _draw_balance(history: pd.DataFrame, ax, reference: float | None) -> None:
     it = history["iteration"].to_numpy()
     for hi, lo, label in _LOADS:
         if hi in history and lo in history:
-            ratio = history[hi].to_numpy(float) / np.maximum(history[lo].to_numpy(float), 1e-12)
+            top, bottom = history[hi].to_numpy(float), history[lo].to_numpy(float)
+            # undefined while a rank holds nothing (the first iterations of a small S)
+            ratio = np.divide(top, bottom, out=np.full_like(top, np.nan), where=bottom > 0)
             ax.plot(it, ratio, label=label)
     if "dedup_received_max_min" in history:
         ax.plot(it, history["dedup_received_max_min"], ":", label="de-dup received")
@@ -264,7 +266,7 @@ def plot_panels(
         fig = plt.figure(figsize=(5.2 * ncols, 3.2 * nrows))
     fig.clear()
     # fixed margins: a constrained layout costs a second per redraw on a busy 2-core machine
-    top = 1 - (0.5 if title else 0.3) / fig.get_figheight()
+    top = 1 - (0.75 if title else 0.3) / fig.get_figheight()
     fig.subplots_adjust(
         left=0.09,
         right=0.97,

@@ -62,6 +62,15 @@ def test_panels_follow_the_columns():
         available_panels(pd.DataFrame({"e_tot": [1.0]}))
 
 
+def test_balance_panel_skips_ranks_that_hold_nothing():
+    h = nnqs_like(ranks=2)
+    h.loc[0, "sources_min"] = 0  # |S| = 1 on two ranks: one of them has no source
+    ax = plot_panels(h, ["balance"]).axes[0]
+    sources = ax.get_lines()[0].get_ydata()
+    assert np.isnan(sources[0]) and np.allclose(sources[1:], 1.1)
+    assert ax.get_title() == "load balance, 2 ranks (1 = even)"
+
+
 def test_energy_panel_draws_errors_and_the_accuracy_band():
     h = nnqs_like()
     ref = float((h["e_tot"] - h["error"]).iloc[0])
