@@ -295,6 +295,8 @@ class Dashboard(Callback):
         self._stop, self._want_checkpoint, self.error, self.status = False, False, None, None
         self._resume.set()
         self._active = True
+        if self._ui is not None:  # the box shows what runs, whoever started it
+            self._ui["n_iter"].value = int(n_iter)
         if not background:
             self._run(int(n_iter))
             if self.error is not None:

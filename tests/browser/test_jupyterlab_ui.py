@@ -187,6 +187,10 @@ def test_notebook_runs_in_jupyterlab(path, lab, browser, tmp_path):
             assert page.locator(".jp-OutputArea-output img").count() >= 1
             page.get_by_role("button", name="Start").first.scroll_into_view_if_needed()
             page.screenshot(path=str(out / f"{path.stem}-dashboard.png"))
+        images = page.locator(".jp-OutputArea-output img")
+        if images.count():  # a second picture: the first figure in view
+            images.first.scroll_into_view_if_needed()
+            page.screenshot(path=str(out / f"{path.stem}-figure.png"))
     finally:
         page.screenshot(path=str(out / f"{path.stem}.png"))
         page.close()

@@ -202,6 +202,7 @@ def test_widget_buttons_pause_checkpoint_resume_stop(tmp_path):
     assert drv.saved[-1] == (drv.iteration, path)
     before = drv.iteration
     assert dash.start(3, background=False).ok and drv.iteration == before + 3
+    assert ui["n_iter"].value == 3  # the box follows a start from code
 
 
 def test_a_failing_step_is_reported_and_reraised():
