@@ -256,6 +256,8 @@ def plot_panels(
     Returns:
         The figure.
     """
+    from matplotlib.ticker import MaxNLocator
+
     chosen = [] if history.empty else available_panels(history, panels)
     n = max(len(chosen), 1)
     ncols = max(1, min(int(ncols), n))
@@ -284,6 +286,7 @@ def plot_panels(
         panel.draw(history, ax, reference)
         ax.set_title(ax.get_title() or panel.title, fontsize=9)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
