@@ -54,6 +54,12 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the inference")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="multi_gpu_iteration.json")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: CPU ranks on gloo with the baseline pipeline (a small-size rehearsal)",
+    )
     args = ap.parse_args()
     if "WORLD_SIZE" not in os.environ:  # plain python: one rank
         os.environ.update(
@@ -63,9 +69,13 @@ def main() -> None:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(_free_port()),
         )
-    dev = torch.device("cuda", local_rank() % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    comm = TorchComm(backend="nccl")
+    if args.device == "cuda":
+        dev = torch.device("cuda", local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        comm = TorchComm(backend="nccl")
+    else:
+        dev = torch.device("cpu")
+        comm = TorchComm(backend="gloo")
     P = comm.size
     mol = Molecule.load(args.molecule)
     t0 = time.perf_counter()
@@ -81,7 +91,7 @@ def main() -> None:
             comm=comm,
             max_space=None,
             topk=args.topk,
-            pipeline="gpu",
+            pipeline="gpu" if dev.type == "cuda" else "baseline",
             batch_size=args.batch_size,
             compile_inference=args.compile,
             inner_steps=0,
@@ -89,7 +99,8 @@ def main() -> None:
         )
 
     t0 = time.perf_counter()
-    runner(S[:4000]).step()  # warm-up: CUDA context, kernels, NCCL, cuBLAS, compilation
+    # warm-up: CUDA context, kernels, NCCL, cuBLAS, compilation
+    runner(S[: min(4000, len(S))]).step()
     t_warm = time.perf_counter() - t0
     comm.barrier()
     r = runner(S)
@@ -100,7 +111,7 @@ def main() -> None:
         return
     run = {
         "ranks": P,
-        "device": torch.cuda.get_device_name(dev),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "molecule": args.molecule,
         "sources": int(row["n_space"]),
         "coupled": int(row["n_coupled"]),
@@ -113,6 +124,7 @@ def main() -> None:
         "busy_min": row.get("t_busy_min"),
         "unique_per_rank": [row.get("unique_min"), row.get("unique_max")],
         "peak_gib": row["peak_memory_bytes"] / 2**30,
+        "peak_theoretical_gib": row["peak_theoretical_bytes"] / 2**30,
         "space_s": t_space,
         "warmup_s": t_warm,
         "machine": machine(),
