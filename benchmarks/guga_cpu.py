@@ -142,7 +142,9 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
     queue.put(out)
 
 
-def measure(method, ncas, twos, threads, repeat, solve, opts):
+def measure(method, ncas, twos, threads, repeat, solve=True, opts=None):
+    """One method's sizes, times and energy, measured in a process of its own (a dict)."""
+    opts = {"df": None, "max_memory": None} if opts is None else opts
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_run, args=(method, ncas, twos, threads, repeat, solve, opts, q))
