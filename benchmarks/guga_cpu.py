@@ -99,12 +99,7 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
 
         out["size"] = comb(ncas, nelec[0]) * comb(ncas, nelec[1])
         if solve:
-            t0, c0 = time.perf_counter(), time.process_time()
-            e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
-            out["solve_s"] = time.perf_counter() - t0
-            out["solve_cpu_s"] = time.process_time() - c0
-            out["e"] = float(e)
-            out["peak_mib"] = _peak_mib()
+            _timed_solve(solver, h1, eri, ncas, nelec, ecore, out)
     else:
         from math import comb
 
@@ -119,12 +114,7 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         shape = (comb(ncas, nelec[0]), comb(ncas, nelec[1]))
         out["size"] = shape[0] * shape[1]
         if solve:
-            t0, c0 = time.perf_counter(), time.process_time()
-            e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
-            out["solve_s"] = time.perf_counter() - t0
-            out["solve_cpu_s"] = time.process_time() - c0
-            out["e"] = float(e)
-            out["peak_mib"] = _peak_mib()
+            _timed_solve(solver, h1, eri, ncas, nelec, ecore, out)
         h2 = solver.absorb_h1e(h1, eri, ncas, nelec, 0.5)
         c = np.random.default_rng(0).standard_normal(shape)
         if method == "direct_spin0":
@@ -140,6 +130,16 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
     if "peak_mib" not in out:
         out["peak_mib"] = _peak_mib()
     queue.put(out)
+
+
+def _timed_solve(solver, h1, eri, ncas, nelec, ecore, out: dict) -> None:
+    """A full solve: wall and CPU seconds, the energy and the peak memory into `out`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
+    out["solve_s"] = time.perf_counter() - t0
+    out["solve_cpu_s"] = time.process_time() - c0
+    out["e"] = float(e)
+    out["peak_mib"] = _peak_mib()
 
 
 def measure(method, ncas, twos, threads, repeat, solve=True, opts=None):

@@ -53,6 +53,27 @@ def _fmt_bytes(b: float) -> str:
     return f"{b} B"  # pragma: no cover
 
 
+def coupling_scale(n: int, jnorm2, h) -> np.float32:
+    """c0 = 0.5 sqrt(n_e - 1) / sqrt(F), F = ||J||_F^2 + 2 ||h||^2 and n_e = n + [h != 0],
+    computed in float64 (F exactly for integers) and rounded once to float32, so that every
+    backend uses the same value; 0 without couplings. (The request service's C++ front end
+    computes the same expression per request: ext/cpu/ising/server.hpp.)
+
+    Example:
+        >>> float(coupling_scale(3, 6, [0, 0, 0]))
+        0.28867512941360474
+    """
+    h = np.asarray(h)
+    if h.dtype.kind in "iu":
+        F = int(jnorm2) + 2 * sum(int(v) * int(v) for v in h[h != 0])
+    else:
+        F = float(jnorm2) + 2 * float((h**2).sum())
+    ne = n + int(bool(np.any(h)))
+    if F == 0 or ne < 2:
+        return np.float32(0.0)
+    return np.float32(0.5 * math.sqrt(ne - 1) / math.sqrt(F))
+
+
 def _exact_div(num, den):
     """num / den as an int when it divides exactly (integer models), else a float."""
     if isinstance(num, (int, np.integer)) and isinstance(den, int) and num % den == 0:
@@ -242,19 +263,16 @@ class IsingModel:
             out["j8"] = j8.ravel()
         return out
 
+    @property
+    def jnorm2(self) -> int | float:
+        """||J||_F^2: exact (an int) for integer couplings (|J_ij| <= 127 cannot overflow int64)."""
+        if self.exact:
+            return int(np.sum(self.J.data.astype(np.int64) ** 2, dtype=np.int64))
+        return float((self.J.data**2).sum())
+
     def c0(self) -> np.float32:
-        """The coupling scale 0.5 sqrt(n_e - 1) / sqrt(F), F = ||J||_F^2 + 2 ||h||^2 and
-        n_e = n + [h != 0], computed in float64 and rounded once to float32 (so both backends
-        use the same value); 0 for a model without couplings."""
-        if self.exact:  # |J_ij| <= 127: the int64 sum of squares cannot overflow
-            F = int(np.sum(self.J.data.astype(np.int64) ** 2, dtype=np.int64))
-            F += 2 * sum(int(v) * int(v) for v in self.h[self.h != 0])
-        else:
-            F = float((self.J.data**2).sum() + 2 * (self.h**2).sum())
-        ne = self.n + int(bool(np.any(self.h)))
-        if F == 0 or ne < 2:
-            return np.float32(0.0)
-        return np.float32(0.5 * math.sqrt(ne - 1) / math.sqrt(F))
+        """The coupling scale of `coupling_scale` for this model's J and h."""
+        return coupling_scale(self.n, self.jnorm2, self.h)
 
     # --- energies --------------------------------------------------------------------------------
     def _spins(self, s) -> np.ndarray:

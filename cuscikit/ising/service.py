@@ -300,7 +300,7 @@ class IsingServer:
         if not 0 <= model_id < 2**32:
             raise ValueError(f"model_id must fit in 32 bits, got {model_id}")
         a = model.coupling_arrays()
-        jnorm2 = int(np.sum(model.J.data.astype(np.int64) ** 2))
+        jnorm2 = model.jnorm2
         self._server.load_model(
             model_id, a["kind"], model.n, a["plus"], a["minus"], a["degree"], a["j8"], a["h"],
             jnorm2,

@@ -198,21 +198,26 @@ def run_kernel(
     )
 
 
-def _check(model, agents, steps, dt, seed, a0, time_limit, restarts):
-    if not isinstance(model, IsingModel):
-        raise ValueError(f"model must be an IsingModel, got {type(model).__name__}")
+def check_run_options(agents, steps, dt, seed, a0) -> None:
+    """The options every dSB run takes (resident or streamed); ValueError before any work."""
     for name, v in (("agents", agents), ("steps", steps)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if agents > 2**31 - 1 or steps > 2**31 - 2:
         raise ValueError("agents and steps must fit in int32")
-    if restarts is not None and (not isinstance(restarts, (int, np.integer)) or restarts < 1):
-        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
     for name, v in (("dt", dt), ("a0", a0)):
         if not (isinstance(v, (int, float, np.floating)) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+
+
+def _check(model, agents, steps, dt, seed, a0, time_limit, restarts):
+    if not isinstance(model, IsingModel):
+        raise ValueError(f"model must be an IsingModel, got {type(model).__name__}")
+    check_run_options(agents, steps, dt, seed, a0)
+    if restarts is not None and (not isinstance(restarts, (int, np.integer)) or restarts < 1):
+        raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
     if time_limit is not None and not (np.isfinite(time_limit) and time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
 

@@ -24,7 +24,6 @@ Example (a Mattis instance: the planted ground state has E = -n (n - 1) / 2):
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -212,28 +211,19 @@ def solve_streamed(
     Raises:
         ValueError: bad options (before any work).
     """
-    from cuscikit.ising.solver import HISTORY_DTYPE, unpack_signs
+    from cuscikit.ising.model import coupling_scale
+    from cuscikit.ising.solver import HISTORY_DTYPE, check_run_options, unpack_signs
 
     if not isinstance(source, _Source):
         raise ValueError(f"source must be a coupling source, got {type(source).__name__}")
-    for name, v in (("agents", agents), ("steps", steps)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    for name, v in (("dt", dt), ("a0", a0)):
-        if not (isinstance(v, (int, float, np.floating)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-    if not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
+    check_run_options(agents, steps, dt, seed, a0)
     if not isinstance(tile_bytes, (int, np.integer)) or tile_bytes < 1:
         raise ValueError(f"tile_bytes must be a positive integer, got {tile_bytes!r}")
     n = source.n
     h = np.zeros(n, np.int64) if h is None else np.asarray(h)
     if h.shape != (n,) or np.any(h != np.round(h)) or np.abs(h).max(initial=0) > 2**24:
         raise ValueError(f"h must be {n} integers with |h_i| <= 2^24")
-    # c0 exactly as IsingModel.c0(): F = ||J||_F^2 + 2 ||h||^2 with ||J||_F^2 = n (n - 1)
-    F = n * (n - 1) + 2 * sum(int(v) * int(v) for v in h[h != 0])
-    ne = n + int(bool(np.any(h)))
-    c0 = np.float32(0.5 * math.sqrt(ne - 1) / math.sqrt(F))
+    c0 = coupling_scale(n, n * (n - 1), h)  # every off-diagonal J_ij is +-1
     rows = max(1, min(n, tile_bytes // source.row_bytes))
     run = _ext().StreamRun(n, h.astype(np.int32), int(agents), int(steps), float(dt), float(a0),
                            float(c0), int(seed), 0)  # fmt: skip

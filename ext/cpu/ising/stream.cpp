@@ -158,6 +158,27 @@ inline std::uint32_t pair_bit(std::uint64_t seed, std::uint64_t i, std::uint64_t
   return std::uint32_t((z ^ (z >> 31)) & 1u);
 }
 
+// Rows r0 .. r0 + rows - 1 of an n x n +-1 matrix as a (rows, W) numpy array of 1-bit words,
+// word w of row i from word_of(i, w) (then padding and diagonal cleared), rows on OpenMP threads.
+template <typename WordOf>
+auto make_tile(int n, int r0, int rows, WordOf word_of) {
+  const int W = (n + 31) / 32;
+  if (n < 2 || r0 < 0 || rows < 0 || r0 + rows > n)
+    throw std::invalid_argument("rows out of range");
+  std::vector<std::uint32_t> out(std::size_t(rows) * W);
+  {
+    nb::gil_scoped_release release;
+#ifdef CSK_HAVE_OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int r = 0; r < rows; ++r) {
+      const int i = r0 + r;
+      fill_row(out.data() + std::size_t(r) * W, W, n, i, [&](int w) { return word_of(i, w); });
+    }
+  }
+  return csk::to_numpy(std::move(out), {std::size_t(rows), std::size_t(W)});
+}
+
 }  // namespace
 
 void bind_ising_stream(nb::module_& m) {
@@ -190,50 +211,25 @@ void bind_ising_stream(nb::module_& m) {
       "mattis_tile",
       [](csk::HostVector<std::int8_t> xi, int r0, int rows) {
         const int n = int(xi.shape(0)), W = (n + 31) / 32;
-        if (r0 < 0 || rows < 0 || r0 + rows > n) throw std::invalid_argument("rows out of range");
         std::vector<std::uint32_t> xbits(W, 0u);
         for (int j = 0; j < n; ++j)
           if (xi.data()[j] > 0) xbits[j >> 5] |= 1u << (j & 31);
-        std::vector<std::uint32_t> out(std::size_t(rows) * W);
-        {
-          nb::gil_scoped_release release;
-#ifdef CSK_HAVE_OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-          for (int r = 0; r < rows; ++r) {
-            const int i = r0 + r;
-            const bool up = xi.data()[i] > 0;  // J_ij = xi_i xi_j = +1 where xi_j = xi_i
-            fill_row(out.data() + std::size_t(r) * W, W, n, i,
-                     [&](int w) { return up ? xbits[w] : ~xbits[w]; });
-          }
-        }
-        return csk::to_numpy(std::move(out), {std::size_t(rows), std::size_t(W)});
+        const std::int8_t* x = xi.data();
+        // J_ij = xi_i xi_j = +1 where xi_j = xi_i
+        return make_tile(n, r0, rows,
+                         [&](int i, int w) { return x[i] > 0 ? xbits[w] : ~xbits[w]; });
       },
       "xi"_a, "r0"_a, "rows"_a, "Rows r0.. of the Mattis couplings J = xi xi^T as 1-bit words.");
 
   m.def(
       "random_tile",
       [](int n, std::uint64_t seed, int r0, int rows) {
-        const int W = (n + 31) / 32;
-        if (n < 2 || r0 < 0 || rows < 0 || r0 + rows > n)
-          throw std::invalid_argument("rows out of range");
-        std::vector<std::uint32_t> out(std::size_t(rows) * W);
-        {
-          nb::gil_scoped_release release;
-#ifdef CSK_HAVE_OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-          for (int r = 0; r < rows; ++r) {
-            const int i = r0 + r;
-            fill_row(out.data() + std::size_t(r) * W, W, n, i, [&](int w) {
-              std::uint32_t word = 0;
-              for (int bit = 0; bit < 32 && 32 * w + bit < n; ++bit)
-                word |= pair_bit(seed, std::uint64_t(i), std::uint64_t(32 * w + bit)) << bit;
-              return word;
-            });
-          }
-        }
-        return csk::to_numpy(std::move(out), {std::size_t(rows), std::size_t(W)});
+        return make_tile(n, r0, rows, [&](int i, int w) {
+          std::uint32_t word = 0;
+          for (int bit = 0; bit < 32 && 32 * w + bit < n; ++bit)
+            word |= pair_bit(seed, std::uint64_t(i), std::uint64_t(32 * w + bit)) << bit;
+          return word;
+        });
       },
       "n"_a, "seed"_a, "r0"_a, "rows"_a,
       "Rows r0.. of a seeded random symmetric +-1 matrix (splitmix64 of the pair) as 1-bit "
