@@ -156,6 +156,16 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+def require_cuda(device: str) -> None:
+    """`--device DEVICE` needs the CUDA kernels and a GPU: a UsageError before any work if not."""
+    from cuscikit.backends.loader import CudaUnavailableError, cuda
+
+    try:
+        cuda()
+    except CudaUnavailableError as exc:
+        raise UsageError(f"--device {device}: {exc}") from None
+
+
 def communicator(args):
     """The ranks of this run (one process outside a launcher); kept on `args` for reporting."""
     from cuscikit.parallel import get_comm

@@ -19,6 +19,7 @@ from cuscikit.cli.common import (
     load_molecule,
     non_negative_int,
     positive_int,
+    require_cuda,
 )
 
 
@@ -90,12 +91,7 @@ def run(args) -> int:
     if args.device != "cpu" and args.device != "cuda" and not args.device.startswith("cuda:"):
         raise UsageError(f"--device must be cpu or a CUDA device (cuda, cuda:0), got {args.device}")
     if args.device != "cpu":
-        from cuscikit.backends.loader import CudaUnavailableError, cuda
-
-        try:
-            cuda()
-        except CudaUnavailableError as exc:
-            raise UsageError(f"--device {args.device}: {exc}") from None
+        require_cuda(args.device)
     t0 = time.perf_counter()
     solver = GUGASolver(
         spin=twos,

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cuscikit.cli.common import UsageError, add_json, emit, finite_float, positive_int
+from cuscikit.cli.common import (
+    UsageError,
+    add_json,
+    emit,
+    finite_float,
+    positive_int,
+    require_cuda,
+)
 
 
 def _seed(text: str) -> int:
@@ -69,12 +76,7 @@ def run(args) -> int:
     if not path.is_file():
         raise UsageError(f"{args.file}: no such file")
     if args.device == "cuda":
-        from cuscikit.backends.loader import CudaUnavailableError, cuda
-
-        try:
-            cuda()
-        except CudaUnavailableError as exc:
-            raise UsageError(f"--device cuda: {exc}") from None
+        require_cuda(args.device)
     spins_out = None
     if args.spins_out:
         try:

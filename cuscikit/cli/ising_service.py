@@ -7,7 +7,14 @@ import argparse
 import time
 from pathlib import Path
 
-from cuscikit.cli.common import UsageError, add_json, emit, finite_float, positive_int
+from cuscikit.cli.common import (
+    UsageError,
+    add_json,
+    emit,
+    finite_float,
+    positive_int,
+    require_cuda,
+)
 
 SUBCOMMANDS = ("serve", "load")
 
@@ -142,17 +149,12 @@ def run_serve(args) -> int:
     for p in paths:
         if not p.is_file():
             raise UsageError(f"{p}: no such file")
-    models = [IsingModel.from_gset(p) for p in paths]
-    models += [random_model(n, kind, seed=i) for i, (n, kind) in enumerate(args.random)]
     if args.blocks < 0:
         raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
     if args.device == "cuda":
-        from cuscikit.backends.loader import CudaUnavailableError, cuda
-
-        try:
-            cuda()
-        except CudaUnavailableError as exc:
-            raise UsageError(f"--device cuda: {exc}") from None
+        require_cuda(args.device)
+    models = [IsingModel.from_gset(p) for p in paths]
+    models += [random_model(n, kind, seed=i) for i, (n, kind) in enumerate(args.random)]
     server = IsingServer(
         args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
         mode=None if args.device == "cpu" else args.mode, blocks=args.blocks,

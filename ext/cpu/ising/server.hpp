@@ -181,6 +181,19 @@ class Queue {
   std::condition_variable cv_;
 };
 
+// Points message m at one buffer (and, for unconnected sockets, at the peer's address).
+inline void point_msg(mmsghdr& m, iovec& iov, std::uint8_t* buf, std::size_t len,
+                      sockaddr_in* peer = nullptr) {
+  iov = iovec{buf, len};
+  std::memset(&m, 0, sizeof(mmsghdr));
+  if (peer != nullptr) {
+    m.msg_hdr.msg_name = peer;
+    m.msg_hdr.msg_namelen = sizeof(sockaddr_in);
+  }
+  m.msg_hdr.msg_iov = &iov;
+  m.msg_hdr.msg_iovlen = 1;
+}
+
 // Replies gathered for one sendmmsg call.
 struct UdpBatch {
   std::vector<std::vector<std::uint8_t>> bufs;
@@ -199,14 +212,8 @@ struct UdpBatch {
     std::size_t done = 0;
     std::vector<mmsghdr> msgs(used);
     std::vector<iovec> iov(used);
-    for (std::size_t i = 0; i < used; ++i) {
-      iov[i] = iovec{bufs[i].data(), bufs[i].size()};
-      std::memset(&msgs[i], 0, sizeof(mmsghdr));
-      msgs[i].msg_hdr.msg_name = &addrs[i];
-      msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
+    for (std::size_t i = 0; i < used; ++i)
+      point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &addrs[i]);
     while (done < used) {
       const int k = ::sendmmsg(fd, msgs.data() + done, unsigned(used - done), 0);
       if (k <= 0) {
@@ -444,14 +451,8 @@ class Server {
     while (!stop_) {
       pollfd pfd{fd, POLLIN, 0};
       if (::poll(&pfd, 1, 50) <= 0) continue;
-      for (int i = 0; i < kBatch; ++i) {
-        iov[i] = iovec{bufs[i].data(), bufs[i].size()};
-        std::memset(&msgs[i], 0, sizeof(mmsghdr));
-        msgs[i].msg_hdr.msg_name = &from[i];
-        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-      }
+      for (int i = 0; i < kBatch; ++i)
+        point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &from[i]);
       const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (got <= 0) continue;
       jobs.clear();

@@ -105,12 +105,8 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
       if (!sending && now_ns() - last_activity > std::int64_t(drain_s * 1e9)) break;
       pollfd pfd{fd, POLLIN, 0};
       if (::poll(&pfd, 1, 20) <= 0) continue;
-      for (int i = 0; i < kBatch; ++i) {
-        iov[i] = iovec{bufs[i].data(), bufs[i].size()};
-        std::memset(&msgs[i], 0, sizeof(mmsghdr));
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-      }
+      for (int i = 0; i < kBatch; ++i)
+        svc::point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size());
       const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       const std::int64_t t = now_ns();
       for (int i = 0; i < got; ++i) {
@@ -156,10 +152,7 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
       const std::uint64_t id = first + (sent + j) * stride;
       wire::store<std::uint64_t>(bufs[j].data() + 8, id);
       wire::store<std::uint64_t>(bufs[j].data() + 36, seed0 + id);
-      iov[j] = iovec{bufs[j].data(), bufs[j].size()};
-      std::memset(&msgs[j], 0, sizeof(mmsghdr));
-      msgs[j].msg_hdr.msg_iov = &iov[j];
-      msgs[j].msg_hdr.msg_iovlen = 1;
+      svc::point_msg(msgs[j], iov[j], bufs[j].data(), bufs[j].size());
     }
     const std::int64_t t = now_ns();
     for (std::size_t j = 0; j < k; ++j) res.sent_ns[first + (sent + j) * stride] = t;
