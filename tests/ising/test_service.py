@@ -7,7 +7,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -223,7 +222,6 @@ def test_cli_serve_and_load(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "closed loop" in json.loads(bad.stdout)["error"]
-    time.sleep(0)
 
 
 @pytest.mark.gpu
