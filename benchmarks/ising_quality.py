@@ -92,7 +92,9 @@ def colour_classes(model: IsingModel) -> list[np.ndarray]:
     return [np.flatnonzero(colour == c) for c in range(colour.max() + 1)]
 
 
-def simulated_annealing_gpu(model: IsingModel, replicas: int, seconds: float, seed: int):
+def simulated_annealing_gpu(
+    model: IsingModel, replicas: int, seconds: float, seed: int, device: str = "cuda"
+):
     """Best energy of plain Metropolis SA on the GPU (PyTorch) in `seconds`, or None without
     a CUDA PyTorch. Sweeps go class by class (`colour_classes`); fields a = J s + h are kept up
     to date with one product per class. float32 with integer couplings: exact sums."""
@@ -100,9 +102,10 @@ def simulated_annealing_gpu(model: IsingModel, replicas: int, seconds: float, se
         import torch
     except ImportError:
         return None
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         return None
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.backends.cuda.matmul.allow_tf32 = False  # exact integer sums in float32
     gen = torch.Generator(device=dev).manual_seed(seed)
     classes = colour_classes(model)
@@ -132,10 +135,10 @@ def simulated_annealing_gpu(model: IsingModel, replicas: int, seconds: float, se
     def energy():
         return float((-0.5 * (s * (a + h)).sum(0)).min())
 
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     sweep(0.1 / scale)
-    torch.cuda.synchronize()
+    sync()
     per_sweep = time.perf_counter() - t0
     sweeps = max(1, int((seconds - per_sweep) / per_sweep))
     best = energy()
