@@ -315,7 +315,8 @@ def main() -> None:
     print(where)
     print_table("MAX-CUT at equal wall time (best cut; gap to best known in %)", header, rows)
     if args.json:
-        out = {"machine": where, "argv": vars(args), "header": header, "rows": rows}
+        settings_used = {k: v for k, v in vars(args).items() if k != "gset_dir"}
+        out = {"machine": where, "argv": settings_used, "header": header, "rows": rows}
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 
