@@ -47,7 +47,8 @@ __all__ = ["Reduction", "reduce_model"]
 class Reduction:
     """An exact reduction: ``model`` (the kernel) on the spins ``kept`` of the original model,
     ``constant`` with E(expand(s)) = model.energy(s) + constant, and the eliminated spins in
-    ``eliminated`` (spin, ((neighbour, coupling), ...)) in elimination order."""
+    ``eliminated`` (spin, ((neighbour, coupling), ...)) in elimination order; ``n`` is the
+    original model's number of spins."""
 
     model: IsingModel
     kept: np.ndarray
