@@ -6,7 +6,8 @@
 # Env: GSET_DIR (graphs + best_known.json), SB_WHEELS (a folder with the simulated-bifurcation
 # wheel; its dependencies numpy, sympy, torch and tqdm must be installed), THROUGHPUT_ARGS,
 # TUNE_ARGS (a K2000 parameter scan; empty skips it), QUALITY_ARGS, K2000_ARGS (the word none
-# skips that step), *_TIMEOUT.
+# skips that step, also for THROUGHPUT_ARGS), GPU_TESTS (pytest arguments, default tests/ising),
+# *_TIMEOUT.
 set -u
 OUT=${OUT:-$PWD/device_ising_out}
 GSET_DIR=${GSET_DIR:-${CUSCIKIT_GSET_DIR:-gset}}  # the G-set folder (with best_known.json)
@@ -45,8 +46,8 @@ if [ -n "${SB_WHEELS:-}" ]; then
 fi
 
 echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-300}" python -m pytest -m gpu tests/ising -q -p no:cacheprovider -rA \
-  > "$OUT/pytest_gpu.log" 2>&1
+timeout "${TEST_TIMEOUT:-300}" python -m pytest -m gpu ${GPU_TESTS:-tests/ising} -q \
+  -p no:cacheprovider -rA > "$OUT/pytest_gpu.log" 2>&1
 status=$?
 echo "pytest exit status $status" | tee -a "$OUT/pytest_gpu.log"
 tail -15 "$OUT/pytest_gpu.log"
@@ -63,8 +64,10 @@ run() {  # run NAME TIMEOUT ARGS...: one benchmark into $OUT/NAME.log
   echo "exit status $?" >> "$OUT/$name.log"
   cat "$OUT/$name.log"
 }
-run throughput_cuda "${THROUGHPUT_TIMEOUT:-120}" ising_throughput.py --device cuda \
-  ${THROUGHPUT_ARGS:---n 2048 8192 --agents 128 1024 --steps 100}
+if [ "${THROUGHPUT_ARGS:-}" != none ]; then
+  run throughput_cuda "${THROUGHPUT_TIMEOUT:-120}" ising_throughput.py --device cuda \
+    ${THROUGHPUT_ARGS:---n 2048 8192 --agents 128 1024 --steps 100}
+fi
 if [ -n "${TUNE_ARGS:-}" ]; then
   run tune_k2000 "${TUNE_TIMEOUT:-120}" ising_quality.py --device cuda --gset-dir "$GSET_DIR" \
     --graphs K2000 --no-baselines $TUNE_ARGS

@@ -57,6 +57,13 @@ def register(sub) -> None:
     )
     s.add_argument("--restarts", type=positive_int, default=None, help="a fixed number of runs")
     s.add_argument("--polish", action="store_true", help="finish with a greedy single-flip descent")
+    s.add_argument(
+        "--reduce",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run on the exact kernel with spins of degree <= 2 eliminated (auto: when it keeps "
+        "at most half of the spins)",
+    )
     s.add_argument("--spins-out", default=None, help="write the best spins (+1/-1, one a line)")
     add_json(s)
     s.set_defaults(func=run)
@@ -95,6 +102,7 @@ def run(args) -> int:
             time_limit=args.time_limit,
             restarts=args.restarts,
             polish=args.polish,
+            reduce={"auto": "auto", "on": True, "off": False}[args.reduce],
         )
         if spins_out is not None:
             spins_out.write("".join(f"{int(v)}\n" for v in r.spins))
@@ -115,6 +123,7 @@ def run(args) -> int:
         "seed": args.seed,
         "device": r.device,
         "checksum": int(r.history["checksum"][-1]),
+        "kernel_n": r.kernel_n,
         "wall_s": r.wall_s,
     }
     lines = [

@@ -37,6 +37,8 @@ from cuscikit.lib.solver import Solver
 __all__ = ["DSBResult", "DSBSolver", "solve", "greedy_descent", "unpack_signs"]
 
 POLISH_ROWS = 32  # replicas that `solve(..., polish=True)` finishes with greedy single flips
+# reduce="auto" runs on the kernel when it keeps at most this fraction of the spins
+REDUCE_AUTO_FRACTION = 0.5
 
 HISTORY_DTYPE = np.dtype(
     [
@@ -62,7 +64,8 @@ class DSBResult:
         replica_spins: (B, n) int8, each replica's best spins.
         history: structured array (restart, step, e_min, e_best, checksum), one row per scored
             spin vector (S + 1 per restart).
-        x, y: (B, n) float32 final state of the last restart.
+        x, y: (B, n) float32 final state of the last restart (of the kernel's spins when reduced).
+        kernel_n: spins of the reduced model dSB ran on (`solve(..., reduce=...)`), else None.
         wall_s: wall time of the whole call; timings: per phase.
     """
 
@@ -82,6 +85,7 @@ class DSBResult:
     steps: int
     restarts: int
     polished: bool = False
+    kernel_n: int | None = None
     timings: dict = field(default_factory=dict)
 
     @property
@@ -212,9 +216,13 @@ def check_run_options(agents, steps, dt, seed, a0) -> None:
         raise ValueError(f"seed must be an integer in [0, 2^64), got {seed!r}")
 
 
-def _check(model, agents, steps, dt, seed, a0, time_limit, restarts):
+def _check(model, agents, steps, dt, seed, a0, time_limit, restarts, reduce="auto"):
     if not isinstance(model, IsingModel):
         raise ValueError(f"model must be an IsingModel, got {type(model).__name__}")
+    if reduce not in ("auto", True, False):
+        raise ValueError(f"reduce must be 'auto', True or False, got {reduce!r}")
+    if reduce is True and np.any(model.h):
+        raise ValueError("reduce=True needs a model without field (h = 0)")
     check_run_options(agents, steps, dt, seed, a0)
     if restarts is not None and (not isinstance(restarts, (int, np.integer)) or restarts < 1):
         raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
@@ -233,6 +241,7 @@ def solve(
     a0: float = 1.0,
     restarts: int | None = None,
     polish: bool = False,
+    reduce: bool | str = "auto",
 ) -> DSBResult:
     """Minimise the model's energy with dSB.
 
@@ -252,6 +261,12 @@ def solve(
         polish: finish the best spins of the best restart's POLISH_ROWS lowest replicas (all
             replicas when fewer) with `greedy_descent` and keep the lowest result (the lowest
             replica on ties); deterministic, on the CPU.
+        reduce: run dSB on the exact kernel of `cuscikit.ising.reduce.reduce_model` (spins of
+            degree <= 2 eliminated; models without field) and expand its spins: True, False,
+            or "auto" (the default): reduce when h = 0, some spin has degree <= 2, and the
+            kernel keeps at most half of the spins (REDUCE_AUTO_FRACTION) with couplings as
+            exact as the model's. The history's energies are then the model's (kernel energy +
+            constant), its checksums the kernel's; CPU and GPU still give the same bytes.
 
     Returns:
         A `DSBResult`.
@@ -259,7 +274,7 @@ def solve(
     Raises:
         ValueError: bad options (before any work).
     """
-    _check(model, agents, steps, dt, seed, a0, time_limit, restarts)
+    _check(model, agents, steps, dt, seed, a0, time_limit, restarts, reduce)
     device = resolve(device)
     if model.kind == "float32" and device != "cpu":
         raise ValueError(
@@ -268,6 +283,11 @@ def solve(
         )
     _backend(device)  # a missing extension or GPU fails here, before any work
     t0 = time.perf_counter()
+    red = _reduction(model, reduce)
+    if red is not None:
+        return _solve_reduced(
+            model, red, t0, agents, steps, dt, seed, device, time_limit, a0, restarts, polish
+        )
     arrays = model.coupling_arrays()
     t_prep = time.perf_counter() - t0
     n_max = restarts if restarts is not None else (1 if time_limit is None else 2**31 - 1)
@@ -313,12 +333,7 @@ def solve(
     t_polish = 0.0
     if polish:
         t2 = time.perf_counter()
-        order = np.argsort(rep_e, kind="stable")[:POLISH_ROWS]
-        cand = greedy_descent(model, replica_spins[order])
-        e = model.energy(cand)
-        j = int(np.argmin(e))
-        if e[j] < energy:
-            spins, energy = cand[j], e[j].item()
+        spins, energy = _polish(model, replica_spins, rep_e, spins, energy)
         t_polish = time.perf_counter() - t2
     value = model.value(spins)
     wall = time.perf_counter() - t0
@@ -343,6 +358,81 @@ def solve(
     )
 
 
+def _reduction(model: IsingModel, reduce):
+    """The reduction `solve` runs on, or None (see `solve`'s `reduce`)."""
+    if reduce is False or np.any(model.h):
+        return None
+    if reduce == "auto":
+        if not np.any(model.J.getnnz(axis=1) <= 2):
+            return None
+    from cuscikit.ising.reduce import reduce_model
+
+    red = reduce_model(model)
+    if reduce == "auto" and (
+        red.model.n > REDUCE_AUTO_FRACTION * model.n or red.model.exact != model.exact
+    ):
+        return None
+    return red
+
+
+def _solve_reduced(
+    model, red, t0, agents, steps, dt, seed, device, time_limit, a0, restarts, polish
+):
+    """`solve` on the kernel of `red`, expanded to the model's spins (then polished there)."""
+    t_reduce = time.perf_counter() - t0
+    left = None if time_limit is None else max(time_limit - t_reduce, 1e-9)
+    r = solve(
+        red.model, agents, steps, dt, seed, device, left, a0, restarts, polish=False, reduce=False
+    )
+    t1 = time.perf_counter()
+    replica_spins = red.expand(r.replica_spins)
+    rep_e = r.replica_energies + red.constant
+    spins = replica_spins[int(np.argmin(rep_e))].copy()
+    energy = r.energy + red.constant
+    t_expand = time.perf_counter() - t1
+    history = r.history.copy()
+    history["e_min"] += red.constant
+    history["e_best"] += red.constant
+    t_polish = 0.0
+    if polish:
+        t2 = time.perf_counter()
+        spins, energy = _polish(model, replica_spins, rep_e, spins, energy)
+        t_polish = time.perf_counter() - t2
+    value = model.value(spins)
+    timings = dict(r.timings, reduce_s=t_reduce, expand_s=t_expand, polish_s=t_polish)
+    return DSBResult(
+        spins=spins,
+        energy=energy,
+        value=value,
+        cut=value if model.source == "graph" else None,
+        replica_energies=rep_e,
+        replica_spins=replica_spins,
+        history=history,
+        x=r.x,
+        y=r.y,
+        wall_s=time.perf_counter() - t0,
+        device=r.device,
+        kind=r.kind,
+        agents=agents,
+        steps=steps,
+        restarts=r.restarts,
+        polished=polish,
+        kernel_n=red.model.n,
+        timings=timings,
+    )
+
+
+def _polish(model, replica_spins, rep_e, spins, energy):
+    """`greedy_descent` from the POLISH_ROWS lowest replicas; the lowest result if it is lower."""
+    order = np.argsort(rep_e, kind="stable")[:POLISH_ROWS]
+    cand = greedy_descent(model, replica_spins[order])
+    e = model.energy(cand)
+    j = int(np.argmin(e))
+    if e[j] < energy:
+        return cand[j], e[j].item()
+    return spins, energy
+
+
 class DSBSolver(Solver):
     """`solve` as a solver object (PySCF style): options as attributes, `kernel(model)` stores
     `result`, `energy` and `spins` and returns the energy.
@@ -363,6 +453,7 @@ class DSBSolver(Solver):
     a0 = 1.0
     restarts = None
     polish = False
+    reduce = "auto"
     _keys = {"result", "energy", "spins"}
 
     def kernel(self, model: IsingModel):

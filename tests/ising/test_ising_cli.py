@@ -31,6 +31,16 @@ def test_cut_of_a_square(capsys, tmp_path):
     assert r["steps"] == 50 and r["agents"] == 4 and r["wall_s"] > 0
     s = [int(v) for v in spins.read_text().split()]
     assert IsingModel.from_gset(g).cut(s) == 4
+    assert r["kernel_n"] == 1  # a cycle: every spin has degree 2, auto reduces it
+
+
+@pytest.mark.parametrize("mode,kernel", [("off", None), ("on", 1), ("auto", 1)])
+def test_reduce_option(capsys, tmp_path, mode, kernel):
+    g = tmp_path / "square.txt"
+    g.write_text(SQUARE)
+    argv = ("ising", str(g), "--agents", "2", "--steps", "20", "--reduce", mode, "--json")
+    status, r, _ = _run(capsys, *argv)
+    assert status == 0 and r["cut"] == 4 and r["kernel_n"] == kernel
 
 
 @pytest.mark.parametrize(
