@@ -57,8 +57,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--dt", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--tile-mib", type=int, nargs="+", default=[64],
-                   help="tile sizes (MiB); Mattis runs use each, the others the first")  # fmt: skip
+    p.add_argument("--tile-mib", type=int, nargs="+", default=None,
+                   help="tile sizes (MiB; default 64 on the CPU, 16 on the GPU); Mattis runs "
+                   "use each, the others the first")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="GPU path: tile producer threads")
     p.add_argument("--stores", choices=("plain", "nt", "both"), default="plain",
                    help="GPU path: the Mattis generator's stores (nt: non-temporal); with "
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--compare-below", type=int, default=20_000,
                    help="compare with the resident run when n is at most this")  # fmt: skip
     args = p.parse_args(argv)
+    if args.tile_mib is None:
+        args.tile_mib = [16 if args.device == "cuda" else 64]
     print(ANCHOR)
     ceiling = None
     if args.device == "cuda":

@@ -237,7 +237,7 @@ def _check_stream_options(source, h, tile_bytes, device, threads, slots, device_
         raise ValueError(f"source must be a coupling source, got {type(source).__name__}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-    if not isinstance(tile_bytes, (int, np.integer)) or tile_bytes < 1:
+    if tile_bytes is not None and (not isinstance(tile_bytes, (int, np.integer)) or tile_bytes < 1):
         raise ValueError(f"tile_bytes must be a positive integer, got {tile_bytes!r}")
     for name, v, low in (("threads", threads, 0), ("slots", slots, 2),
                          ("device_buffers", device_buffers, 2)):  # fmt: skip
@@ -263,6 +263,8 @@ def _run(source, agents, steps, dt, seed, h, a0, tile_bytes, progress, device, t
 
     n = source.n
     c0 = coupling_scale(n, n * (n - 1), h)  # every off-diagonal J_ij is +-1
+    if tile_bytes is None:
+        tile_bytes = (16 if device == "cuda" else 64) * 2**20
     rows = max(1, min(n, tile_bytes // source.row_bytes))
     timings = {}
     if device == "cuda":
@@ -347,7 +349,7 @@ def solve_streamed(
     seed: int = 0,
     h=None,
     a0: float = 1.0,
-    tile_bytes: int = 64 * 2**20,
+    tile_bytes: int | None = None,
     progress: bool = False,
     device: str = "cpu",
     threads: int = 0,
@@ -362,7 +364,8 @@ def solve_streamed(
         source: a `MattisSource`, `RandomSource` or `MemmapSource`.
         agents, steps, dt, seed, a0: as in `solve` (restart 0).
         h: an integer field (default 0).
-        tile_bytes: bytes of couplings per tile.
+        tile_bytes: bytes of couplings per tile (None: 64 MiB on the CPU, 16 MiB on the GPU, the
+            fastest of 4, 16 and 64 MiB measured on an H200).
         progress: a tqdm bar over the passes (CPU).
         device: "cpu" or "cuda" (the same records, byte for byte).
         threads: host threads filling tiles on the GPU path (0: the cores this process may use
@@ -390,7 +393,7 @@ def score_streamed(
     agents: int = 8,
     seed: int = 0,
     h=None,
-    tile_bytes: int = 64 * 2**20,
+    tile_bytes: int | None = None,
     device: str = "cpu",
     threads: int = 0,
     slots: int = 8,
