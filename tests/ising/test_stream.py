@@ -65,6 +65,18 @@ def test_mattis_tiles_match_the_model():
     assert np.array_equal(src.tile(33, 5), plus[33:38])
 
 
+@pytest.mark.parametrize("n", [2, 33, 64, 130, 1001])
+def test_mattis_streaming_stores_write_the_same_words(n):
+    # the GPU path's producers may write Mattis rows with non-temporal stores
+    from cuscikit.backends.loader import core
+
+    xi = np.where(np.random.default_rng(n).random(n) < 0.5, -1, 1).astype(np.int8)
+    plain = core().ising.mattis_tile(xi, 0, n)
+    for r0 in (0, 1, n // 2):
+        nt = core().ising.mattis_tile(xi, r0, n - r0, streaming_stores=True)
+        assert np.array_equal(nt, plain[r0:])
+
+
 def test_memmap_round_trip(tmp_path):
     src = RandomSource(77, seed=8)
     model = src.model()

@@ -139,9 +139,10 @@ class StreamRun {
 };
 
 // Rows r0 .. r0 + rows - 1 of an n x n ±1 matrix as a (rows, W) numpy array of 1-bit words from
-// a generator of ising_tiles.hpp, the rows split over the OpenMP threads.
-template <typename Gen>
-auto make_tile(int n, int r0, int rows, const Gen& gen) {
+// a generator of ising_tiles.hpp (fill(i, k, out): rows i .. i + k - 1), the rows split over the
+// OpenMP threads.
+template <typename Fill>
+auto make_tile(int n, int r0, int rows, const Fill& fill) {
   const int W = (n + 31) / 32;
   if (n < 2 || r0 < 0 || rows < 0 || r0 + rows > n)
     throw std::invalid_argument("rows out of range");
@@ -151,7 +152,7 @@ auto make_tile(int n, int r0, int rows, const Gen& gen) {
 #ifdef CSK_HAVE_OPENMP
 #pragma omp parallel for schedule(static)
 #endif
-    for (int r = 0; r < rows; ++r) gen.rows(r0 + r, 1, out.data() + std::size_t(r) * W);
+    for (int r = 0; r < rows; ++r) fill(r0 + r, 1, out.data() + std::size_t(r) * W);
   }
   return csk::to_numpy(std::move(out), {std::size_t(rows), std::size_t(W)});
 }
@@ -186,16 +187,23 @@ void bind_ising_stream(nb::module_& m) {
 
   m.def(
       "mattis_tile",
-      [](csk::HostVector<std::int8_t> xi, int r0, int rows) {
+      [](csk::HostVector<std::int8_t> xi, int r0, int rows, bool streaming_stores) {
         const int n = int(xi.shape(0));
-        return make_tile(n, r0, rows, csk::dsb::tiles::Mattis(xi.data(), n));
+        const csk::dsb::tiles::Mattis gen(xi.data(), n);
+        return make_tile(n, r0, rows, [&](int i, int k, std::uint32_t* out) {
+          gen.rows(i, k, out, streaming_stores);
+        });
       },
-      "xi"_a, "r0"_a, "rows"_a, "Rows r0.. of the Mattis couplings J = xi xi^T as 1-bit words.");
+      "xi"_a, "r0"_a, "rows"_a, "streaming_stores"_a = false,
+      "Rows r0.. of the Mattis couplings J = xi xi^T as 1-bit words (streaming_stores: written "
+      "with non-temporal stores, as the GPU path's producers may).");
 
   m.def(
       "random_tile",
       [](int n, std::uint64_t seed, int r0, int rows) {
-        return make_tile(n, r0, rows, csk::dsb::tiles::Random{n, seed});
+        const csk::dsb::tiles::Random gen{n, seed};
+        return make_tile(n, r0, rows,
+                         [&](int i, int k, std::uint32_t* out) { gen.rows(i, k, out); });
       },
       "n"_a, "seed"_a, "r0"_a, "rows"_a,
       "Rows r0.. of a seeded random symmetric +-1 matrix (splitmix64 of the pair) as 1-bit "
