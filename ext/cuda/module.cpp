@@ -28,6 +28,7 @@ NB_MODULE(_cuda, m) {
 #ifdef CSK_SYSTEM_ISING
   nanobind::module_ ising = m.def_submodule("ising", "dSB Ising kernels");
   bind_ising(ising);
+  bind_ising_stream_gpu(ising);
 #ifdef __linux__
   bind_ising_service(ising);
 #endif

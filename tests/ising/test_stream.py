@@ -10,6 +10,7 @@ from cuscikit.ising.stream import (
     MattisSource,
     MemmapSource,
     RandomSource,
+    score_streamed,
     solve_streamed,
     write_bitmatrix,
 )
@@ -64,6 +65,18 @@ def test_mattis_tiles_match_the_model():
     assert np.array_equal(src.tile(33, 5), plus[33:38])
 
 
+@pytest.mark.parametrize("n", [2, 33, 64, 130, 1001])
+def test_mattis_streaming_stores_write_the_same_words(n):
+    # the GPU path's producers may write Mattis rows with non-temporal stores
+    from cuscikit.backends.loader import core
+
+    xi = np.where(np.random.default_rng(n).random(n) < 0.5, -1, 1).astype(np.int8)
+    plain = core().ising.mattis_tile(xi, 0, n)
+    for r0 in (0, 1, n // 2):
+        nt = core().ising.mattis_tile(xi, r0, n - r0, streaming_stores=True)
+        assert np.array_equal(nt, plain[r0:])
+
+
 def test_memmap_round_trip(tmp_path):
     src = RandomSource(77, seed=8)
     model = src.model()
@@ -84,6 +97,12 @@ def test_bad_input_is_refused_before_work(tmp_path):
                       ({"h": np.zeros(3)}, "h must")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             solve_streamed(src, **kw)
+    bad = [({"device": "tpu"}, "device"), ({"threads": -1}, "threads"), ({"slots": 1}, "slots")]
+    for kw, match in [*bad, ({"device_buffers": 1.5}, "device_buffers")]:
+        with pytest.raises(ValueError, match=match):
+            solve_streamed(src, **kw)
+        with pytest.raises(ValueError, match=match):
+            score_streamed(src, **kw)
     with pytest.raises(ValueError, match="source"):
         solve_streamed(IsingModel(np.array([[0, 1], [1, 0]])))
     with pytest.raises(ValueError, match="xi"):
@@ -103,3 +122,19 @@ def test_tiles_must_come_in_order():
         run.add_tile(8, tile[8:16])
     with pytest.raises(Exception, match="all 64 rows"):
         run.end_pass()
+
+
+def test_score_pass_is_the_first_record():
+    src = MattisSource(700, seed=6)
+    h = np.random.default_rng(1).integers(-5, 6, 700)
+    s = score_streamed(src, agents=5, seed=3, h=h, tile_bytes=1000)
+    r = solve_streamed(src, agents=5, steps=4, seed=3, h=h)
+    assert s.passes == 1 and s.history.size == 1
+    energy, checksum, best_e, best_words = s.timings["raw"]
+    assert np.array_equal(energy[0], r.timings["raw"][0][0])
+    assert np.array_equal(checksum[0], r.timings["raw"][1][0])
+    spins = np.unpackbits(best_words.view(np.uint8), axis=1, bitorder="little")[:, :700]
+    model = IsingModel(src.model().J, h=h)
+    for b in range(5):
+        sb = 2 * spins[b].astype(np.int64) - 1
+        assert energy[0, b] == best_e[b] == src.energy_of(sb, h) == model.energy(sb)

@@ -4,8 +4,8 @@
 // every replica before the next one comes. A pass accumulates popc(u_i ^ v_b) for all rows and
 // replicas; then every replica makes the step of ising/reference.hpp with those sums, so the
 // records equal those of the resident run on the same matrix, byte for byte. K steps take K + 1
-// passes (the last one scores the final signs). Tile generators (Mattis, seeded random) fill
-// tiles on the OpenMP threads.
+// passes (the last one scores the final signs; 0 steps: one pass scoring the initial signs). Tile
+// generators (Mattis, seeded random; cuscikit/ising_tiles.hpp) fill tiles on the OpenMP threads.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/tuple.h>
@@ -19,6 +19,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC target("popcnt")
 #endif
+#include "cuscikit/ising_tiles.hpp"
 #include "cuscikit/numpy_out.hpp"
 #include "ising/reference.hpp"
 
@@ -137,31 +138,11 @@ class StreamRun {
   int pass_ = 0, next_row_ = 0;
 };
 
-// The words of row i >= 0 with bit j set for the columns j < n, j != i, where `plus(j)` holds.
-template <typename Plus>
-void fill_row(std::uint32_t* row, int W, int n, int i, Plus plus) {
-  for (int w = 0; w < W; ++w) {
-    std::uint32_t word = plus(w);
-    const int j0 = 32 * w;
-    if (j0 + 32 > n) word &= n - j0 >= 32 ? ~0u : ((1u << (n - j0)) - 1u);  // padding
-    if (i >= j0 && i < j0 + 32) word &= ~(1u << (i - j0));                  // diagonal
-    row[w] = word;
-  }
-}
-
-// splitmix64 of the unordered pair and the seed: J_ij = J_ji = +1 when the low bit is set.
-inline std::uint32_t pair_bit(std::uint64_t seed, std::uint64_t i, std::uint64_t j) {
-  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull *
-                               (1 + (i < j ? i * 0x100000001B3ull + j : j * 0x100000001B3ull + i));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return std::uint32_t((z ^ (z >> 31)) & 1u);
-}
-
-// Rows r0 .. r0 + rows - 1 of an n x n +-1 matrix as a (rows, W) numpy array of 1-bit words,
-// word w of row i from word_of(i, w) (then padding and diagonal cleared), rows on OpenMP threads.
-template <typename WordOf>
-auto make_tile(int n, int r0, int rows, WordOf word_of) {
+// Rows r0 .. r0 + rows - 1 of an n x n ±1 matrix as a (rows, W) numpy array of 1-bit words from
+// a generator of ising_tiles.hpp (fill(i, k, out): rows i .. i + k - 1), the rows split over the
+// OpenMP threads.
+template <typename Fill>
+auto make_tile(int n, int r0, int rows, const Fill& fill) {
   const int W = (n + 31) / 32;
   if (n < 2 || r0 < 0 || rows < 0 || r0 + rows > n)
     throw std::invalid_argument("rows out of range");
@@ -171,10 +152,7 @@ auto make_tile(int n, int r0, int rows, WordOf word_of) {
 #ifdef CSK_HAVE_OPENMP
 #pragma omp parallel for schedule(static)
 #endif
-    for (int r = 0; r < rows; ++r) {
-      const int i = r0 + r;
-      fill_row(out.data() + std::size_t(r) * W, W, n, i, [&](int w) { return word_of(i, w); });
-    }
+    for (int r = 0; r < rows; ++r) fill(r0 + r, 1, out.data() + std::size_t(r) * W);
   }
   return csk::to_numpy(std::move(out), {std::size_t(rows), std::size_t(W)});
 }
@@ -188,8 +166,8 @@ void bind_ising_stream(nb::module_& m) {
           [](StreamRun* self, int n, csk::HostVector<std::int32_t> h, int replicas, int steps,
              float dt, float a0, float c0, std::uint64_t seed, std::uint32_t request) {
             if (n < 2) throw std::invalid_argument("n must be >= 2");
-            if (replicas < 1 || steps < 1)
-              throw std::invalid_argument("replicas and steps must be >= 1");
+            if (replicas < 1 || steps < 0)
+              throw std::invalid_argument("replicas must be >= 1 and steps >= 0");
             csk::need(h.shape(0), std::size_t(n), "h");
             new (self) StreamRun(n, h.data(), replicas, steps, dt, a0, c0, seed, request);
           },
@@ -209,27 +187,23 @@ void bind_ising_stream(nb::module_& m) {
 
   m.def(
       "mattis_tile",
-      [](csk::HostVector<std::int8_t> xi, int r0, int rows) {
-        const int n = int(xi.shape(0)), W = (n + 31) / 32;
-        std::vector<std::uint32_t> xbits(W, 0u);
-        for (int j = 0; j < n; ++j)
-          if (xi.data()[j] > 0) xbits[j >> 5] |= 1u << (j & 31);
-        const std::int8_t* x = xi.data();
-        // J_ij = xi_i xi_j = +1 where xi_j = xi_i
-        return make_tile(n, r0, rows,
-                         [&](int i, int w) { return x[i] > 0 ? xbits[w] : ~xbits[w]; });
+      [](csk::HostVector<std::int8_t> xi, int r0, int rows, bool streaming_stores) {
+        const int n = int(xi.shape(0));
+        const csk::dsb::tiles::Mattis gen(xi.data(), n);
+        return make_tile(n, r0, rows, [&](int i, int k, std::uint32_t* out) {
+          gen.rows(i, k, out, streaming_stores);
+        });
       },
-      "xi"_a, "r0"_a, "rows"_a, "Rows r0.. of the Mattis couplings J = xi xi^T as 1-bit words.");
+      "xi"_a, "r0"_a, "rows"_a, "streaming_stores"_a = false,
+      "Rows r0.. of the Mattis couplings J = xi xi^T as 1-bit words (streaming_stores: written "
+      "with non-temporal stores, as the GPU path's producers may).");
 
   m.def(
       "random_tile",
       [](int n, std::uint64_t seed, int r0, int rows) {
-        return make_tile(n, r0, rows, [&](int i, int w) {
-          std::uint32_t word = 0;
-          for (int bit = 0; bit < 32 && 32 * w + bit < n; ++bit)
-            word |= pair_bit(seed, std::uint64_t(i), std::uint64_t(32 * w + bit)) << bit;
-          return word;
-        });
+        const csk::dsb::tiles::Random gen{n, seed};
+        return make_tile(n, r0, rows,
+                         [&](int i, int k, std::uint32_t* out) { gen.rows(i, k, out); });
       },
       "n"_a, "seed"_a, "r0"_a, "rows"_a,
       "Rows r0.. of a seeded random symmetric +-1 matrix (splitmix64 of the pair) as 1-bit "
