@@ -4,6 +4,8 @@ generator (see `cuscikit.ising.service` for the wire format)."""
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import time
 from pathlib import Path
 
@@ -85,9 +87,10 @@ def register(sub) -> None:
     )
     s.add_argument(
         "--mode",
-        choices=("resident", "launch"),
+        choices=("resident", "launch", "echo"),
         default="resident",
-        help="GPU backend: a persistent kernel, or one kernel launch per request (baseline)",
+        help="GPU backend: a persistent kernel, or one kernel launch per request (baseline); "
+        "echo (CPU): answer without solving, to measure the front end and load generator alone",
     )
     s.add_argument("--workers", type=positive_int, default=None, help="solver threads (CPU)")
     s.add_argument(
@@ -97,6 +100,11 @@ def register(sub) -> None:
     s.add_argument(
         "--receivers", type=positive_int, default=1, help="UDP receiver threads (SO_REUSEPORT)"
     )
+    s.add_argument("--collectors", type=positive_int, default=2, help="reply threads (resident)")
+    s.add_argument(
+        "--spin-us", type=finite_float, default=0.0,
+        help="receivers and workers spin this long for work before blocking (0: block at once)",
+    )  # fmt: skip
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -151,14 +159,19 @@ def run_serve(args) -> int:
             raise UsageError(f"{p}: no such file")
     if args.blocks < 0:
         raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
+    if not 0 <= args.spin_us <= 1e6:
+        raise UsageError(f"--spin-us must be in [0, 1e6], got {args.spin_us}")
+    if args.mode == "echo" and args.device != "cpu":
+        raise UsageError("--mode echo runs on --device cpu")
     if args.device == "cuda":
         require_cuda(args.device)
     models = [IsingModel.from_gset(p) for p in paths]
     models += [random_model(n, kind, seed=i) for i, (n, kind) in enumerate(args.random)]
     server = IsingServer(
         args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
-        mode=None if args.device == "cpu" else args.mode, blocks=args.blocks,
-        streams=args.streams, receivers=args.receivers,
+        mode=args.mode if args.mode == "echo" or args.device != "cpu" else None,
+        blocks=args.blocks, streams=args.streams, receivers=args.receivers,
+        collectors=args.collectors, spin_us=args.spin_us,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     try:
@@ -169,9 +182,14 @@ def run_serve(args) -> int:
         print(f"serving on {args.host} UDP {port} TCP {tcp_port}; models {table}", flush=True)
         print(f"{server.info}; queue depth {args.depth}", flush=True)
         t0 = time.perf_counter()
+        asked = []  # SIGUSR1: print the counters so far as one JSON line
+        signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
         try:
             while args.duration is None or time.perf_counter() - t0 < args.duration:
-                time.sleep(0.05)
+                time.sleep(0.01)
+                while asked:
+                    asked.pop()
+                    print("stats " + json.dumps(server.stats()), flush=True)
         except KeyboardInterrupt:
             pass
         wall = time.perf_counter() - t0
