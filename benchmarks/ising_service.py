@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=4096)
     p.add_argument("--receivers", type=int, default=4, help="server UDP receiver threads")
     p.add_argument("--senders", type=int, default=4, help="load generator sockets")
-    p.add_argument("--collectors", type=int, default=2, help="resident: reply threads")
+    p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
     p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
     p.add_argument("--spin-us", type=float, default=50.0,
                    help="server receivers and workers spin this long before blocking")  # fmt: skip

@@ -8,7 +8,8 @@
 # cuscikit/ when present (tools/prebuild_py312.sh), else builds. Logs and JSON go to $OUT; the
 # merged table to $OUT/ising_service_h200.json (the layout of benchmarks/results/).
 # Env: RATES (resident offered rates), ECHO_RATES, SIZES, DURATION, VARIANTS (benchmark options
-# of each variant run at n = 64, separated by ';'; empty: none), SKIP_TESTS=1.
+# of each variant run at n = 64, separated by ';'; empty: none), TESTS (a pytest -k filter;
+# "none": no tests), BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -32,12 +33,12 @@ RATES=${RATES:-100000 200000 400000 600000 800000 1000000 1200000}
 DURATION=${DURATION:-0.4}
 half=$(( $(nproc) / 2 ))
 CORES="--server-cores 0-$((half - 1)) --client-cores $half-$(( $(nproc) - 1 ))"
-BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES"
+BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES ${BENCH_OPTS:-}"
 
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
+if [ "${TESTS:-}" != none ]; then
   echo "== GPU tests"
   timeout "${TEST_TIMEOUT:-90}" python3 -m pytest -m gpu tests/ising/test_service.py -q -x \
-    -p no:cacheprovider -rA > "$OUT/service_tests.log" 2>&1
+    -k "${TESTS:-gpu}" -p no:cacheprovider -rA > "$OUT/service_tests.log" 2>&1
   status=$?
   echo "pytest exit status $status" | tee -a "$OUT/service_tests.log"
   tail -8 "$OUT/service_tests.log"
@@ -59,13 +60,15 @@ run() {  # name, timeout, benchmark options
 run echo 40 --backends echo --n 64 --rates ${ECHO_RATES:-$RATES 1500000}
 run resident 100 --backends resident --n $SIZES --rates $RATES
 k=0
-IFS=';' read -ra variants <<< "${VARIANTS:---collectors 4;--spin-us 0}"
+IFS=';' read -ra variants <<< "${VARIANTS---collectors 2;--spin-us 0}"
 for v in "${variants[@]}"; do
   k=$((k + 1))
   run "variant$k" 30 --backends resident --n 64 --rates 400000 1000000 $v
 done
-run launch 40 --backends launch --n $SIZES --rates 20000 40000
-run cpu 40 --backends cpu --n $SIZES --rates 20000 100000
+if [ "${BASELINES:-1}" != 0 ]; then
+  run launch 40 --backends launch --n $SIZES --rates 20000 40000
+  run cpu 40 --backends cpu --n $SIZES --rates 20000 100000
+fi
 
 python3 - "$OUT" <<'PYEOF'
 import json, pathlib, sys

@@ -100,7 +100,7 @@ def register(sub) -> None:
     s.add_argument(
         "--receivers", type=positive_int, default=1, help="UDP receiver threads (SO_REUSEPORT)"
     )
-    s.add_argument("--collectors", type=positive_int, default=2, help="reply threads (resident)")
+    s.add_argument("--collectors", type=positive_int, default=4, help="reply threads (resident)")
     s.add_argument(
         "--spin-us", type=finite_float, default=0.0,
         help="receivers and workers spin this long for work before blocking (0: block at once)",

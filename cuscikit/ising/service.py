@@ -243,7 +243,7 @@ class IsingServer:
         blocks: int = 0,
         streams: int = 4,
         receivers: int = 1,
-        collectors: int = 2,
+        collectors: int = 4,
         spin_us: float = 0.0,
     ):
         if workers is None:

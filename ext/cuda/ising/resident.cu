@@ -110,16 +110,31 @@ __device__ __forceinline__ std::int32_t word_acc(const KernelTask& t, const Coup
 }
 
 // Solves a warp-sized request with this warp (W words a row, B <= kWarpWords / W replicas);
-// lane 0 writes the best energy, lanes 0 .. W - 1 the best signs.
+// lane 0 writes the best energy, lanes 0 .. W - 1 the best signs. A step first forms every
+// row's coupling sum (independent loads, or registers: for W <= 4 the lane's W rows of W words
+// are loaded once), then updates, then forms the new sign words, so the latencies overlap.
 template <int K, int W>
 __device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long* energy_out,
                            std::uint32_t* signs_out) {
   constexpr int S = kWarpWords, BM = S / W;
+  constexpr bool kCached = W <= 4;
+  constexpr int CW = kCached ? W : 1;
   const int lane = threadIdx.x & 31, n = t.n, B = t.replicas, np = 32 * W;
   const Coupling c{t.kind, n, W, nullptr, nullptr, t.degree, nullptr, h};
   float x[S], y[S];
   std::uint32_t sg[S], nsg[S], bsg[S];
+  std::int32_t acc[S];
   long long best[BM];
+  std::uint32_t cp[CW * CW], cm[CW * CW];  // word w of the lane's row r at r * W + w
+  if constexpr (kCached) {
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        cp[r * W + w] = __ldg(t.plus_t + w * np + lane + 32 * r);
+        cm[r * W + w] = K == kTernary ? __ldg(t.minus_t + w * np + lane + 32 * r) : 0u;
+      }
+  }
 #pragma unroll
   for (int k = 0; k < S; ++k) {
     x[k] = 0.0f;
@@ -142,27 +157,44 @@ __device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long
 #pragma unroll
     for (int b = 0; b < BM; ++b) twice[b] = 0;
 #pragma unroll
+    for (int k = 0; k < S; ++k) {  // the coupling sums (rows >= n: unused)
+      acc[k] = 0;
+      if (k < B * W) {
+        const int b = k / W, r = k % W, i = lane + 32 * r;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const std::uint32_t vw = sg[b * W + w];
+          if constexpr (!kCached) {
+            acc[k] += word_acc<K>(t, c, i, w, np, vw);
+          } else if (K == kBinary) {
+            acc[k] += __popc(cp[r * W + w] ^ vw);
+          } else {
+            acc[k] += __popc(cp[r * W + w] & vw) - __popc(cm[r * W + w] & vw);
+          }
+        }
+      }
+    }
+    bool bits[S];
+#pragma unroll
     for (int k = 0; k < S; ++k) {
-      nsg[k] = 0u;
+      bits[k] = false;
       if (k < B * W) {
         const int b = k / W, i = lane + 32 * (k % W);
-        bool bit = false;
         if (i < n) {
           const int si = ((sg[k] >> lane) & 1u) ? 1 : -1;  // spin_of: word k % W, bit lane
-          std::int32_t acc = 0;
-#pragma unroll
-          for (int w = 0; w < W; ++w) acc += word_acc<K>(t, c, i, w, np, sg[b * W + w]);
-          const std::int32_t a = field(c, i, acc, si);
+          const std::int32_t a = field(c, i, acc[k], si);
           const long long ah = (long long)a + (long long)h[i];
           twice[b] += si > 0 ? ah : -ah;
           if (!score_only) {
             update(x[k], y[k], static_cast<float>(a), p, t.c0, t.dt, dta0);
-            bit = x[k] >= 0.0f;
+            bits[k] = x[k] >= 0.0f;
           }
         }
-        if (!score_only) nsg[k] = __ballot_sync(kFull, bit);
       }
     }
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+      nsg[k] = k < B * W && !score_only ? __ballot_sync(kFull, bits[k]) : 0u;
 #pragma unroll
     for (int b = 0; b < BM; ++b) {
       if (b < B) {
