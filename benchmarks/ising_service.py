@@ -8,6 +8,9 @@ The server runs in a child process pinned to --server-cores, the C++ load genera
 process pinned to --client-cores. Every --check-th completed request's energy is compared with
 the library's CPU reference for the same request (a mismatch fails the run; not for echo). For
 the resident kernel the column "dev" is the mean time a request's solver spent on the GPU.
+Server threads (2 receivers, the feeder, 4 collectors) and the generator's receiving threads spin
+for work instead of sleeping (--spin-us): keep the spinning threads of each side at or below
+its cores.
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
-    p.add_argument("--receivers", type=int, default=4, help="server UDP receiver threads")
+    p.add_argument("--receivers", type=int, default=2, help="server UDP receiver threads")
     p.add_argument("--senders", type=int, default=4, help="load generator sockets")
     p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
     p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
