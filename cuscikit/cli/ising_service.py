@@ -141,6 +141,10 @@ def register(sub) -> None:
     )
     g.add_argument("--drain", type=finite_float, default=1.0, help="seconds of silence = lost")
     g.add_argument("--senders", type=positive_int, default=1, help="sending sockets and threads")
+    g.add_argument(
+        "--spin", action="store_true",
+        help="the receiving threads spin instead of sleeping (a core each; no wake-up latency)",
+    )  # fmt: skip
     add_json(g)
     g.set_defaults(func=run_load)
 
@@ -174,6 +178,9 @@ def run_serve(args) -> int:
         collectors=args.collectors, spin_us=args.spin_us,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
+    asked = []  # SIGUSR1: print the counters so far as one JSON line
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     try:
         for i, m in enumerate(models, start=1):
             server.load_model(i, m)
@@ -182,8 +189,6 @@ def run_serve(args) -> int:
         print(f"serving on {args.host} UDP {port} TCP {tcp_port}; models {table}", flush=True)
         print(f"{server.info}; queue depth {args.depth}", flush=True)
         t0 = time.perf_counter()
-        asked = []  # SIGUSR1: print the counters so far as one JSON line
-        signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
         try:
             while args.duration is None or time.perf_counter() - t0 < args.duration:
                 time.sleep(0.01)
@@ -230,7 +235,7 @@ def run_load(args) -> int:
         rep = load_test(
             args.model_id, args.n, args.steps, args.replicas, args.dt, args.seed,
             count=count, rate=rate, in_flight=in_flight, host=args.host, port=args.port,
-            drain_s=args.drain, senders=args.senders,
+            drain_s=args.drain, senders=args.senders, spin=args.spin,
         )  # fmt: skip
         rows.append(rep.row())
     head = (

@@ -3,6 +3,7 @@ request, bad requests get their error status (and the server keeps serving), a f
 answers BUSY instead of dropping, models load and are replaced over the wire."""
 
 import json
+import signal
 import socket
 import struct
 import subprocess
@@ -204,6 +205,7 @@ def test_cli_serve_and_load(tmp_path):
                 "4",
                 "--count",
                 "50",
+                "--spin",
                 "--json",
             ],  # fmt: skip
             capture_output=True,
@@ -213,6 +215,10 @@ def test_cli_serve_and_load(tmp_path):
         assert out.returncode == 0, out.stderr
         (row,) = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
         assert row["completed"] == 50 and row["lost"] == 0
+        serve.stdout.readline()  # the backend line
+        serve.send_signal(signal.SIGUSR1)  # the counters so far, as one line
+        stats = json.loads(serve.stdout.readline().removeprefix("stats "))
+        assert stats["ok"] == 50 and stats["received"] == 50
     finally:
         serve.terminate()
         serve.wait(timeout=30)
