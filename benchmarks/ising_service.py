@@ -1,10 +1,16 @@
 """The dSB request service under open-loop load over loopback: completed requests/s, BUSY
 replies, losses and round-trip / residence percentiles against the offered rate, for each
 backend (GPU resident kernel, GPU one-launch-per-request baseline, CPU workers) and model size.
+The backend "echo" answers without solving: the same sockets, threads and load generator with
+no work behind them, so its table is the ceiling of everything but the solver.
 
 The server runs in a child process pinned to --server-cores, the C++ load generator in this
 process pinned to --client-cores. Every --check-th completed request's energy is compared with
-the library's CPU reference for the same request (a mismatch fails the run).
+the library's CPU reference for the same request (a mismatch fails the run; not for echo). For
+the resident kernel the column "dev" is the mean time a request's solver spent on the GPU.
+Server threads (2 receivers, the feeder, 4 collectors) and the generator's receiving threads spin
+for work instead of sleeping (--spin-us): keep the spinning threads of each side at or below
+its cores.
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,13 +50,16 @@ def cores(text: str) -> set[int]:
     return out
 
 
-def start_server(backend: str, sizes, kind: str, server_cores, depth: int, receivers: int):
+def start_server(backend: str, sizes, kind: str, server_cores, args):
     cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--port", "0", "--depth",
-           str(depth), "--receivers", str(receivers)]  # fmt: skip
+           str(args.depth), "--receivers", str(args.receivers), "--spin-us", str(args.spin_us),
+           "--collectors", str(args.collectors), "--blocks", str(args.blocks)]  # fmt: skip
     for n in sizes:
         cmd += ["--random", f"{n}:{kind}"]
     if backend == "cpu":
         cmd += ["--device", "cpu", "--workers", str(max(1, len(server_cores) - 1))]
+    elif backend == "echo":  # as many reply threads as the resident kernel's collectors
+        cmd += ["--device", "cpu", "--mode", "echo", "--workers", str(args.collectors)]
     else:
         cmd += ["--device", "cuda", "--mode", backend]
     proc = subprocess.Popen(
@@ -66,10 +76,19 @@ def start_server(backend: str, sizes, kind: str, server_cores, depth: int, recei
     return proc, int(first.split("UDP ")[1].split()[0]), info
 
 
+def server_stats(proc) -> dict:
+    """The server's counters so far (it prints them as one line on SIGUSR1)."""
+    proc.send_signal(signal.SIGUSR1)
+    line = proc.stdout.readline()
+    if not line.startswith("stats "):
+        raise RuntimeError(f"the server did not report its counters: {line!r}")
+    return json.loads(line[len("stats ") :])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["resident", "launch", "cpu"],
-                   choices=["resident", "launch", "cpu"])  # fmt: skip
+                   choices=["resident", "launch", "cpu", "echo"])  # fmt: skip
     p.add_argument("--n", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--kind", default="binary", choices=["binary", "ternary", "int8"])
     p.add_argument("--rates", type=float, nargs="+",
@@ -78,8 +97,13 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
-    p.add_argument("--receivers", type=int, default=4, help="server UDP receiver threads")
+    p.add_argument("--receivers", type=int, default=2, help="server UDP receiver threads")
     p.add_argument("--senders", type=int, default=4, help="load generator sockets")
+    p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
+    p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
+    p.add_argument("--spin-us", type=float, default=50.0,
+                   help="server receivers and workers spin this long before blocking")  # fmt: skip
+    p.add_argument("--label", default="", help="a name for this configuration in the output")
     p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
     n_cpu = os.cpu_count() or 2
     half = max(1, n_cpu // 2)
@@ -97,32 +121,40 @@ def main(argv=None) -> int:
     )
     head = (
         f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
-        f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'checked':>8}"
+        f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'dev':>6} "
+        f"{'checked':>8}"
     )
     print(head)
     rows = []
     bad = 0
     for backend in args.backends:
-        proc, port, info = start_server(
-            backend, args.n, args.kind, server_cores, args.depth, args.receivers
-        )
+        proc, port, info = start_server(backend, args.n, args.kind, server_cores, args)
+        print(f"# {args.label} {backend}: {info}", flush=True)
         try:
             for model_id, n in enumerate(args.n, start=1):
                 seed = 1000 * model_id
                 for rate in args.rates:
                     count = max(1, int(rate * args.duration))
+                    before = server_stats(proc)
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
-                                    senders=args.senders)  # fmt: skip
+                                    senders=args.senders, spin=True)  # fmt: skip
+                    after = server_stats(proc)
+                    solved = after.get("device_solved", 0) - before.get("device_solved", 0)
+                    dev_us = None
+                    if solved > 0:
+                        dev_ns = after["device_solve_ns"] - before["device_solve_ns"]
+                        dev_us = dev_ns / solved / 1e3
                     ok = np.flatnonzero(rep.energies != np.iinfo(np.int64).max)
                     checked = 0
-                    for i in ok[:: args.check][:50]:
+                    for i in ok[:: args.check][:50] if backend != "echo" else []:
                         e, _ = reference(models[n], args.steps, args.replicas, 0.5,
                                          seed + int(i))  # fmt: skip
                         checked += 1
                         if e != rep.energies[i]:
                             bad += 1
-                    row = {"backend": backend, "info": info, "n": n, **rep.row(),
+                    row = {"backend": backend, "label": args.label, "info": info, "n": n,
+                           **rep.row(), "device_solve_mean_us": dev_us,
                            "checked": checked}  # fmt: skip
                     rows.append(row)
 
@@ -134,14 +166,15 @@ def main(argv=None) -> int:
                         f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
                         f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
                         f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
-                        f"{checked:>8}",
+                        f"{f(dev_us):>6} {checked:>8}",
                         flush=True,
                     )
                     time.sleep(0.2)  # let the queue drain between rates
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    print("(times in microseconds; busy = BUSY replies, lost = no reply)")
+    print("(times in microseconds; busy = BUSY replies, lost = no reply; dev = mean device "
+          "solve time)")  # fmt: skip
     if args.json_out:
         setup = vars(args) | {"server_cores": sorted(server_cores)}
         setup["client_cores"] = sorted(client_cores)

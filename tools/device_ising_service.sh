@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # On a GPU machine: the dSB request service's GPU tests (every reply equals the CPU reference)
-# and benchmarks/ising_service.py over the GPU backends (resident kernel, one launch per request)
-# and the CPU workers, server and load generator on separate cores. Uses prebuilt modules in
-# cuscikit/ when present (tools/prebuild_py312.sh), else builds. Logs and JSON go to $OUT.
-# Env: RATES (GPU offered rates), CPU_RATES, SIZES, DURATION.
+# and benchmarks/ising_service.py: the echo backend (sockets, threads and load generator with no
+# solver: the ceiling of everything else), the resident kernel over n and offered rate, variants
+# of the resident server's host options (VARIANTS), the launch-per-request baseline and
+# the CPU workers, server and load generator on separate cores (the benchmark runs its
+# server in a child process pinned to the first half of the cores). Uses prebuilt modules in
+# cuscikit/ when present (tools/prebuild_py312.sh), else builds. Logs and JSON go to $OUT; the
+# merged table to $OUT/ising_service_h200.json (the layout of benchmarks/results/).
+# Env: RATES (resident offered rates), ECHO_RATES, SIZES, DURATION, VARIANTS (benchmark options
+# of each variant run at n = 64, separated by ';'; empty: none), TESTS (a pytest -k filter;
+# "none": no tests), BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -23,26 +29,56 @@ fi
 python3 -c "import cuscikit._cuda as c; print('cuda kernels for sm', c.build_arch())" 2>&1 \
   | tee -a "$OUT/machine.txt"
 SIZES=${SIZES:-64 256 1024}
+RATES=${RATES:-100000 200000 400000 600000 800000 1000000 1200000}
+DURATION=${DURATION:-0.4}
 half=$(( $(nproc) / 2 ))
 CORES="--server-cores 0-$((half - 1)) --client-cores $half-$(( $(nproc) - 1 ))"
+BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES ${BENCH_OPTS:-}"
 
-echo "== GPU tests"
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -m gpu tests/ising/test_service.py -q -x \
-  -p no:cacheprovider -rA > "$OUT/service_tests.log" 2>&1
-echo "pytest exit status $?" | tee -a "$OUT/service_tests.log"
-tail -8 "$OUT/service_tests.log"
+if [ "${TESTS:-}" != none ]; then
+  echo "== GPU tests"
+  timeout "${TEST_TIMEOUT:-90}" python3 -m pytest -m gpu tests/ising/test_service.py -q -x \
+    -k "${TESTS:-gpu}" -p no:cacheprovider -rA > "$OUT/service_tests.log" 2>&1
+  status=$?
+  echo "pytest exit status $status" | tee -a "$OUT/service_tests.log"
+  tail -8 "$OUT/service_tests.log"
+  if [ "$status" = 124 ]; then
+    echo "the GPU tests timed out: no benchmarks"
+    exit 1
+  fi
+fi
 
-echo "== GPU backends"
-timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/ising_service.py --backends resident launch \
-  --n $SIZES --rates ${RATES:-100000 200000 400000 600000 800000 1000000} \
-  --duration "${DURATION:-1}" --check 2003 $CORES --json-out "$OUT/service_gpu.json" \
-  > "$OUT/service_gpu.log" 2>&1
-echo "exit status $?" >> "$OUT/service_gpu.log"
-cat "$OUT/service_gpu.log"
+run() {  # name, timeout, benchmark options
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name"
+  timeout "$limit" $BENCH --label "$name" --json-out "$OUT/$name.json" "$@" \
+    > "$OUT/$name.log" 2>&1
+  echo "exit status $?" >> "$OUT/$name.log"
+  grep -v "^anchor\|^server cores" "$OUT/$name.log"
+}
+run echo 40 --backends echo --n 64 --rates ${ECHO_RATES:-$RATES 1500000}
+run resident 100 --backends resident --n $SIZES --rates $RATES
+k=0
+IFS=';' read -ra variants <<< "${VARIANTS---collectors 2;--spin-us 0}"
+for v in "${variants[@]}"; do
+  k=$((k + 1))
+  run "variant$k" 30 --backends resident --n 64 --rates 400000 1000000 $v
+done
+if [ "${BASELINES:-1}" != 0 ]; then
+  run launch 40 --backends launch --n $SIZES --rates 20000 40000
+  run cpu 40 --backends cpu --n $SIZES --rates 20000 100000
+fi
 
-echo "== CPU backend"
-timeout "${CPU_TIMEOUT:-90}" python3 benchmarks/ising_service.py --backends cpu --n $SIZES \
-  --rates ${CPU_RATES:-20000 100000} --duration "${DURATION:-1}" --check 2003 $CORES \
-  --json-out "$OUT/service_cpu.json" > "$OUT/service_cpu.log" 2>&1
-echo "exit status $?" >> "$OUT/service_cpu.log"
-cat "$OUT/service_cpu.log"
+python3 - "$OUT" <<'PYEOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+merged = {"machine": (out / "machine.txt").read_text().strip(), "script": "benchmarks/ising_service.py"}
+for name in ["echo", "resident"] + sorted(p.stem for p in out.glob("variant*.json")) + ["launch", "cpu"]:
+    p = out / f"{name}.json"
+    if p.is_file():
+        d = json.loads(p.read_text())
+        merged.setdefault("anchor", d["anchor"])
+        merged[name] = {"args": d["args"], "rows": d["rows"]}
+(out / "ising_service_h200.json").write_text(json.dumps(merged, indent=1))
+PYEOF

@@ -4,6 +4,8 @@ generator (see `cuscikit.ising.service` for the wire format)."""
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import time
 from pathlib import Path
 
@@ -85,9 +87,10 @@ def register(sub) -> None:
     )
     s.add_argument(
         "--mode",
-        choices=("resident", "launch"),
+        choices=("resident", "launch", "echo"),
         default="resident",
-        help="GPU backend: a persistent kernel, or one kernel launch per request (baseline)",
+        help="GPU backend: a persistent kernel, or one kernel launch per request (baseline); "
+        "echo (CPU): answer without solving, to measure the front end and load generator alone",
     )
     s.add_argument("--workers", type=positive_int, default=None, help="solver threads (CPU)")
     s.add_argument(
@@ -97,6 +100,11 @@ def register(sub) -> None:
     s.add_argument(
         "--receivers", type=positive_int, default=1, help="UDP receiver threads (SO_REUSEPORT)"
     )
+    s.add_argument("--collectors", type=positive_int, default=4, help="reply threads (resident)")
+    s.add_argument(
+        "--spin-us", type=finite_float, default=0.0,
+        help="receivers and workers spin this long for work before blocking (0: block at once)",
+    )  # fmt: skip
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -133,6 +141,10 @@ def register(sub) -> None:
     )
     g.add_argument("--drain", type=finite_float, default=1.0, help="seconds of silence = lost")
     g.add_argument("--senders", type=positive_int, default=1, help="sending sockets and threads")
+    g.add_argument(
+        "--spin", action="store_true",
+        help="the receiving threads spin instead of sleeping (a core each; no wake-up latency)",
+    )  # fmt: skip
     add_json(g)
     g.set_defaults(func=run_load)
 
@@ -151,16 +163,24 @@ def run_serve(args) -> int:
             raise UsageError(f"{p}: no such file")
     if args.blocks < 0:
         raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
+    if not 0 <= args.spin_us <= 1e6:
+        raise UsageError(f"--spin-us must be in [0, 1e6], got {args.spin_us}")
+    if args.mode == "echo" and args.device != "cpu":
+        raise UsageError("--mode echo runs on --device cpu")
     if args.device == "cuda":
         require_cuda(args.device)
     models = [IsingModel.from_gset(p) for p in paths]
     models += [random_model(n, kind, seed=i) for i, (n, kind) in enumerate(args.random)]
     server = IsingServer(
         args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
-        mode=None if args.device == "cpu" else args.mode, blocks=args.blocks,
-        streams=args.streams, receivers=args.receivers,
+        mode=args.mode if args.mode == "echo" or args.device != "cpu" else None,
+        blocks=args.blocks, streams=args.streams, receivers=args.receivers,
+        collectors=args.collectors, spin_us=args.spin_us,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
+    asked = []  # SIGUSR1: print the counters so far as one JSON line
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     try:
         for i, m in enumerate(models, start=1):
             server.load_model(i, m)
@@ -171,7 +191,10 @@ def run_serve(args) -> int:
         t0 = time.perf_counter()
         try:
             while args.duration is None or time.perf_counter() - t0 < args.duration:
-                time.sleep(0.05)
+                time.sleep(0.01)
+                while asked:
+                    asked.pop()
+                    print("stats " + json.dumps(server.stats()), flush=True)
         except KeyboardInterrupt:
             pass
         wall = time.perf_counter() - t0
@@ -212,7 +235,7 @@ def run_load(args) -> int:
         rep = load_test(
             args.model_id, args.n, args.steps, args.replicas, args.dt, args.seed,
             count=count, rate=rate, in_flight=in_flight, host=args.host, port=args.port,
-            drain_s=args.drain, senders=args.senders,
+            drain_s=args.drain, senders=args.senders, spin=args.spin,
         )  # fmt: skip
         rows.append(rep.row())
     head = (

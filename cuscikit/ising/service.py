@@ -200,10 +200,13 @@ class IsingServer:
     """The dSB request service: UDP on `port`, TCP on `tcp_port` (default: the same number), a
     queue of `depth` requests beyond which requests are answered BUSY at once, and a backend:
 
-    - ``device="cpu"``: `workers` threads, each running the C++ reference on one request;
-    - ``device="cuda", mode="resident"`` (default on the GPU): a persistent kernel, one thread
-      block per request, fed through a ring of 1024 slots in mapped host memory (`blocks`
-      persistent blocks; 0 = as many as fit on the GPU at once);
+    - ``device="cpu"``: `workers` threads, each running the C++ reference on one request
+      (``mode="echo"``: the workers answer at once with energy 0 and no solve, a measurement of
+      the sockets and the load generator alone);
+    - ``device="cuda", mode="resident"`` (default on the GPU): a persistent kernel, one warp per
+      small request (binary or ternary couplings, B * n_p <= 256) and one thread block per
+      other request, fed through two rings of 1024 slots in mapped host memory (`blocks`
+      persistent blocks, 0 = as many as fit on the GPU at once; `collectors` reply threads);
     - ``device="cuda", mode="launch"``: the baseline, one kernel launch per request on each of
       `streams` threads.
 
@@ -219,6 +222,10 @@ class IsingServer:
         device, mode, blocks, streams: the backend (above).
         receivers: UDP sockets on the same port (SO_REUSEPORT), each with a receiver thread;
             the kernel spreads the clients' flows (source ports) over them.
+        collectors: resident GPU mode: threads that scan the rings for finished requests and
+            send their replies.
+        spin_us: receivers and workers waiting for work spin this many microseconds before
+            they block (no wake-up latency under load, a core each; 0: block at once).
 
     Use it as a context manager, or call `start` and `close`. While a resident GPU server runs,
     its kernel occupies the GPU: other CUDA work of the process must use non-default streams.
@@ -236,21 +243,26 @@ class IsingServer:
         blocks: int = 0,
         streams: int = 4,
         receivers: int = 1,
+        collectors: int = 4,
+        spin_us: float = 0.0,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
         for name, v, least in (("workers", workers, 1), ("depth", depth, 1),
                                ("blocks", blocks, 0), ("streams", streams, 1),
-                               ("receivers", receivers, 1)):  # fmt: skip
+                               ("receivers", receivers, 1),
+                               ("collectors", collectors, 1)):  # fmt: skip
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
         for name, p in (("port", port), ("tcp_port", tcp_port)):
             if p is not None and not (isinstance(p, int) and -1 <= p <= 65535):
                 raise ValueError(f"{name} must be a port number, got {p!r}")
+        if not isinstance(spin_us, int | float) or not 0 <= spin_us <= 1e6:
+            raise ValueError(f"spin_us must be a number in [0, 1e6], got {spin_us!r}")
         if device == "cpu":
-            if mode not in (None, "cpu"):
+            if mode not in (None, "cpu", "echo"):
                 raise ValueError(f"the CPU service has no mode {mode!r}")
-            ext, mode, param = _core_ising(), "cpu", workers
+            ext, mode, param = _core_ising(), mode or "cpu", workers
         elif device == "cuda":
             mode = mode or "resident"
             if mode not in ("resident", "launch"):
@@ -263,7 +275,8 @@ class IsingServer:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         tcp = port if tcp_port is None else tcp_port
         try:
-            self._server = ext.Server(host, port, tcp, depth, mode, param, receivers)
+            self._server = ext.Server(host, port, tcp, depth, mode, param, receivers, collectors,
+                                      float(spin_us))  # fmt: skip
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
@@ -443,13 +456,15 @@ def load_test(
     port: int = DEFAULT_PORT,
     drain_s: float = 1.0,
     senders: int = 1,
+    spin: bool = False,
 ) -> LoadReport:
     """Load a server with `count` requests (request i has seed ``seed + i``) from a C++ sender
     and receiver: open loop with Poisson arrivals at `rate` per second, or closed loop with
     `in_flight` requests outstanding, from `senders` sockets (each with a sending and a
     receiving thread; request i on socket i % senders). A request still without a reply once
     nothing has been sent or received for `drain_s` seconds is lost. Completed = OK replies;
-    BUSY and error replies are counted apart.
+    BUSY and error replies are counted apart. spin: the receiving threads spin on
+    non-blocking reads instead of sleeping (a core each; no wake-up latency in the round trip).
 
     Raises:
         ValueError: neither or both of rate and in_flight, or bad request fields.
@@ -466,8 +481,9 @@ def load_test(
         raise ValueError(f"senders must be a positive integer, got {senders!r}")
     request = encode_request(model_id, n, steps, replicas, dt, seed, h)
     sent, rtt, status, residence, energy, send_s = _core_ising().loadgen(
-        host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed, senders
-    )
+        host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed,
+        senders, bool(spin),
+    )  # fmt: skip
     answered = rtt >= 0
     ok = answered & (status == 0)
     completed = int(ok.sum())

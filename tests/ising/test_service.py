@@ -3,6 +3,7 @@ request, bad requests get their error status (and the server keeps serving), a f
 answers BUSY instead of dropping, models load and are replaced over the wire."""
 
 import json
+import signal
 import socket
 import struct
 import subprocess
@@ -204,6 +205,7 @@ def test_cli_serve_and_load(tmp_path):
                 "4",
                 "--count",
                 "50",
+                "--spin",
                 "--json",
             ],  # fmt: skip
             capture_output=True,
@@ -213,6 +215,10 @@ def test_cli_serve_and_load(tmp_path):
         assert out.returncode == 0, out.stderr
         (row,) = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
         assert row["completed"] == 50 and row["lost"] == 0
+        serve.stdout.readline()  # the backend line
+        serve.send_signal(signal.SIGUSR1)  # the counters so far, as one line
+        stats = json.loads(serve.stdout.readline().removeprefix("stats "))
+        assert stats["ok"] == 50 and stats["received"] == 50
     finally:
         serve.terminate()
         serve.wait(timeout=30)
@@ -227,8 +233,11 @@ def test_cli_serve_and_load(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["resident", "launch"])
 def test_gpu_service_replies_equal_the_cpu_reference(mode):
+    # block-sized (B n_p > 256 or int8) and warp-sized requests (W = 1 .. 8 words, B <= 8 / W)
     cases = [("binary", 64, 16), ("ternary", 100, 8), ("int8", 256, 4), ("binary", 1024, 4),
-             ("int8", 33, 64)]  # fmt: skip
+             ("int8", 33, 64), ("binary", 64, 1), ("binary", 64, 4), ("ternary", 100, 2),
+             ("binary", 256, 1), ("ternary", 7, 8), ("binary", 200, 1), ("ternary", 160, 1),
+             ("int8", 64, 1)]  # fmt: skip
     with IsingServer(port=0, device="cuda", mode=mode, depth=256) as s:
         models = {}
         for i, (kind, n, _) in enumerate(cases):
@@ -256,15 +265,37 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode):
             r = udp.solve(3, n=1024, steps=50, seed=7)
         assert r.energy == reference(replaced, 50, 1, 0.5, 7)[0]
         assert "cuda" in s.info
+        # warp-sized requests under load, with several collectors
+        rep = load_test(5, 64, 60, replicas=1, seed=900, count=3000, in_flight=128,
+                        port=s.port)  # fmt: skip
+        assert (rep.completed, rep.lost) == (3000, 0)
+        for i in range(0, 3000, 307):
+            assert rep.energies[i] == reference(models[5], 60, 1, 0.5, 900 + i)[0]
+        if mode == "resident":
+            st = s.stats()
+            assert st["device_solved"] >= 3000 and st["device_solve_ns"] > 0
+
+
+def test_echo_answers_without_solving():
+    with IsingServer(port=0, workers=1, mode="echo", tcp_port=-1, spin_us=10) as s:
+        s.load_model(1, random_model(40, "binary", seed=1))
+        rep = load_test(1, 40, 10, seed=1, count=200, in_flight=8, port=s.port)
+        assert "echo" in s.info
+    assert (rep.completed, rep.lost) == (200, 0) and np.all(rep.energies == 0)
+    with pytest.raises(ValueError, match="spin_us"):
+        IsingServer(port=0, spin_us=-1)
+    with pytest.raises(ValueError, match="no mode"):
+        IsingServer(port=0, mode="resident")
 
 
 def test_several_receivers_and_senders():
     n = 48
     model = random_model(n, "ternary", seed=6)
-    with IsingServer(port=0, workers=2, receivers=3, tcp_port=-1) as s:
+    with IsingServer(port=0, workers=2, receivers=3, tcp_port=-1, spin_us=20) as s:
         s.load_model(1, model)
         rep = load_test(1, n, 20, seed=40, count=600, in_flight=12, senders=3, port=s.port)
-        open_loop = load_test(1, n, 20, seed=40, count=300, rate=3000.0, senders=2, port=s.port)
+        open_loop = load_test(1, n, 20, seed=40, count=300, rate=3000.0, senders=2, port=s.port,
+                              spin=True)  # fmt: skip
     assert (rep.completed, rep.lost) == (600, 0)
     assert open_loop.completed + open_loop.busy == 300 and open_loop.lost == 0
     for i in (0, 1, 2, 301, 599):  # every socket's requests, right seeds

@@ -154,18 +154,27 @@ class Queue {
       std::lock_guard<std::mutex> lock(m_);
       while (taken < jobs.size() && q_.size() < depth_) q_.push_back(std::move(jobs[taken++]));
       peak_ = std::max(peak_, q_.size());
+      size_.store(q_.size(), std::memory_order_release);
     }
     if (taken > 0) cv_.notify_all();
     return taken;
   }
-  // Waits for work (or stop); takes up to `most` jobs.
-  bool pop(std::vector<Job>& out, std::size_t most, const std::atomic<bool>& stop) {
+  // Waits for work (or stop), first spinning up to spin_ns without sleeping; takes up to `most`
+  // jobs.
+  bool pop(std::vector<Job>& out, std::size_t most, const std::atomic<bool>& stop,
+           std::int64_t spin_ns = 0) {
+    if (spin_ns > 0 && size_.load(std::memory_order_acquire) == 0) {
+      const std::int64_t until = now_ns() + spin_ns;
+      while (size_.load(std::memory_order_acquire) == 0 && !stop && now_ns() < until) {
+      }
+    }
     std::unique_lock<std::mutex> lock(m_);
     cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !q_.empty() || stop; });
     while (!q_.empty() && out.size() < most) {
       out.push_back(std::move(q_.front()));
       q_.pop_front();
     }
+    size_.store(q_.size(), std::memory_order_release);
     return !out.empty();
   }
   void wake() { cv_.notify_all(); }
@@ -176,6 +185,7 @@ class Queue {
 
  private:
   std::size_t depth_, peak_ = 0;
+  std::atomic<std::size_t> size_{0};
   std::deque<Job> q_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -294,7 +304,12 @@ class Server {
     for (auto& w : workers) threads_.emplace_back([this, w] { w(*this); });
   }
 
-  bool pop(std::vector<Job>& jobs, std::size_t most) { return queue_.pop(jobs, most, stop_); }
+  bool pop(std::vector<Job>& jobs, std::size_t most) {
+    return queue_.pop(jobs, most, stop_, spin_ns_);
+  }
+  // Receivers and workers waiting for work spin this long (no sleep, no wake-up latency) before
+  // they block; 0: block at once.
+  void set_spin(std::int64_t ns) { spin_ns_ = ns; }
   bool stopping() const { return stop_; }
 
   // Answers a solved request (UDP replies go into `out`, sent by flush()).
@@ -448,13 +463,17 @@ class Server {
     std::vector<mmsghdr> msgs(kBatch);
     UdpBatch out;
     std::vector<Job> jobs;
+    std::int64_t last = 0;  // the last datagram
     while (!stop_) {
-      pollfd pfd{fd, POLLIN, 0};
-      if (::poll(&pfd, 1, 50) <= 0) continue;
+      if (spin_ns_ <= 0 || now_ns() - last > spin_ns_) {  // idle: block in poll()
+        pollfd pfd{fd, POLLIN, 0};
+        if (::poll(&pfd, 1, 50) <= 0) continue;
+      }
       for (int i = 0; i < kBatch; ++i)
         point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &from[i]);
       const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (got <= 0) continue;
+      last = now_ns();
       jobs.clear();
       for (int i = 0; i < got; ++i) {
         const bool truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
@@ -546,6 +565,7 @@ class Server {
   int udp_ = -1, tcp_ = -1;
   std::vector<int> udp_fds_;
   std::atomic<bool> stop_{false}, running_{false};
+  std::int64_t spin_ns_ = 0;
   std::vector<std::thread> threads_;
   std::mutex conns_m_;
   std::vector<std::thread> conn_threads_;

@@ -1,8 +1,9 @@
 // The Python class of the dSB request service, written once for every backend: the CPU module
 // binds Service<CpuWorkers> (service.cpp), the CUDA module Service<GpuWorkers>
-// (ext/cuda/ising/service_bind.cpp). A backend is constructed from (mode, parameter) and has
-// prepare(Model&) (called on every model load), workers() (the threads that run requests),
-// stop() (after the front end stopped) and info() (a description).
+// (ext/cuda/ising/service_bind.cpp). A backend is constructed from (mode, parameter, collectors)
+// and has prepare(Model&) (called on every model load), workers() (the threads that run
+// requests), stop() (after the front end stopped), add_stats(map) (its own counters) and info()
+// (a description).
 #pragma once
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -22,8 +23,11 @@ struct Service {
   Server server;
   Backend backend;
   Service(const std::string& host, int udp_port, int tcp_port, std::size_t depth,
-          const std::string& mode, int param, int receivers)
-      : server(host, udp_port, tcp_port, depth, receivers), backend(mode, param) {
+          const std::string& mode, int param, int receivers, int collectors, double spin_us)
+      : server(host, udp_port, tcp_port, depth, receivers), backend(mode, param, collectors) {
+    if (!(spin_us >= 0.0 && spin_us <= 1e6))
+      throw std::invalid_argument("spin_us must be in [0, 1e6]");
+    server.set_spin(std::int64_t(spin_us * 1000.0));
     server.set_prepare([this](Model& m) { backend.prepare(m); });
   }
   ~Service() { stop(); }
@@ -40,8 +44,10 @@ void bind_service(nanobind::module_& m, const char* doc) {
   using namespace nb::literals;
   using S = Service<Backend>;
   nb::class_<S>(m, "Server", doc)
-      .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int, int>(),
-           "host"_a, "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a, "receivers"_a)
+      .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int, int, int,
+                    double>(),
+           "host"_a, "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a, "receivers"_a,
+           "collectors"_a, "spin_us"_a)
       .def("start", &S::start)
       .def("stop", &S::stop, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("udp_port", [](S& s) { return s.server.udp_port(); })
@@ -65,7 +71,11 @@ void bind_service(nanobind::module_& m, const char* doc) {
                                                       degree.data(), j8.data(), h.data(), jnorm2));
           },
           "model_id"_a, "kind"_a, "n"_a, "plus"_a, "minus"_a, "degree"_a, "j8"_a, "h"_a, "jnorm2"_a)
-      .def("stats", [](S& s) { return s.server.stats(); });
+      .def("stats", [](S& s) {
+        auto st = s.server.stats();
+        s.backend.add_stats(st);
+        return st;
+      });
 }
 
 }  // namespace csk::dsb::service

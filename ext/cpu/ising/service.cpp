@@ -56,10 +56,13 @@ std::int64_t solve_request(const Job& job, std::vector<std::uint32_t>& best_sign
   return best;
 }
 
-// A CPU worker: requests in batches of up to 16, each solved on this thread.
-void cpu_worker(svc::Server& s) {
+// A CPU worker: requests in batches of up to 16, each solved on this thread. echo: answers at
+// once with energy 0 and all spins -1, without solving (a measurement of the front end and the
+// load generator alone; its replies are not solutions).
+void cpu_worker(svc::Server& s, bool echo) {
   std::vector<Job> jobs;
   std::vector<std::uint32_t> signs;
+  const std::vector<std::uint32_t> none(std::size_t(wire::kMaxN / 32), 0u);
   svc::UdpBatch out;
   while (true) {
     jobs.clear();
@@ -68,6 +71,10 @@ void cpu_worker(svc::Server& s) {
       continue;
     }
     for (const Job& job : jobs) {
+      if (echo) {
+        s.reply_ok(job, 0, none.data(), out);
+        continue;
+      }
       const std::int64_t energy = solve_request(job, signs);  // fills signs
       s.reply_ok(job, energy, signs.data(), out);
     }
@@ -79,7 +86,9 @@ void cpu_worker(svc::Server& s) {
 // `senders` sockets, each with a sending and a receiving thread (request i goes out on socket
 // i % senders): open loop (Poisson arrivals at `rate` per second in all) or closed loop
 // (`in_flight` outstanding in all). Records per request its send time, round trip (-1: no reply
-// came before every socket was silent for drain_s), status, residence and energy.
+// came before every socket was silent for drain_s), status, residence and energy. spin: the
+// receiving threads spin on non-blocking reads instead of sleeping in poll() (a core each, no
+// wake-up latency in the measured round trip).
 struct LoadResult {
   std::vector<std::int64_t> sent_ns, recv_ns;
   std::vector<std::int32_t> status;
@@ -89,7 +98,7 @@ struct LoadResult {
 };
 
 void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, double rate,
-              int in_flight, double drain_s, std::uint64_t rng_seed,
+              int in_flight, double drain_s, bool spin, std::uint64_t rng_seed,
               const std::vector<std::uint8_t>& request, std::int64_t t0, LoadResult& res) {
   std::atomic<std::size_t> received{0};
   std::atomic<bool> sending{true};
@@ -103,8 +112,10 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
     std::vector<mmsghdr> msgs(kBatch);
     while (received < mine) {
       if (!sending && now_ns() - last_activity > std::int64_t(drain_s * 1e9)) break;
-      pollfd pfd{fd, POLLIN, 0};
-      if (::poll(&pfd, 1, 20) <= 0) continue;
+      if (!spin) {
+        pollfd pfd{fd, POLLIN, 0};
+        if (::poll(&pfd, 1, 20) <= 0) continue;
+      }
       for (int i = 0; i < kBatch; ++i)
         svc::point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size());
       const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
@@ -174,7 +185,7 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
 
 LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t> request,
                     std::size_t count, double rate, int in_flight, double drain_s,
-                    std::uint64_t rng_seed, int senders) {
+                    std::uint64_t rng_seed, int senders, bool spin) {
   if (request.size() < wire::kRequestHeader) throw std::invalid_argument("request too short");
   if (senders < 1) throw std::invalid_argument("senders must be >= 1");
   sockaddr_in to{};
@@ -208,7 +219,7 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   for (int k = 0; k < senders; ++k)
     threads.emplace_back([&, k] {
       load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               rng_seed + std::uint64_t(k), request, t0, res);
+               spin, rng_seed + std::uint64_t(k), request, t0, res);
     });
   for (auto& t : threads) t.join();
   for (int f : fds) ::close(f);
@@ -224,19 +235,29 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   return res;
 }
 
-// The CPU backend: `param` worker threads (mode "cpu").
+// The CPU backend: `param` worker threads (mode "cpu"; mode "echo": no solving, see
+// cpu_worker).
 struct CpuWorkers {
   int count;
-  CpuWorkers(const std::string& mode, int param) : count(param) {
-    if (mode != "cpu") throw std::invalid_argument("the CPU service has mode 'cpu', got " + mode);
+  bool echo;
+  CpuWorkers(const std::string& mode, int param, int /*collectors*/)
+      : count(param), echo(mode == "echo") {
+    if (mode != "cpu" && mode != "echo")
+      throw std::invalid_argument("the CPU service has modes 'cpu' and 'echo', got " + mode);
     if (param < 1) throw std::invalid_argument("workers must be >= 1");
   }
   void prepare(Model&) {}
   std::vector<svc::Server::Worker> workers() {
-    return std::vector<svc::Server::Worker>(std::size_t(count), cpu_worker);
+    const bool e = echo;
+    return std::vector<svc::Server::Worker>(std::size_t(count),
+                                            [e](svc::Server& s) { cpu_worker(s, e); });
   }
   void stop() {}
-  std::string info() { return "cpu, " + std::to_string(count) + " worker thread(s)"; }
+  void add_stats(std::map<std::string, std::uint64_t>&) {}
+  std::string info() {
+    return std::string(echo ? "cpu echo (no solving), " : "cpu, ") + std::to_string(count) +
+           " worker thread(s)";
+  }
 };
 
 }  // namespace
@@ -246,7 +267,7 @@ void bind_ising_service(nb::module_& m) {
   m.def(
       "loadgen",
       [](const std::string& host, int port, nb::bytes request, std::size_t count, double rate,
-         int in_flight, double drain_s, std::uint64_t rng_seed, int senders) {
+         int in_flight, double drain_s, std::uint64_t rng_seed, int senders, bool spin) {
         std::vector<std::uint8_t> req(
             static_cast<const std::uint8_t*>(request.data()),
             static_cast<const std::uint8_t*>(request.data()) + request.size());
@@ -254,7 +275,7 @@ void bind_ising_service(nb::module_& m) {
         {
           nb::gil_scoped_release release;
           r = run_load(host, port, std::move(req), count, rate, in_flight, drain_s, rng_seed,
-                       senders);
+                       senders, spin);
         }
         return nb::make_tuple(csk::to_numpy(std::move(r.sent_ns), {count}),
                               csk::to_numpy(std::move(r.recv_ns), {count}),
@@ -263,7 +284,7 @@ void bind_ising_service(nb::module_& m) {
                               csk::to_numpy(std::move(r.energy), {count}), r.send_s);
       },
       "host"_a, "port"_a, "request"_a, "count"_a, "rate"_a, "in_flight"_a, "drain_s"_a,
-      "rng_seed"_a, "senders"_a,
+      "rng_seed"_a, "senders"_a, "spin"_a = false,
       "Send `count` copies of a request (ids 0.., seeds seed+i) from `senders` sockets, open loop "
       "at `rate`/s (Poisson) "
       "or closed loop with `in_flight` outstanding: (sent_ns, rtt_ns, status, residence_ns, "

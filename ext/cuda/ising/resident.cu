@@ -1,16 +1,26 @@
-// GPU backends of the dSB request service (resident.hpp): one thread block of 256 threads solves
-// one request. The B n_p (replica, row) pairs (n_p = n rounded up to 32) go to the threads
-// cyclically, at most 16 per thread, with their positions and momenta in registers; the 32 lanes
-// of a warp hold 32 consecutive rows of one replica, so `__ballot_sync` forms that replica's new
-// sign word directly. Coupling sums are exact integers and every float operation is the one of
-// cuscikit/dsb.hpp in the same order (this file is compiled without FMA contraction), so each
-// replica's trajectory has the bytes of the C++ reference.
+// GPU backends of the dSB request service (resident.hpp). Two solvers, both with positions and
+// momenta in registers and the new sign words formed by `__ballot_sync` (the 32 lanes of a warp
+// hold 32 consecutive rows of one replica):
+//  - warp-sized requests (binary or ternary couplings, B n_p <= 256 pairs, n_p = n rounded up to
+//    32): one warp alone, lane l holding rows l, l + 32, ... of every replica; every sign word
+//    of the request lives in every lane's registers, a step needs no barrier at all and the
+//    energy is a warp reduction (`__reduce_add_sync`);
+//  - the others: one thread block of 256 threads, the B n_p pairs cyclically over the threads
+//    (at most 16 each), sign words in shared memory, three block barriers a step.
+// Binary and ternary bit rows are read word-major (resident.hpp), so a warp's loads coalesce.
+// Coupling sums are exact integers and every float operation is the one of cuscikit/dsb.hpp in
+// the same order (this file is compiled without FMA contraction), so each replica's trajectory
+// has the bytes of the C++ reference.
 //
-// Resident mode: a persistent kernel whose blocks each claim the next ticket t (a device
-// counter), wait until the host has published ring slot t % R (acquire load of `seq`, system
-// scope, with a growing sleep), solve it, write the reply into the slot, fence, and release-store
-// `done`. The stop flag is read at most every 0.5 ms: per-iteration polling of host memory by
-// hundreds of blocks floods PCIe.
+// Resident mode: one persistent kernel. Block 0 is the dispatcher: one thread reads the two
+// rings' published counters in mapped host memory (system-scope acquire loads, back to back:
+// one outstanding PCIe read at a time) and copies them into device memory, and reads the host's
+// stop flag every ~50 us. Every other block serves a ring: its warps (warp ring) or the whole
+// block (block ring) claim the next ticket t (a device counter), wait in device memory until
+// the dispatcher has seen t published (sleeping in proportion to how far back in the line t
+// is), read slot t % R (the task, and the field unless it is the model's own, already on the
+// device), solve, write the reply into the slot, fence, and release-store `done`. So hundreds
+// of waiting servers never poll host memory: only the dispatcher does.
 #include <cuda/atomic>
 
 #include <algorithm>
@@ -34,34 +44,41 @@ using namespace csk::dsb;
 namespace wire = csk::dsb::wire;
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 constexpr int kPerThread = wire::kMaxPairs / kThreads;  // 16
 constexpr int kMaxSignWords = wire::kMaxPairs / 32;     // B * W <= 128
 constexpr int kMaxReplicas = wire::kMaxPairs / 32;      // n_p >= 32
 constexpr int kMaxWordsN = wire::kMaxN / 32;
+constexpr int kWarpWords = 8;  // B * W of a warp-sized request (B * n_p <= 256)
+constexpr unsigned kFull = 0xffffffffu;
+constexpr unsigned long long kQuit = ~0ull;
 
-// What a block needs to solve one request (device pointers; h read once into shared memory).
+// What a solver needs for one request (device pointers; the field read once into shared memory).
 struct KernelTask {
-  const std::uint32_t* plus;
-  const std::uint32_t* minus;
+  const std::uint32_t* plus_t;
+  const std::uint32_t* minus_t;
   const std::int32_t* degree;
   const std::int8_t* j8;
-  const std::int32_t* h;
+  const std::int32_t* h;  // resident: null = the slot's own copy
   int kind, n, nwords, replicas, steps;
   float dt, c0;
   unsigned long long seed;
 };
+static_assert(sizeof(KernelTask) % 4 == 0, "copied in 32-bit words");
+constexpr int kTaskWords = int(sizeof(KernelTask) / 4);
 
 // One ring slot in mapped host memory.
 struct alignas(64) Slot {
-  unsigned long long seq;   // ticket + 1 once `task` and `h` hold the request (host, release)
   unsigned long long done;  // ticket + 1 once `energy` and `signs` hold the reply (device)
   KernelTask task;
   long long energy;
+  unsigned long long solve_ns;  // the solver's time on the device (global timer)
   std::uint32_t signs[kMaxWordsN];
   std::int32_t h[wire::kMaxN];
 };
 
-struct Shared {
+// Block-sized requests: one per block.
+struct BlockShared {
   std::int32_t h[wire::kMaxN];
   std::uint32_t sign[2][kMaxSignWords];
   std::uint32_t best_signs[kMaxSignWords];
@@ -70,14 +87,178 @@ struct Shared {
   int improved[kMaxReplicas];
   KernelTask task;
   unsigned long long ticket;
-  int quit, winner;
+  int winner;
+};
+// Warp-sized requests: one per warp.
+struct WarpShared {
+  std::int32_t h[kWarps][32 * kWarpWords];
+  KernelTask task[kWarps];
+};
+union Shared {
+  BlockShared block;
+  WarpShared warp;
 };
 
-// Solves sh.task with this block; thread 0 writes the best energy, the block the best signs.
+// Row i's coupling sum with word w of the signs (the integer of word_sum_k in cuscikit/dsb.hpp).
 template <int K>
-__device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* signs_out) {
+__device__ __forceinline__ std::int32_t word_acc(const KernelTask& t, const Coupling& c, int i,
+                                                 int w, int np, std::uint32_t vw) {
+  if (K == kBinary) return __popc(__ldg(t.plus_t + w * np + i) ^ vw);
+  if (K == kTernary)
+    return __popc(__ldg(t.plus_t + w * np + i) & vw) - __popc(__ldg(t.minus_t + w * np + i) & vw);
+  return word_sum_k<kInt8>(c, i, w, vw);
+}
+
+// Solves a warp-sized request with this warp (W words a row, B <= kWarpWords / W replicas);
+// lane 0 writes the best energy, lanes 0 .. W - 1 the best signs. A step first forms every
+// row's coupling sum (independent loads, or registers: for W <= 4 the lane's W rows of W words
+// are loaded once), then updates, then forms the new sign words, so the latencies overlap.
+template <int K, int W>
+__device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long* energy_out,
+                           std::uint32_t* signs_out) {
+  constexpr int S = kWarpWords, BM = S / W;
+  constexpr bool kCached = W <= 4;
+  constexpr int CW = kCached ? W : 1;
+  const int lane = threadIdx.x & 31, n = t.n, B = t.replicas, np = 32 * W;
+  const Coupling c{t.kind, n, W, nullptr, nullptr, t.degree, nullptr, h};
+  float x[S], y[S];
+  std::uint32_t sg[S], nsg[S], bsg[S];
+  std::int32_t acc[S];
+  long long best[BM];
+  std::uint32_t cp[CW * CW], cm[CW * CW];  // word w of the lane's row r at r * W + w
+  if constexpr (kCached) {
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        cp[r * W + w] = __ldg(t.plus_t + w * np + lane + 32 * r);
+        cm[r * W + w] = K == kTernary ? __ldg(t.minus_t + w * np + lane + 32 * r) : 0u;
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < S; ++k) {
+    x[k] = 0.0f;
+    y[k] = 0.0f;
+    sg[k] = 0u;
+    bsg[k] = 0u;
+    if (k < B * W) {  // uniform across the warp
+      const int b = k / W, i = lane + 32 * (k % W);
+      if (i < n) init_spin(t.seed, std::uint32_t(i), std::uint32_t(b), 0u, x[k], y[k]);
+      sg[k] = __ballot_sync(kFull, i < n && x[k] >= 0.0f);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BM; ++b) best[b] = LLONG_MAX;
+  const float dta0 = fmul(t.dt, 1.0f);
+  for (int s = 1; s <= t.steps + 1; ++s) {
+    const bool score_only = s == t.steps + 1;  // the final pass scores s^(S)
+    const float p = score_only ? 0.0f : pump(s, t.steps, 1.0f);
+    long long twice[BM];
+#pragma unroll
+    for (int b = 0; b < BM; ++b) twice[b] = 0;
+#pragma unroll
+    for (int k = 0; k < S; ++k) {  // the coupling sums (rows >= n: unused)
+      acc[k] = 0;
+      if (k < B * W) {
+        const int b = k / W, r = k % W, i = lane + 32 * r;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const std::uint32_t vw = sg[b * W + w];
+          if constexpr (!kCached) {
+            acc[k] += word_acc<K>(t, c, i, w, np, vw);
+          } else if (K == kBinary) {
+            acc[k] += __popc(cp[r * W + w] ^ vw);
+          } else {
+            acc[k] += __popc(cp[r * W + w] & vw) - __popc(cm[r * W + w] & vw);
+          }
+        }
+      }
+    }
+    bool bits[S];
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      bits[k] = false;
+      if (k < B * W) {
+        const int b = k / W, i = lane + 32 * (k % W);
+        if (i < n) {
+          const int si = ((sg[k] >> lane) & 1u) ? 1 : -1;  // spin_of: word k % W, bit lane
+          const std::int32_t a = field(c, i, acc[k], si);
+          const long long ah = (long long)a + (long long)h[i];
+          twice[b] += si > 0 ? ah : -ah;
+          if (!score_only) {
+            update(x[k], y[k], static_cast<float>(a), p, t.c0, t.dt, dta0);
+            bits[k] = x[k] >= 0.0f;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+      nsg[k] = k < B * W && !score_only ? __ballot_sync(kFull, bits[k]) : 0u;
+#pragma unroll
+    for (int b = 0; b < BM; ++b) {
+      if (b < B) {
+        // the exact 64-bit sum from two 32-bit reductions (|twice| < 2^40 a lane)
+        const unsigned lo = __reduce_add_sync(kFull, unsigned(twice[b] & 0xffff));
+        const int hi = __reduce_add_sync(kFull, int(twice[b] >> 16));
+        const long long e = -((long long)hi * 65536 + (long long)lo) / 2;
+        if (e < best[b]) {  // uniform: every lane holds the same sum
+          best[b] = e;
+#pragma unroll
+          for (int r = 0; r < W; ++r) bsg[b * W + r] = sg[b * W + r];
+        }
+      }
+    }
+    if (!score_only) {
+#pragma unroll
+      for (int k = 0; k < S; ++k) sg[k] = nsg[k];
+    }
+  }
+  long long e = best[0];  // the lowest energy, the lowest replica on ties
+  int bb = 0;
+#pragma unroll
+  for (int b = 1; b < BM; ++b)
+    if (b < B && best[b] < e) {
+      e = best[b];
+      bb = b;
+    }
+  if (lane == 0) *energy_out = e;
+#pragma unroll
+  for (int b = 0; b < BM; ++b)
+#pragma unroll
+    for (int r = 0; r < W; ++r)
+      if (b == bb && lane == r) signs_out[r] = bsg[b * W + r];
+}
+
+template <int K>
+__device__ void solve_warp_k(const KernelTask& t, const std::int32_t* h, long long* e,
+                             std::uint32_t* s) {
+  switch (t.nwords) {
+    case 1:
+      return solve_warp<K, 1>(t, h, e, s);
+    case 2:
+      return solve_warp<K, 2>(t, h, e, s);
+    case 3:
+      return solve_warp<K, 3>(t, h, e, s);
+    case 4:
+      return solve_warp<K, 4>(t, h, e, s);
+    case 5:
+      return solve_warp<K, 5>(t, h, e, s);
+    case 6:
+      return solve_warp<K, 6>(t, h, e, s);
+    case 7:
+      return solve_warp<K, 7>(t, h, e, s);
+    default:
+      return solve_warp<K, 8>(t, h, e, s);
+  }
+}
+
+// Solves sh.task (field in sh.h) with this block; thread 0 writes the best energy, the block
+// the best signs.
+template <int K>
+__device__ void solve_block(BlockShared& sh, long long* energy_out, std::uint32_t* signs_out) {
   const KernelTask& t = sh.task;
-  const Coupling c{t.kind, t.n, t.nwords, t.plus, t.minus, t.degree, t.j8, sh.h};
+  const Coupling c{t.kind, t.n, t.nwords, nullptr, nullptr, t.degree, t.j8, sh.h};
   const int n = t.n, W = t.nwords, np = 32 * W, B = t.replicas, P = B * np;
   const int tid = threadIdx.x, lane = tid & 31;
   float x[kPerThread], y[kPerThread];
@@ -93,7 +274,7 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
     if (q < P) {  // uniform across the warp: P and the block are multiples of 32
       const int b = q / np, i = q - b * np;
       if (i < n) init_spin(t.seed, std::uint32_t(i), std::uint32_t(b), 0u, x[k], y[k]);
-      const unsigned word = __ballot_sync(0xffffffffu, i < n && x[k] >= 0.0f);
+      const unsigned word = __ballot_sync(kFull, i < n && x[k] >= 0.0f);
       if (lane == 0) sh.sign[0][b * W + (i >> 5)] = word;
     }
   }
@@ -114,7 +295,7 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
         if (i < n) {
           const int si = spin_of(v, i);
           std::int32_t acc = 0;
-          for (int w = 0; w < W; ++w) acc += word_sum_k<K>(c, i, w, v[w]);
+          for (int w = 0; w < W; ++w) acc += word_acc<K>(t, c, i, w, np, v[w]);
           const std::int32_t a = field(c, i, acc, si);
           const long long ah = (long long)a + (long long)sh.h[i];
           twice = si > 0 ? ah : -ah;
@@ -123,12 +304,12 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
             bit = x[k] >= 0.0f;
           }
         }
-        for (int off = 16; off > 0; off >>= 1) twice += __shfl_down_sync(0xffffffffu, twice, off);
+        for (int off = 16; off > 0; off >>= 1) twice += __shfl_down_sync(kFull, twice, off);
         if (lane == 0)
           atomicAdd(reinterpret_cast<unsigned long long*>(&sh.twice[b]),
                     static_cast<unsigned long long>(twice));  // integers: any order is exact
         if (!score_only) {
-          const unsigned word = __ballot_sync(0xffffffffu, bit);
+          const unsigned word = __ballot_sync(kFull, bit);
           if (lane == 0) sh.sign[cur ^ 1][b * W + (i >> 5)] = word;
         }
       }
@@ -157,8 +338,10 @@ __device__ void solve_block(Shared& sh, long long* energy_out, std::uint32_t* si
   for (int w = tid; w < W; w += kThreads) signs_out[w] = sh.best_signs[sh.winner * W + w];
 }
 
-__device__ void solve_task(Shared& sh, long long* energy_out, std::uint32_t* signs_out) {
-  for (int i = threadIdx.x; i < sh.task.n; i += kThreads) sh.h[i] = sh.task.h[i];
+// Reads the field (from the slot in mapped memory, or the model's copy) and solves sh.task.
+__device__ void solve_block_task(BlockShared& sh, const std::int32_t* h, long long* energy_out,
+                                 std::uint32_t* signs_out) {
+  for (int i = threadIdx.x; i < sh.task.n; i += kThreads) sh.h[i] = __ldcv(h + i);
   __syncthreads();
   if (sh.task.kind == kBinary) {
     solve_block<kBinary>(sh, energy_out, signs_out);
@@ -175,56 +358,137 @@ __device__ unsigned long long global_ns() {
   return t;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    resident_kernel(Slot* slots, int nslots, unsigned long long* next_ticket, const int* stop) {
-  __shared__ Shared sh;
+// The kernel's view of the rings: slots and published counters in mapped host memory, claimed
+// tickets and the dispatcher's copies of the counters in device memory.
+struct Rings {
+  Slot* slots[2];                // warp ring, block ring
+  unsigned long long* pub[2];    // host: tickets published
+  const int* stop;               // host: stop the kernel
+  unsigned long long* next[2];   // device: the next ticket to claim
+  unsigned long long* avail[2];  // device: tickets published, as the dispatcher last saw them
+  int* quit;                     // device: the dispatcher saw the stop flag
+  int nslots, block_servers;
+};
+
+// Claims the next ticket of a ring and waits until it is published (or returns kQuit).
+__device__ unsigned long long wait_ticket(const Rings& r, int ring) {
+  const unsigned long long t = atomicAdd(r.next[ring], 1ull);
+  cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> avail(*r.avail[ring]);
   while (true) {
-    if (threadIdx.x == 0) {
-      const unsigned long long t = atomicAdd(next_ticket, 1ull);
-      Slot& slot = slots[t % nslots];
-      cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> seq(slot.seq);
-      unsigned long long last = global_ns();
-      unsigned sleep = 64;
-      int quit = 0;
-      while (seq.load(cuda::memory_order_acquire) != t + 1) {
-        __nanosleep(sleep);
-        if (sleep < 16384) sleep *= 2;
-        const unsigned long long now = global_ns();
-        if (now - last > 500000ull) {  // the stop flag: at most every 0.5 ms
-          last = now;
-          if (*reinterpret_cast<const volatile int*>(stop) != 0) {
-            quit = 1;
-            break;
-          }
-        }
-      }
-      sh.ticket = t;
-      sh.quit = quit;
-      if (!quit) {
-        sh.task = slot.task;
-        sh.task.h = slot.h;  // mapped host memory, read once into shared memory
+    const unsigned long long a = avail.load(cuda::memory_order_acquire);
+    if (a > t) return t;
+    if (*reinterpret_cast<volatile int*>(r.quit) != 0) return kQuit;
+    const unsigned long long behind = t - a;  // requests to come before this one
+    __nanosleep(behind >= 64 ? 16384u : 64u + 256u * unsigned(behind));
+  }
+}
+
+// Copies the task of a slot (mapped memory, read past the caches) into shared memory.
+__device__ void read_task(const Slot* slot, KernelTask* dst, int lane, int width) {
+  const unsigned* src = reinterpret_cast<const unsigned*>(&slot->task);
+  unsigned* d = reinterpret_cast<unsigned*>(dst);
+  for (int j = lane; j < kTaskWords; j += width) d[j] = __ldcv(src + j);
+}
+
+__device__ void publish_done(Slot* slot, unsigned long long ticket) {
+  __threadfence_system();
+  cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> done(slot->done);
+  done.store(ticket + 1, cuda::memory_order_release);
+}
+
+__device__ void dispatcher(const Rings& r) {
+  if (threadIdx.x != 0) return;
+  unsigned long long seen[2] = {0ull, 0ull};
+  unsigned long long last = global_ns();
+  while (true) {
+    for (int ring = 0; ring < 2; ++ring) {
+      cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> pub(*r.pub[ring]);
+      const unsigned long long v = pub.load(cuda::memory_order_acquire);
+      if (v != seen[ring]) {
+        seen[ring] = v;
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> avail(*r.avail[ring]);
+        avail.store(v, cuda::memory_order_release);
       }
     }
+    const unsigned long long now = global_ns();
+    if (now - last > 50000ull) {  // the stop flag: every ~50 us
+      last = now;
+      if (*reinterpret_cast<const volatile int*>(r.stop) != 0) {
+        cuda::atomic_ref<int, cuda::thread_scope_device> quit(*r.quit);
+        quit.store(1, cuda::memory_order_release);
+        return;
+      }
+    }
+  }
+}
+
+__device__ void warp_server(const Rings& r, WarpShared& sh) {
+  const int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  std::int32_t* h = sh.h[wid];
+  KernelTask& task = sh.task[wid];
+  while (true) {
+    unsigned long long t = 0;
+    if (lane == 0) t = wait_ticket(r, 0);
+    t = __shfl_sync(kFull, t, 0);
+    if (t == kQuit) return;
+    Slot* slot = r.slots[0] + t % r.nslots;
+    const unsigned long long t0 = global_ns();
+    read_task(slot, &task, lane, 32);
+    __syncwarp();
+    const std::int32_t* src = task.h != nullptr ? task.h : slot->h;
+    for (int i = lane; i < task.n; i += 32) h[i] = __ldcv(src + i);
+    __syncwarp();
+    if (task.kind == kBinary) {
+      solve_warp_k<kBinary>(task, h, &slot->energy, slot->signs);
+    } else {
+      solve_warp_k<kTernary>(task, h, &slot->energy, slot->signs);
+    }
+    __syncwarp();
+    if (lane == 0) {
+      slot->solve_ns = global_ns() - t0;
+      publish_done(slot, t);
+    }
+    __syncwarp();
+  }
+}
+
+__device__ void block_server(const Rings& r, BlockShared& sh) {
+  while (true) {
+    if (threadIdx.x == 0) sh.ticket = wait_ticket(r, 1);
     __syncthreads();
-    if (sh.quit) return;
-    Slot& slot = slots[sh.ticket % nslots];
-    solve_task(sh, &slot.energy, slot.signs);
+    const unsigned long long t = sh.ticket;
+    if (t == kQuit) return;
+    Slot* slot = r.slots[1] + t % r.nslots;
+    const unsigned long long t0 = global_ns();
+    if (threadIdx.x < 32) read_task(slot, &sh.task, threadIdx.x, 32);
+    __syncthreads();
+    solve_block_task(sh, sh.task.h != nullptr ? sh.task.h : slot->h, &slot->energy, slot->signs);
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence_system();
-      cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> done(slot.done);
-      done.store(sh.ticket + 1, cuda::memory_order_release);
+      slot->solve_ns = global_ns() - t0;
+      publish_done(slot, t);
     }
     __syncthreads();
   }
 }
 
+__global__ void __launch_bounds__(kThreads, 2) resident_kernel(Rings r) {
+  __shared__ Shared sh;
+  if (blockIdx.x == 0) {
+    dispatcher(r);
+  } else if (int(blockIdx.x) <= r.block_servers) {
+    block_server(r, sh.block);
+  } else {
+    warp_server(r, sh.warp);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     launch_kernel(KernelTask task, long long* energy, std::uint32_t* signs) {
-  __shared__ Shared sh;
+  __shared__ BlockShared sh;
   if (threadIdx.x == 0) sh.task = task;
   __syncthreads();
-  solve_task(sh, energy, signs);
+  solve_block_task(sh, task.h, energy, signs);
 }
 
 // Model copies are allocated and freed on their own non-blocking stream, stream-ordered, so that
@@ -248,9 +512,18 @@ T* copy_in(const T* host, std::size_t count) {
   return d;
 }
 
+// Bit rows (n rows of W words) word-major: word w of row i at w * 32 W + i, padding rows zero.
+std::vector<std::uint32_t> word_major(const std::uint32_t* rows, int n, int W) {
+  const std::size_t np = std::size_t(32) * W;
+  std::vector<std::uint32_t> t(np * W, 0u);
+  for (int i = 0; i < n; ++i)
+    for (int w = 0; w < W; ++w) t[std::size_t(w) * np + i] = rows[std::size_t(i) * W + w];
+  return t;
+}
+
 KernelTask kernel_task(const Task& t, const std::int32_t* h) {
   const DeviceModel& m = *t.model;
-  return KernelTask{m.plus,   m.minus,    m.degree, m.j8, h,    m.kind, m.n,
+  return KernelTask{m.plus_t, m.minus_t,  m.degree, m.j8, h,    m.kind, m.n,
                     m.nwords, t.replicas, t.steps,  t.dt, t.c0, t.seed};
 }
 
@@ -262,69 +535,104 @@ void check_task(const Task& t) {
 
 }  // namespace
 
+bool warp_sized(const Task& t) {
+  return t.model->kind != kInt8 && t.replicas * t.model->nwords <= kWarpWords;
+}
+
 DeviceModel::~DeviceModel() {
-  for (void* p : {static_cast<void*>(plus), static_cast<void*>(minus), static_cast<void*>(degree),
-                  static_cast<void*>(j8)})
+  for (void* p : {static_cast<void*>(plus_t), static_cast<void*>(minus_t),
+                  static_cast<void*>(degree), static_cast<void*>(j8), static_cast<void*>(h)})
     if (p != nullptr) cudaFreeAsync(p, model_stream());
 }
 
 std::shared_ptr<DeviceModel> upload_model(int kind, int n, const std::uint32_t* plus,
                                           const std::uint32_t* minus, const std::int32_t* degree,
-                                          const std::int8_t* j8) {
+                                          const std::int8_t* j8, const std::int32_t* h) {
   if (n < 1 || n > wire::kMaxN) throw std::invalid_argument("a served model has 1 to 4096 spins");
   auto m = std::make_shared<DeviceModel>();
   m->kind = kind;
   m->n = n;
   m->nwords = (n + 31) / 32;
   const std::size_t rows = std::size_t(n) * m->nwords;
-  if (kind == kBinary || kind == kTernary) m->plus = copy_in(plus, rows);
+  std::vector<std::uint32_t> plus_t, minus_t;  // kept until the copies are done
+  if (kind == kBinary || kind == kTernary) {
+    plus_t = word_major(plus, n, m->nwords);
+    m->plus_t = copy_in(plus_t.data(), plus_t.size());
+  }
   if (kind == kTernary) {
-    m->minus = copy_in(minus, rows);
+    minus_t = word_major(minus, n, m->nwords);
+    m->minus_t = copy_in(minus_t.data(), minus_t.size());
     m->degree = copy_in(degree, std::size_t(n));
   }
   if (kind == kInt8) m->j8 = copy_in(j8, rows * 32);
+  m->h = copy_in(h, std::size_t(n));
   CSK_CUDA_CHECK(cudaStreamSynchronize(model_stream()));
   return m;
 }
 
 // ---- resident -------------------------------------------------------------------------------
 struct Resident::Impl {
-  Slot* slots = nullptr;  // host view; the device uses d_slots
-  Slot* d_slots = nullptr;
+  struct Ring {
+    Slot* host = nullptr;                    // the device uses Rings::slots
+    unsigned long long head = 0;             // next ticket (the submitting thread's)
+    std::vector<unsigned long long> ticket;  // per slot: its ticket while busy
+    std::unique_ptr<std::atomic<int>[]> busy;
+  };
+  Ring ring[2];
+  Rings dev{};
+  unsigned long long* pub = nullptr;  // host view of the published counters
   int* stop = nullptr;
-  int* d_stop = nullptr;
-  unsigned long long* d_next = nullptr;
+  unsigned long long* d_state = nullptr;
   cudaStream_t stream = nullptr;
-  int nslots = 0, nblocks = 0;
-  unsigned long long head = 0;             // next ticket (the submitting thread's)
-  std::vector<unsigned long long> ticket;  // per slot: its ticket while busy
-  std::unique_ptr<std::atomic<int>[]> busy;
+  int nslots = 0, nblocks = 0, block_servers = 0;
   std::atomic<std::uint64_t> inflight{0};
 };
 
-Resident::Resident(int slots, int blocks) : impl_(new Impl) {
-  if (slots < 1) throw std::invalid_argument("slots must be >= 1");
+Resident::Resident(int ring, int blocks) : impl_(new Impl) {
+  if (ring < 1) throw std::invalid_argument("ring must be >= 1");
   Impl& r = *impl_;
-  r.nslots = slots;
+  r.nslots = ring;
   int per_sm = 0;
   CSK_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, resident_kernel, kThreads, 0));
   const int fit = per_sm * sm_count();
-  if (fit < 1) throw std::runtime_error("the resident kernel does not fit on this GPU");
+  if (fit < 3) throw std::runtime_error("the resident kernel does not fit on this GPU");
   r.nblocks = blocks > 0 ? std::min(blocks, fit) : fit;  // all resident at once, or it deadlocks
-  CSK_CUDA_CHECK(cudaHostAlloc(&r.slots, sizeof(Slot) * slots, cudaHostAllocMapped));
-  std::memset(static_cast<void*>(r.slots), 0, sizeof(Slot) * slots);
-  CSK_CUDA_CHECK(cudaHostGetDevicePointer(&r.d_slots, r.slots, 0));
+  if (r.nblocks < 3) throw std::invalid_argument("the resident kernel needs >= 3 blocks");
+  r.block_servers = std::max(1, 3 * (r.nblocks - 1) / 4);
+  if (r.block_servers > r.nblocks - 2) r.block_servers = r.nblocks - 2;
+  for (int k = 0; k < 2; ++k) {
+    Impl::Ring& g = r.ring[k];
+    CSK_CUDA_CHECK(cudaHostAlloc(&g.host, sizeof(Slot) * ring, cudaHostAllocMapped));
+    std::memset(static_cast<void*>(g.host), 0, sizeof(Slot) * ring);
+    CSK_CUDA_CHECK(cudaHostGetDevicePointer(&r.dev.slots[k], g.host, 0));
+    g.ticket.assign(ring, 0);
+    g.busy.reset(new std::atomic<int>[ring]);
+    for (int i = 0; i < ring; ++i) g.busy[i] = 0;
+  }
+  CSK_CUDA_CHECK(cudaHostAlloc(&r.pub, 128, cudaHostAllocMapped));  // two 64-byte lines
+  std::memset(r.pub, 0, 128);
+  unsigned long long* d_pub = nullptr;
+  CSK_CUDA_CHECK(cudaHostGetDevicePointer(&d_pub, r.pub, 0));
+  r.dev.pub[0] = d_pub;
+  r.dev.pub[1] = d_pub + 8;
   CSK_CUDA_CHECK(cudaHostAlloc(&r.stop, sizeof(int), cudaHostAllocMapped));
   *r.stop = 0;
-  CSK_CUDA_CHECK(cudaHostGetDevicePointer(&r.d_stop, r.stop, 0));
+  int* d_stop = nullptr;
+  CSK_CUDA_CHECK(cudaHostGetDevicePointer(&d_stop, r.stop, 0));
+  r.dev.stop = d_stop;
   CSK_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
-  CSK_CUDA_CHECK(cudaMallocAsync(&r.d_next, sizeof(unsigned long long), r.stream));
-  CSK_CUDA_CHECK(cudaMemsetAsync(r.d_next, 0, sizeof(unsigned long long), r.stream));
-  r.ticket.assign(slots, 0);
-  r.busy.reset(new std::atomic<int>[slots]);
-  for (int i = 0; i < slots; ++i) r.busy[i] = 0;
-  resident_kernel<<<r.nblocks, kThreads, 0, r.stream>>>(r.d_slots, slots, r.d_next, r.d_stop);
+  constexpr int kLine = 16;  // 128 bytes between the device counters
+  CSK_CUDA_CHECK(cudaMallocAsync(&r.d_state, 5 * kLine * sizeof(unsigned long long), r.stream));
+  CSK_CUDA_CHECK(cudaMemsetAsync(r.d_state, 0, 5 * kLine * sizeof(unsigned long long), r.stream));
+  r.dev.next[0] = r.d_state;
+  r.dev.next[1] = r.d_state + kLine;
+  r.dev.avail[0] = r.d_state + 2 * kLine;
+  r.dev.avail[1] = r.d_state + 3 * kLine;
+  r.dev.quit = reinterpret_cast<int*>(r.d_state + 4 * kLine);
+  r.dev.nslots = ring;
+  r.dev.block_servers = r.block_servers;
+  resident_kernel<<<r.nblocks, kThreads, 0, r.stream>>>(r.dev);
   CSK_CUDA_LAUNCHED();
 }
 
@@ -332,59 +640,65 @@ Resident::~Resident() {
   Impl& r = *impl_;
   __atomic_store_n(r.stop, 1, __ATOMIC_RELEASE);
   cudaStreamSynchronize(r.stream);
-  cudaFreeAsync(r.d_next, r.stream);
+  cudaFreeAsync(r.d_state, r.stream);
   cudaStreamSynchronize(r.stream);
   cudaStreamDestroy(r.stream);
-  cudaFreeHost(r.slots);
+  for (auto& g : r.ring) cudaFreeHost(g.host);
+  cudaFreeHost(r.pub);
   cudaFreeHost(r.stop);
 }
 
 int Resident::blocks() const { return impl_->nblocks; }
-int Resident::slots() const { return impl_->nslots; }
+int Resident::block_servers() const { return impl_->block_servers; }
+int Resident::warp_servers() const { return kWarps * (impl_->nblocks - 1 - impl_->block_servers); }
+int Resident::slots() const { return 2 * impl_->nslots; }
 std::uint64_t Resident::in_flight() const { return impl_->inflight.load(); }
 
-std::int64_t Resident::free_ticket() const {
+std::int64_t Resident::free_slot(const Task& t) const {
   const Impl& r = *impl_;
-  return r.busy[r.head % r.nslots].load(std::memory_order_acquire) ? -1 : std::int64_t(r.head);
+  const int k = warp_sized(t) ? 0 : 1;
+  const int i = int(r.ring[k].head % r.nslots);
+  return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(k) * r.nslots + i;
 }
 
 std::uint64_t Resident::submit(const Task& t) {
   Impl& r = *impl_;
   check_task(t);
-  const int i = int(r.head % r.nslots);
-  if (r.busy[i].load(std::memory_order_acquire))
-    throw std::logic_error("Resident::submit: the slot is busy (call free_ticket first)");
-  Slot& s = r.slots[i];
-  s.task = kernel_task(t, nullptr);
-  std::memcpy(s.h, t.h, sizeof(std::int32_t) * t.model->n);
-  r.ticket[i] = r.head;
-  r.busy[i].store(1, std::memory_order_release);
+  const int k = warp_sized(t) ? 0 : 1;
+  Impl::Ring& g = r.ring[k];
+  const int i = int(g.head % r.nslots);
+  if (g.busy[i].load(std::memory_order_acquire))
+    throw std::logic_error("Resident::submit: the slot is busy (call free_slot first)");
+  Slot& s = g.host[i];
+  s.task = kernel_task(t, t.h != nullptr ? nullptr : t.model->h);
+  if (t.h != nullptr) std::memcpy(s.h, t.h, sizeof(std::int32_t) * t.model->n);
+  g.ticket[i] = g.head;
+  g.busy[i].store(1, std::memory_order_release);
   r.inflight++;
-  __atomic_store_n(&s.seq, r.head + 1, __ATOMIC_RELEASE);
-  return r.head++;
+  ++g.head;
+  __atomic_store_n(r.pub + 8 * k, g.head, __ATOMIC_RELEASE);
+  return std::uint64_t(k) * r.nslots + i;
 }
 
 int Resident::poll(std::vector<Done>& out, int part, int parts) {
   Impl& r = *impl_;
   int got = 0;
-  for (int i = part; i < r.nslots; i += parts) {
-    if (!r.busy[i].load(std::memory_order_acquire)) continue;
-    const Slot& s = r.slots[i];
-    if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != r.ticket[i] + 1) continue;
-    Done d;
-    d.tag = r.ticket[i];
-    d.energy = s.energy;
-    d.signs.assign(s.signs, s.signs + s.task.nwords);
-    out.push_back(std::move(d));
+  for (int j = part; j < 2 * r.nslots; j += parts) {
+    const int k = j / r.nslots, i = j - k * r.nslots;
+    const Impl::Ring& g = r.ring[k];
+    if (!g.busy[i].load(std::memory_order_acquire)) continue;
+    const Slot& s = g.host[i];
+    if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != g.ticket[i] + 1) continue;
+    out.push_back(Done{std::uint64_t(j), s.energy, s.signs, s.solve_ns});
     ++got;
   }
   return got;
 }
 
-void Resident::release(std::uint64_t ticket) {
+void Resident::release(std::uint64_t slot) {
   Impl& r = *impl_;
-  const int i = int(ticket % r.nslots);
-  r.busy[i].store(0, std::memory_order_release);
+  const int k = int(slot / r.nslots), i = int(slot % r.nslots);
+  r.ring[k].busy[i].store(0, std::memory_order_release);
   r.inflight--;
 }
 
@@ -427,10 +741,14 @@ std::int64_t Launcher::solve(const Task& t, std::vector<std::uint32_t>& signs) {
   Impl& l = *impl_;
   check_task(t);
   const int n = t.model->n, W = t.model->nwords;
-  std::memcpy(l.pinned_h, t.h, sizeof(std::int32_t) * n);
-  CSK_CUDA_CHECK(cudaMemcpyAsync(l.d_h, l.pinned_h, sizeof(std::int32_t) * n,
-                                 cudaMemcpyHostToDevice, l.stream));
-  launch_kernel<<<1, kThreads, 0, l.stream>>>(kernel_task(t, l.d_h), l.d_energy, l.d_signs);
+  const std::int32_t* h = t.model->h;
+  if (t.h != nullptr) {
+    std::memcpy(l.pinned_h, t.h, sizeof(std::int32_t) * n);
+    CSK_CUDA_CHECK(cudaMemcpyAsync(l.d_h, l.pinned_h, sizeof(std::int32_t) * n,
+                                   cudaMemcpyHostToDevice, l.stream));
+    h = l.d_h;
+  }
+  launch_kernel<<<1, kThreads, 0, l.stream>>>(kernel_task(t, h), l.d_energy, l.d_signs);
   CSK_CUDA_LAUNCHED();
   CSK_CUDA_CHECK(cudaMemcpyAsync(l.pinned_energy, l.d_energy, sizeof(long long),
                                  cudaMemcpyDeviceToHost, l.stream));

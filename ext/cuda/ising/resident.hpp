@@ -1,8 +1,8 @@
 // The GPU backends of the dSB request service, in plain C++ (no CUDA headers) so that the
 // server code compiles with the host compiler: a model copied to the device, a persistent
-// kernel serving a ring of request slots in mapped host memory (one thread block per request),
-// and the baseline that launches one kernel per request. Both run the same block solver, whose
-// bytes equal the C++ reference's (cuscikit/dsb.hpp).
+// kernel serving two rings of request slots in mapped host memory (small requests one warp
+// each, the others one thread block each), and the baseline that launches one kernel per
+// request. Every path runs a solver whose bytes equal the C++ reference's (cuscikit/dsb.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,23 +11,26 @@
 
 namespace csk::gpu::ising {
 
-// A model's couplings in device memory (freed stream-ordered, so that replacing a model while
-// the persistent kernel runs never waits for it).
+// A model's couplings and field in device memory (freed stream-ordered, so that replacing a
+// model while the persistent kernel runs never waits for it). plus_t / minus_t hold the bit
+// rows word-major (word w of row i at w * n_p + i), so that the rows of a warp load together.
 struct DeviceModel {
   int kind = 0, n = 0, nwords = 0;
-  std::uint32_t* plus = nullptr;
-  std::uint32_t* minus = nullptr;
+  std::uint32_t* plus_t = nullptr;
+  std::uint32_t* minus_t = nullptr;
   std::int32_t* degree = nullptr;
   std::int8_t* j8 = nullptr;
+  std::int32_t* h = nullptr;
   ~DeviceModel();
 };
 
 // Copies host arrays (sizes as in IsingModel.coupling_arrays(); null where the kind has none).
 std::shared_ptr<DeviceModel> upload_model(int kind, int n, const std::uint32_t* plus,
                                           const std::uint32_t* minus, const std::int32_t* degree,
-                                          const std::int8_t* j8);
+                                          const std::int8_t* j8, const std::int32_t* h);
 
-// One request for the device: the model, the field (n values), B replicas, S steps.
+// One request for the device: the model, the field (n values on the host; null: the model's
+// own, already on the device), B replicas, S steps.
 struct Task {
   const DeviceModel* model;
   const std::int32_t* h;
@@ -36,33 +39,43 @@ struct Task {
   std::uint64_t seed;
 };
 
+// A finished request: its slot, energy and best spins (valid until release(slot)), and the
+// time its solver took on the device (reading the task to writing the reply).
 struct Done {
-  std::uint64_t tag;
+  std::uint64_t slot;
   std::int64_t energy;
-  std::vector<std::uint32_t> signs;
+  const std::uint32_t* signs;
+  std::uint64_t solve_ns;
 };
 
-// The persistent kernel and its ring. One thread submits (free_ticket, then submit); collectors
-// poll disjoint parts of the ring and release a ticket once done with the request's own data.
+// True when one warp serves the task alone (binary or ternary couplings, B * n_p <= 256).
+bool warp_sized(const Task& t);
+
+// The persistent kernel and its two rings (warp-sized requests, block-sized requests). Slots
+// are numbered 0 .. 2 * ring - 1 (the warp ring first). One thread submits (free_slot, then
+// submit); collectors poll disjoint parts of the slots and release a slot once done with it.
 class Resident {
  public:
-  // slots: ring size; blocks: persistent blocks (0: as many as fit on the device at once).
-  Resident(int slots, int blocks);
-  ~Resident();  // stops the kernel (it polls the stop flag at most every 0.5 ms) and waits
+  // ring: slots per ring; blocks: persistent blocks of 256 threads (0: as many as fit on the
+  // device at once), one of them the dispatcher, half of the rest serving block-sized requests
+  // and the others eight warp-sized requests at a time (one per warp).
+  Resident(int ring, int blocks);
+  ~Resident();  // stops the kernel (the dispatcher reads the stop flag every ~50 us) and waits
   Resident(const Resident&) = delete;
   Resident& operator=(const Resident&) = delete;
 
   int blocks() const;
-  int slots() const;
-  // The ticket the next submit() gets, or -1 while its slot is still in use (the ring is full).
-  std::int64_t free_ticket() const;
-  // Publishes a task in the next slot (free_ticket() must not be -1); returns its ticket.
+  int block_servers() const;
+  int warp_servers() const;
+  int slots() const;  // both rings
+  // The slot the task's next submit() takes, or -1 while that slot is still in use.
+  std::int64_t free_slot(const Task& t) const;
+  // Publishes a task in its ring's next slot (free_slot(t) must not be -1); returns the slot.
   std::uint64_t submit(const Task& t);
-  // Appends the finished requests (tag = ticket) of slots part, part + parts, ... to `out`;
-  // returns how many. Each stays reported until release(ticket). Several collectors may poll
-  // disjoint parts at once.
+  // Appends the finished requests of slots part, part + parts, ... to `out`; returns how many.
+  // Each stays reported until release(slot). Several collectors may poll disjoint parts.
   int poll(std::vector<Done>& out, int part = 0, int parts = 1);
-  void release(std::uint64_t ticket);
+  void release(std::uint64_t slot);
   std::uint64_t in_flight() const;
 
  private:

@@ -1,11 +1,13 @@
 // The dSB request service with GPU workers (`cuscikit._cuda.ising.Server`): the front end of
 // ext/cpu/ising/server.hpp with the backends of resident.hpp. Mode "resident": one feeder thread
-// moves queued requests into the persistent kernel's ring and one collector thread sends the
-// replies (param: persistent blocks, 0 = as many as fit). Mode "launch": `param` threads, each
-// launching one kernel per request on its own stream (the baseline).
+// moves queued requests into the persistent kernel's rings and `collectors` threads (each
+// scanning its share of the slots) send the replies (param: persistent blocks, 0 = as many as
+// fit). Mode "launch": `param` threads, each launching one kernel per request on its own stream
+// (the baseline).
 #ifdef __linux__
 #include <nanobind/nanobind.h>
 
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -23,7 +25,7 @@ namespace {
 
 gi::Task task_of(const svc::Job& job) {
   const svc::Model& m = *job.model;
-  const std::int32_t* h = job.field.empty() ? m.h.data() : job.field.data();
+  const std::int32_t* h = job.field.empty() ? nullptr : job.field.data();  // null: the model's
   return gi::Task{static_cast<const gi::DeviceModel*>(m.device.get()),
                   h,
                   int(job.req.replicas),
@@ -34,14 +36,15 @@ gi::Task task_of(const svc::Job& job) {
 }
 
 struct GpuWorkers {
-  static constexpr int kCollectors = 4;  // reply threads (each polls a quarter of the ring)
   std::string mode;
-  int param;
+  int param, collectors;
   std::unique_ptr<gi::Resident> resident;
   std::vector<svc::Job> held;  // resident: the job of each ring slot
   std::atomic<bool> feeder_done{false};
+  std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0};  // resident: device time
 
-  GpuWorkers(const std::string& m, int p) : mode(m), param(p) {
+  GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
+    if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
     if (mode == "resident") {
       resident = std::make_unique<gi::Resident>(1024, param);
       held.resize(std::size_t(resident->slots()));
@@ -53,8 +56,8 @@ struct GpuWorkers {
   }
 
   void prepare(svc::Model& m) {
-    m.device =
-        gi::upload_model(m.kind, m.n, m.plus.data(), m.minus.data(), m.degree.data(), m.j8.data());
+    m.device = gi::upload_model(m.kind, m.n, m.plus.data(), m.minus.data(), m.degree.data(),
+                                m.j8.data(), m.h.data());
   }
 
   std::vector<svc::Server::Worker> workers() {
@@ -89,10 +92,10 @@ struct GpuWorkers {
           continue;
         }
         for (svc::Job& job : jobs) {
-          std::int64_t t;
-          while ((t = resident->free_ticket()) < 0) std::this_thread::yield();
           const gi::Task task = task_of(job);
-          held[std::size_t(t) % held.size()] = std::move(job);
+          std::int64_t slot;
+          while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+          held[std::size_t(slot)] = std::move(job);
           resident->submit(task);
         }
       }
@@ -103,35 +106,50 @@ struct GpuWorkers {
       svc::UdpBatch out;
       while (true) {
         done.clear();
-        if (resident->poll(done, part, kCollectors) == 0) {
+        if (resident->poll(done, part, collectors) == 0) {
           if (feeder_done && resident->in_flight() == 0) return;
           std::this_thread::yield();
           continue;
         }
         for (const gi::Done& d : done) {
-          svc::Job& job = held[d.tag % held.size()];
-          s.reply_ok(job, d.energy, d.signs.data(), out);
+          svc::Job& job = held[d.slot];
+          s.reply_ok(job, d.energy, d.signs, out);
+          solved++;
+          solve_ns += d.solve_ns;
+          std::uint64_t m = solve_max_ns.load();
+          while (d.solve_ns > m && !solve_max_ns.compare_exchange_weak(m, d.solve_ns)) {
+          }
           job.model.reset();
           job.tcp.reset();
-          resident->release(d.tag);
+          resident->release(d.slot);
         }
         s.flush(out, std::size_t(part));
       }
     };
     std::vector<svc::Server::Worker> all{feeder};
-    for (int c = 0; c < kCollectors; ++c)
+    for (int c = 0; c < collectors; ++c)
       all.push_back([collector, c](svc::Server& s) { collector(s, c); });
     return all;
   }
 
   void stop() { resident.reset(); }
 
+  void add_stats(std::map<std::string, std::uint64_t>& st) {
+    if (mode != "resident") return;
+    st["device_solved"] = solved.load();
+    st["device_solve_ns"] = solve_ns.load();
+    st["device_solve_max_ns"] = solve_max_ns.load();
+  }
+
   std::string info() {
     if (mode == "launch")
       return "cuda, one launch per request, " + std::to_string(param) + " stream(s)";
-    return "cuda, resident kernel, " + std::to_string(resident ? resident->blocks() : 0) +
-           " blocks of 256 threads, ring of " + std::to_string(held.size()) + " slots, " +
-           std::to_string(kCollectors) + " collectors";
+    if (!resident) return "cuda, resident kernel (stopped)";
+    return "cuda, resident kernel, " + std::to_string(resident->blocks()) +
+           " blocks of 256 threads (" + std::to_string(resident->warp_servers()) +
+           " warp servers, " + std::to_string(resident->block_servers()) +
+           " block servers, 1 dispatcher), 2 rings of " + std::to_string(held.size() / 2) +
+           " slots, " + std::to_string(collectors) + " collectors";
   }
 };
 
