@@ -230,3 +230,22 @@ def test_gpu_inner_steps_match_cpu_inner_steps():
     gpu = _runner(mol, "cuda", pipeline="gpu", inner_steps=2).run(20, progress=False).history
     np.testing.assert_allclose(gpu["e_coupled"], cpu["e_coupled"], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(gpu["n_space"], cpu["n_space"])
+
+
+def test_weight_growth_on_the_gpu_matches_the_cpu():
+    """Growth by weight (first-order top-K on the device, torch.topk) against the host path:
+    the same sizes every iteration, the same energies and weights outside S, the budget kept."""
+    mol = Molecule.load("H2O")
+    budget = 620_000  # binds from the third iteration on (H2O, K = 64)
+    kw = dict(growth="weight", add_weight=1e-7, space_memory=budget)
+    cpu = _runner(mol, "cpu", **kw).run(8, progress=False).history
+    gpu_runner = _runner(mol, "cuda", pipeline="gpu", **kw)
+    gpu = gpu_runner.run(8, progress=False).history
+    assert gpu_runner.active_pipeline == "gpu"
+    assert cpu["n_new"].sum() > 0  # S grew by weight
+    assert cpu["bytes_planned"].max() > 0.9 * budget  # and the budget took part
+    np.testing.assert_array_equal(gpu["n_space_next"], cpu["n_space_next"])
+    np.testing.assert_array_equal(gpu["n_new"], cpu["n_new"])
+    np.testing.assert_allclose(gpu["e_variational"], cpu["e_variational"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gpu["weight_outside"], cpu["weight_outside"], rtol=1e-6)
+    assert (gpu["bytes_planned"] <= budget).all()
