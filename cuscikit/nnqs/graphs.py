@@ -43,6 +43,18 @@ import torch
 __all__ = ["InferenceGraph", "OptimizerGraph", "bucket", "unsupported_reason"]
 
 _MIN_BUCKET = 64
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device) -> torch.cuda.Stream:
+    """The warm-up stream of a device, one for the process: torch keeps a cuBLAS workspace for
+    every stream that ran a product, so a new stream per recording would hold tens of MiB each
+    until the process ends."""
+    device = torch.device(device)
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(key)
+    return _SIDE_STREAMS[key]
 
 
 def bucket(n: int) -> int:
@@ -239,7 +251,7 @@ class OptimizerGraph:
 
     def _capture(self) -> None:
         """Warm up (gradients only, nothing applied) on a side stream, then record."""
-        side = torch.cuda.Stream(self.device)
+        side = _side_stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -375,7 +387,7 @@ class InferenceGraph:
             self._graphs.pop(next(iter(self._graphs)))
         dev = tokens.device
         tok = tokens[:1].expand(cap, -1).clone()
-        side = torch.cuda.Stream(dev)
+        side = _side_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.no_grad():
             with torch.cuda.stream(side):
