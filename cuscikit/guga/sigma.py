@@ -58,7 +58,8 @@ class _OneThreadBlas:
     """numpy's OpenBLAS on one thread inside the block (restored after), found as threadpoolctl
     finds it: its worker threads busy-wait after every call and take the cores from the loop
     kernels that follow each GEMM (measured: a CAS(12,12) sigma 0.41 s instead of 0.26 s on
-    2 cores). The engine runs its GEMMs on its own threads, one slab of rows each. A no-op where
+    2 cores with the loops). The engine runs its GEMMs on its own threads, one slab of rows
+    each, for both methods. A no-op where
     no OpenBLAS is loaded (or not on Linux)."""
 
     _fns = None
@@ -253,19 +254,20 @@ class Engine:
             X = np.empty((rows, naux)) if naux else None
             self._work = work = (np.empty((rows, ld)), np.empty((rows, npair)), naux, X)
         T_all, G_all, _, X_all = work
-        for i in range(len(self.blocks)):
-            for args, _, count in self._chunks(i):
-                T, G = T_all[:count], G_all[:count]
-                self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
-                if A is None:
-                    np.matmul(T, V, out=G)
-                else:
-                    X = X_all[:count]
-                    np.matmul(T, A, out=X)
-                    np.matmul(X, B, out=G)
-                self.mod.scatter_pairs(
-                    self.core, *args, self.symmap, npair, G, sigma, self.nthreads
-                )
+        with _OneThreadBlas():
+            for i in range(len(self.blocks)):
+                for args, _, count in self._chunks(i):
+                    T, G = T_all[:count], G_all[:count]
+                    self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
+                    if A is None:
+                        self._gemm(T, V, G)
+                    else:
+                        X = X_all[:count]
+                        self._gemm(T, A, X)
+                        self._gemm(X, B, G)
+                    self.mod.scatter_pairs(
+                        self.core, *args, self.symmap, npair, G, sigma, self.nthreads
+                    )
         return sigma[0] if nbuf == 1 else sigma.sum(axis=0)
 
     def _contract_loops(self, c, sigma, V, A, B) -> np.ndarray:
@@ -291,22 +293,7 @@ class Engine:
             naux = 0 if W2 is None else W1.shape[0]
             self._work = (key, np.empty(ld * rows), np.empty(npair * rows), np.empty(naux * rows))
         _, Tb, Gb, Xb = self._work
-        nslab = sigma.shape[0]
-        pool = self._pool(nslab)
-
-        def gemm(W, T, out):  # out = W T, one slab of W's rows per thread
-            cuts = np.linspace(0, W.shape[0], nslab + 1).astype(int)
-            if pool is None:
-                np.matmul(W, T, out=out)
-                return
-            jobs = [
-                pool.submit(np.matmul, W[a:b], T, out=out[a:b])
-                for a, b in zip(cuts[:-1], cuts[1:], strict=True)
-                if b > a
-            ]
-            for j in jobs:
-                j.result()
-
+        gemm = self._gemm
         with _OneThreadBlas():
             for k0, count in self.blocks:
                 T = Tb[: ld * count].reshape(ld, count)
@@ -320,6 +307,21 @@ class Engine:
                     gemm(W2, X, G)
                 mod.loop_scatter_pairs(core, tab, sym, npair, G, k0, count, sigma, nt)
         return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+
+    def _gemm(self, left, right, out) -> None:
+        """out = left right, one slab of left's rows per engine thread (BLAS on one thread)."""
+        n = self.nthreads or self.mod.max_threads()
+        pool = self._pool(n)
+        if pool is None or left.shape[0] < 2 * n:
+            np.matmul(left, right, out=out)
+            return
+        cuts = np.linspace(0, left.shape[0], n + 1).astype(int)
+        jobs = [
+            pool.submit(np.matmul, left[a:b], right, out=out[a:b])
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+        ]
+        for j in jobs:
+            j.result()
 
     def _pool(self, n: int):
         """A pool of n threads for the GEMM slabs (None for one thread)."""
