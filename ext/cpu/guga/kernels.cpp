@@ -530,7 +530,7 @@ LoopTable build_loops(const Drt& drt, int split) {
 namespace {
 
 // Output ranges of this many CSFs: one thread writes each (no races, the order of the sums fixed).
-constexpr std::int64_t kSub = 1024;
+constexpr std::int64_t kSub = 4096;
 
 // Output ranges of about kSub CSFs in [k0, k0 + count) whose borders are cell borders of the
 // table (where it has cells and k0, k0 + count are such borders): then the kets (and the bras) of
@@ -566,7 +566,7 @@ struct HeadVisit {
 // [a, b) come in tiles of about kTile CSFs (the entries of a head run over the tile: short loops
 // of many upper walks are one tight loop); those that straddle a border come one by one, to be
 // cut, and heads whose kets and bras both miss [a, b) are skipped.
-constexpr std::int64_t kTile = 512;
+constexpr std::int64_t kTile = 4096;
 
 template <class Visit>
 void visit_heads(const Drt& drt, const LoopTable& t, std::int64_t a, std::int64_t b,
