@@ -4,7 +4,8 @@ N2/cc-pVDZ at 1.098 A, RHF orbitals, CASCI(10,10) and (12,12) (``--sizes 10 12 1
 singlet and triplet. Every solver runs in a process of its own, one after the other and, with
 ``--rounds R``, R times alternating, so that a shared machine loads them alike. Each process
 first solves (conv_tol 1e-10, one root, no guess; the time includes every setup: for GUGA the
-DRT and the coupling lists; wall and CPU seconds of the process, the latter summed over its
+DRT and the loop table, or the coupling lists with ``--sigma-method lists``; wall and CPU
+seconds of the process, the latter summed over its
 threads and less sensitive to other jobs) and reads its peak resident memory, then times one
 sigma vector (H c) on a random vector (median and best of ``--repeat``). The anchor is PySCF's
 direct_spin1 with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin
@@ -12,7 +13,7 @@ penalty, the lowest state of the M sector), direct_spin0 for singlets, pyscf-for
 when it is installed (the script says so when it is not), and with ``--df TOL`` GUGA with the
 integrals factored by pivoted Cholesky to TOL. ``--sigma-only`` skips the solves (for
 CAS(14,14) on a small machine); the memory is then that of the sigma. ``--max-memory MB`` caps
-GUGA's memory (coupling lists beyond the cap are searched again on every sigma).
+GUGA's memory (with the lists: those beyond the cap are searched again on every sigma).
 
     python benchmarks/guga_cpu.py [--threads 2] [--sizes 10 12] [--repeat 3] [--rounds 1]
 """
@@ -71,15 +72,18 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         kw = {"df": True, "df_tol": opts["df"]} if method == "guga+df" else {}
         if opts["max_memory"] is not None:
             kw["max_memory"] = opts["max_memory"]
+        if opts.get("sigma_method"):
+            kw["sigma_method"] = opts["sigma_method"]
         solver = GUGASolver(spin=twos, threads=threads, conv_tol=1e-10, **kw)
         t0, c0 = time.perf_counter(), time.process_time()
-        eng, matvec = solver._hop(h1, eri, ncas, nelec)  # DRT, integrals, every coupling list
-        for i in range(len(eng.blocks)):
-            eng.lists(i)
+        eng, matvec = solver._hop(h1, eri, ncas, nelec)  # DRT, integrals, loop table
+        if eng.method == "lists":  # every coupling list (as far as the budget keeps them)
+            for i in range(len(eng.blocks)):
+                eng.lists(i)
         out["setup_s"] = time.perf_counter() - t0
         out["setup_cpu_s"] = time.process_time() - c0
         out["size"] = eng.ncsf
-        out["list_mib"] = eng.list_bytes / 2**20
+        out["list_mib"] = (eng.list_bytes + eng.loop_bytes) / 2**20
         if solve:
             t1, c1 = time.perf_counter(), time.process_time()
             e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
@@ -169,6 +173,12 @@ def main() -> None:
     ap.add_argument("--df", type=float, default=None, help="also GUGA with Cholesky to TOL")
     ap.add_argument("--no-others", action="store_true", help="only the anchor and GUGA")
     ap.add_argument(
+        "--sigma-method",
+        choices=("loops", "lists"),
+        default=None,
+        help="GUGA's sigma: loop-driven or per-ket lists (default: the solver's)",
+    )
+    ap.add_argument(
         "--max-memory",
         type=float,
         default=None,
@@ -176,7 +186,7 @@ def main() -> None:
         "half of what the vectors leave are searched again on every sigma)",
     )
     args = ap.parse_args()
-    opts = {"df": args.df, "max_memory": args.max_memory}
+    opts = {"df": args.df, "max_memory": args.max_memory, "sigma_method": args.sigma_method}
     solve = not args.sigma_only
     # every BLAS of every solver on the same number of threads (numpy's OpenBLAS would take
     # all cores otherwise); the spawned processes inherit this before they import numpy
@@ -241,7 +251,7 @@ def main() -> None:
                     "E (Ha)",
                     "dE",
                     "peak MiB",
-                    "lists MiB",
+                    "tables MiB",
                 ],
                 rows,
             )

@@ -1,10 +1,11 @@
 """GUGA CI on a CUDA GPU: the operator-direct sigma with every vector resident on the device.
 
-The CPU engine (`cuscikit.guga.sigma.Engine`) stores coupling lists and scatters into one
-buffer per thread. On the GPU nothing is stored: each CSF's loops are searched again by the
-thread that owns it (cuscikit/guga_loops.hpp, the same code the CPU extension runs over a host
-loop in ``_core.guga_rows``), and both halves of sigma are gathers, so every output is summed by
-one thread in a fixed order and repeated runs agree bit for bit:
+The CPU engine (`cuscikit.guga.sigma.Engine`) applies a table of loops to ranges of CSFs (or
+stored coupling lists) and scatters into one buffer per thread. On the GPU nothing is stored:
+each CSF's loops are searched again by the thread that owns it (cuscikit/guga_loops.hpp, the
+same code the CPU extension runs over a host loop in ``_core.guga_rows``), and both halves of
+sigma are gathers, so every output is summed by one thread in a fixed order and repeated runs
+agree bit for bit:
 
 1. T[k, P] = ((E_pq + E_qp) c)_k and T[k, P(r,r)] = n_r(k) c_k, plus a column c_k (kernel
    ``gather``, one thread per ket k of a tile of rows);

@@ -1,16 +1,25 @@
-"""Operator-direct sigma, diagonal and density matrices over the coupling lists of a DRT.
+"""Operator-direct sigma, diagonal and density matrices of a DRT, loop-driven or over lists.
 
 With real orbitals, H = sum_pq h'_pq E_pq + 1/2 sum_pqrs (pq|rs) E_pq E_rs + ecore where
-h'_pq = h_pq - 1/2 sum_r (pr|rq). For a block of kets k and the symmetric pairs P = (p >= q),
+h'_pq = h_pq - 1/2 sum_r (pr|rq). For a block of CSFs k and the symmetric pairs P = (p >= q),
 
-1. T[k, P] = ((E_pq + E_qp) c)_k (p != q), T[k, P(r,r)] = n_r(k) c_k: a gather over the lists;
-2. G = 1/2 T V + c (x) h' with V the 4-fold packed integrals: one GEMM;
-3. sigma_m += sum_P <m|E_pq + E_qp|k> G[k, P] (E_rr for the diagonal pairs): a scatter, each
+1. T[P, k] = ((E_pq + E_qp) c)_k (p != q), T[P(r,r), k] = n_r(k) c_k: a gather;
+2. G = 1/2 V T + h' (x) c with V the 4-fold packed integrals: one GEMM over npair = n(n+1)/2
+   pairs (the real-orbital symmetries (pq|rs) = (pq|sr) and g_pq = g_qp);
+3. sigma_m += sum_P <m|E_pq + E_qp|k> G[P, k] (E_rr for the diagonal pairs): a scatter, each
    thread into a buffer of its own, summed at the end (no races).
 
-The lists hold every <m|E_pq|k> != 0 of a block's kets, found by loop search through the DRT
-(one search per ket into per-thread buffers, then copied into place). They are kept between
-sigma calls while they fit the memory budget; blocks beyond it are searched again on every call.
+Two forms of steps 1 and 3:
+
+- ``method="loops"`` (default): the loops of the DRT, each a pair of partial walks (ket and bra)
+  from a bottom vertex to a top vertex with its coupling value, are enumerated once per DRT
+  (factored at a middle level into lower and upper parts, so the table is small) and applied to
+  every upper walk U of the top vertex: ket U + off_ket + l and bra U + off_bra + l for the
+  lower walks l = 0 .. L[bottom] - 1, one contiguous axpy each. Nothing is stored per CSF; each
+  output range of CSFs is written by one thread.
+- ``method="lists"``: every <m|E_pq|k> != 0 of a block's kets is found by loop search per ket and
+  kept between calls while the lists fit the budget (14 bytes per coupling); blocks beyond it are
+  searched again on every call.
 
 Example:
     >>> import numpy as np
@@ -42,22 +51,95 @@ def pair_index(norb: int) -> np.ndarray:
     return (hi * (hi + 1) // 2 + lo).astype(np.int32)
 
 
-class Engine:
-    """The compiled loop search and the sigma / RDM kernels for one DRT.
+METHODS = ("loops", "lists")
 
-    The CSFs are split into blocks of `rows` kets. The coupling lists of a block are found by one
-    loop search per ket the first time the block is used and kept while the kept lists stay within
-    `budget` bytes; blocks beyond it are searched again on every call (streamed), so memory stays
-    at the budget plus one block.
+
+class _OneThreadBlas:
+    """numpy's OpenBLAS on one thread inside the block (restored after), found as threadpoolctl
+    finds it: its worker threads busy-wait after every call and take the cores from the loop
+    kernels that follow each GEMM (measured: a CAS(12,12) sigma 0.41 s instead of 0.26 s on
+    2 cores with the loops). The engine runs its GEMMs on its own threads, one slab of rows
+    each, for both methods. A no-op where
+    no OpenBLAS is loaded (or not on Linux)."""
+
+    _fns = None
+
+    @classmethod
+    def _find(cls):
+        if cls._fns is None:
+            cls._fns = ()
+            try:
+                import ctypes
+
+                with open("/proc/self/maps") as f:
+                    paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower()})
+                for path in paths:
+                    lib = ctypes.CDLL(path)
+                    for pre in ("scipy_openblas_", "openblas_"):
+                        for suf in ("64_", ""):
+                            get = getattr(lib, f"{pre}get_num_threads{suf}", None)
+                            put = getattr(lib, f"{pre}set_num_threads{suf}", None)
+                            if get is not None and put is not None:
+                                cls._fns += ((get, put),)
+                                break
+            except OSError:
+                cls._fns = ()
+        return cls._fns
+
+    def __enter__(self):
+        self._old = [(put, get()) for get, put in self._find()]
+        for put, _ in self._old:
+            put(1)
+        return self
+
+    def __exit__(self, *exc):
+        for put, n in self._old:
+            put(n)
+
+
+def _aligned_blocks(cells: np.ndarray, ncsf: int, rows: int) -> list:
+    """Blocks of at most `rows` CSFs (or one cell, if larger) that begin and end on cell borders."""
+    blocks, k0 = [], 0
+    starts = np.append(np.asarray(cells, dtype=np.int64), ncsf)
+    while k0 < ncsf:
+        # the last border within k0 + rows, but at least the next border
+        i = int(np.searchsorted(starts, k0 + rows, side="right")) - 1
+        k1 = int(starts[i])
+        if k1 <= k0:
+            k1 = int(starts[np.searchsorted(starts, k0, side="right")])
+        blocks.append((k0, k1 - k0))
+        k0 = k1
+    return blocks
+
+
+class Engine:
+    """The compiled loop kernels and the sigma / RDM steps for one DRT.
+
+    The CSFs are split into blocks of `rows` (the gather / GEMM / scatter step; T and G take
+    8 (2 npair + 1) rows bytes). With ``method="loops"`` the loop table is built once (see
+    `loop_bytes`); with ``method="lists"`` the coupling lists of a block are found by one loop
+    search per ket the first time the block is used and kept while the kept lists stay within
+    `budget` bytes; blocks beyond it are searched again on every call (streamed).
 
     Args:
         drt: the table.
-        budget: bytes the kept lists may take.
+        budget: bytes the kept lists may take (lists only).
         nthreads: OpenMP threads (0: the runtime's default).
-        rows: kets per block (and per gather / GEMM / scatter step).
+        rows: CSFs per block.
+        method: "loops" (loop-driven, nothing stored per CSF) or "lists".
     """
 
-    def __init__(self, drt: DRT, budget: int = 2**31, nthreads: int = 0, rows: int = 32768):
+    def __init__(
+        self,
+        drt: DRT,
+        budget: int = 2**31,
+        nthreads: int = 0,
+        rows: int = 32768,
+        method: str = "loops",
+    ):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.method = method
         self.drt = drt
         self.core = drt.core
         self.mod = load()
@@ -69,15 +151,32 @@ class Engine:
         self.npair = n * (n + 1) // 2
         self.symmap = pair_index(n)
         self.ncsf = drt.n_csf
-        self.steps = drt.steps()
+        self._steps = None
+        self.table = self.mod.LoopTable(self.core) if method == "loops" else None
         self.budget = int(budget)
         rows = max(1, int(rows))
-        self.blocks = [(k0, min(rows, self.ncsf - k0)) for k0 in range(0, self.ncsf, rows)]
+        cells = self.table.cells() if self.table is not None else ()
+        if len(cells):  # blocks on cell borders: the loop kernels then cut no loop
+            self.blocks = _aligned_blocks(cells, self.ncsf, rows)
+        else:
+            self.blocks = [(k0, min(rows, self.ncsf - k0)) for k0 in range(0, self.ncsf, rows)]
         self.rows = rows
         self._lists: dict[int, tuple] = {}
         self._held = 0  # bytes of the kept lists
         self._streamed: set[int] = set()  # blocks that did not fit the budget
         self._work = None  # (T, G) buffers reused between calls
+
+    @property
+    def steps(self) -> np.ndarray:
+        """(ncsf, norb) uint8 step vectors (made on first use)."""
+        if self._steps is None:
+            self._steps = self.drt.steps()
+        return self._steps
+
+    @property
+    def loop_bytes(self) -> int:
+        """Bytes of the loop table (0 with the lists)."""
+        return 0 if self.table is None else int(self.table.nbytes)
 
     @property
     def cached(self) -> bool:
@@ -107,6 +206,9 @@ class Engine:
         """Row ranges of block i, each at most `rows` kets: the list arguments of each and the
         (start, count) of its kets (work buffers stay small whatever the block)."""
         k0, count = self.blocks[i]
+        if self.method == "loops":  # nothing per block: the loop kernels take (k0, count)
+            yield None, k0, count
+            return
         off, bra, code, w = self.lists(i)
         for a in range(0, count, self.rows):
             b = min(count, a + self.rows)
@@ -144,26 +246,92 @@ class Engine:
             V = np.ascontiguousarray(V, dtype=np.float64)
             A = B = None
             naux = 0
+        if self.method == "loops":
+            return self._contract_loops(c, sigma, V, A, B)
         rows = min(self.rows, max(count for _, count in self.blocks))
         work = self._work
         if work is None or work[0].shape[0] < rows or work[0].shape[1] != ld or work[2] != naux:
             X = np.empty((rows, naux)) if naux else None
             self._work = work = (np.empty((rows, ld)), np.empty((rows, npair)), naux, X)
         T_all, G_all, _, X_all = work
-        for i in range(len(self.blocks)):
-            for args, _, count in self._chunks(i):
-                T, G = T_all[:count], G_all[:count]
-                self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
-                if A is None:
-                    np.matmul(T, V, out=G)
-                else:
-                    X = X_all[:count]
-                    np.matmul(T, A, out=X)
-                    np.matmul(X, B, out=G)
-                self.mod.scatter_pairs(
-                    self.core, *args, self.symmap, npair, G, sigma, self.nthreads
-                )
+        with _OneThreadBlas():
+            for i in range(len(self.blocks)):
+                for args, _, count in self._chunks(i):
+                    T, G = T_all[:count], G_all[:count]
+                    self.mod.gather_pairs(self.core, *args, self.symmap, npair, c, T, self.nthreads)
+                    if A is None:
+                        self._gemm(T, V, G)
+                    else:
+                        X = X_all[:count]
+                        self._gemm(T, A, X)
+                        self._gemm(X, B, G)
+                    self.mod.scatter_pairs(
+                        self.core, *args, self.symmap, npair, G, sigma, self.nthreads
+                    )
         return sigma[0] if nbuf == 1 else sigma.sum(axis=0)
+
+    def _contract_loops(self, c, sigma, V, A, B) -> np.ndarray:
+        """The loop-driven sigma in column form: T (ld, count), G = W T (npair, count) with
+        W = V^T (V = [V; h] as `contract` extends it), or G = B^T (A^T T) for factors."""
+        npair, mod, core, tab, sym, nt = (
+            self.npair,
+            self.mod,
+            self.core,
+            self.table,
+            self.symmap,
+            self.nthreads,
+        )
+        if A is None:
+            ld = V.shape[0]
+            W1, W2 = np.ascontiguousarray(V.T), None
+        else:
+            ld = A.shape[0]
+            W1, W2 = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
+        rows = max(count for _, count in self.blocks)
+        key = ("loops", rows, ld, 0 if W2 is None else W1.shape[0])
+        if self._work is None or self._work[0] != key:
+            naux = 0 if W2 is None else W1.shape[0]
+            self._work = (key, np.empty(ld * rows), np.empty(npair * rows), np.empty(naux * rows))
+        _, Tb, Gb, Xb = self._work
+        gemm = self._gemm
+        with _OneThreadBlas():
+            for k0, count in self.blocks:
+                T = Tb[: ld * count].reshape(ld, count)
+                G = Gb[: npair * count].reshape(npair, count)
+                mod.loop_gather_pairs(core, tab, sym, npair, c, T, k0, count, nt)
+                if W2 is None:
+                    gemm(W1, T, G)
+                else:
+                    X = Xb[: W1.shape[0] * count].reshape(W1.shape[0], count)
+                    gemm(W1, T, X)
+                    gemm(W2, X, G)
+                mod.loop_scatter_pairs(core, tab, sym, npair, G, k0, count, sigma, nt)
+        return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+
+    def _gemm(self, left, right, out) -> None:
+        """out = left right, one slab of left's rows per engine thread (BLAS on one thread)."""
+        n = self.nthreads or self.mod.max_threads()
+        pool = self._pool(n)
+        if pool is None or left.shape[0] < 2 * n:
+            np.matmul(left, right, out=out)
+            return
+        cuts = np.linspace(0, left.shape[0], n + 1).astype(int)
+        jobs = [
+            pool.submit(np.matmul, left[a:b], right, out=out[a:b])
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+        ]
+        for j in jobs:
+            j.result()
+
+    def _pool(self, n: int):
+        """A pool of n threads for the GEMM slabs (None for one thread)."""
+        if n <= 1:
+            return None
+        if getattr(self, "_gemm_pool", None) is None or self._gemm_pool[0] != n:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._gemm_pool = (n, ThreadPoolExecutor(n, thread_name_prefix="guga-gemm"))
+        return self._gemm_pool[1]
 
     def diagonal(self, h1: np.ndarray, eri4: np.ndarray) -> np.ndarray:
         """Exact <m|H - ecore|m> of every CSF, from h1 (n, n) and 4-fold packed ERIs."""
@@ -173,9 +341,17 @@ class Engine:
         J = g[sym.diagonal()][:, sym.diagonal()]  # (pp|rr)
         K = g[sym, sym.T]  # K[p, q] = (pq|qp)
         hp = np.diag(h1) - 0.5 * K.sum(axis=1)  # h'_pp = h_pp - 1/2 sum_r (pr|rp)
-        occ = OCC[self.steps].astype(np.float64)
-        out = occ @ hp + 0.5 * np.einsum("kp,pr,kr->k", occ, J, occ, optimize=True)
         Kc = np.ascontiguousarray(K.reshape(-1))
+        out = np.empty(self.ncsf)
+        for k0, count in self.blocks:
+            occ = OCC[self.drt.steps(k0, count)].astype(np.float64)
+            out[k0 : k0 + count] = occ @ hp + 0.5 * np.einsum("kp,pr,kr->k", occ, J, occ)
+        if self.method == "loops":
+            for k0, count in self.blocks:
+                out[k0 : k0 + count] += 0.5 * self.mod.loop_exchange_diagonal(
+                    self.core, self.table, Kc, k0, count, self.nthreads
+                )
+            return out
         for i in range(len(self.blocks)):
             for args, k0, count in self._chunks(i):
                 out[k0 : k0 + count] += 0.5 * self.mod.exchange_diagonal(
@@ -192,6 +368,18 @@ class Engine:
         same = bra is ket or np.array_equal(bra, ket)
         M = np.zeros((n * n, n * n))
         d1 = np.zeros(n * n)
+        if self.method == "loops":
+            mod, tab = self.mod, self.table
+            for k0, count in self.blocks:
+                tk = mod.loop_gather_generators(self.core, tab, ket, k0, count, self.nthreads)
+                tb = (
+                    tk
+                    if same
+                    else mod.loop_gather_generators(self.core, tab, bra, k0, count, self.nthreads)
+                )
+                M += tb.T @ tk
+                d1 += bra[k0 : k0 + count] @ tk
+            return d1.reshape(n, n), M
         for i in range(len(self.blocks)):
             for args, k0, count in self._chunks(i):
                 tk = self.mod.gather_generators(self.core, *args, ket, self.nthreads)

@@ -89,8 +89,13 @@ class GUGASolver(Solver):
             of the CSFs of that irrep (linear groups: of its D2h/C2v subgroup irrep, so Sigma+
             and Delta are not told apart); without it, of every irrep. The CSF space and the
             sigma are not reduced by symmetry.
-        max_memory: MB the vectors and caches may take (None: 80 % of the host's available
-            memory); a space that does not fit is refused before any work.
+        max_memory: MB the vectors and caches may take (None: the ``max_memory`` that
+            ``kernel`` is given, as ``mcscf.CASCI`` passes ``mol.max_memory``, else 80 % of the
+            host's available memory); a space that does not fit is refused before any work.
+        sigma_method: "loops" (default: the loop-driven sigma, nothing stored per CSF, a loop
+            table of a few MB) or "lists" (per-ket coupling lists kept within max_memory,
+            14 bytes per coupling; the rest searched again on every sigma). See
+            `cuscikit.guga.sigma`.
         threads: OpenMP threads of the kernels (0: the runtime's default).
         device: "cpu" (the reference) or a CUDA device ("cuda", "cuda:1"): sigma, diagonal,
             Davidson vectors and density matrices on the GPU (`cuscikit.guga.gpu`); a clear
@@ -122,6 +127,7 @@ class GUGASolver(Solver):
     orbsym = None
     wfnsym = None
     max_memory: float | None = None
+    sigma_method: str = "loops"
     threads: int = 0
     df: bool = False
     df_tol: float = 1e-10
@@ -143,6 +149,7 @@ class GUGASolver(Solver):
         self.ci = None
         self.converged = False
         self._engines: dict = {}
+        self._call_max_memory = None  # the max_memory given to the running kernel call
 
     def copy(self) -> GUGASolver:
         """A shallow copy (PySCF's ``StreamObject.copy``; used by ``fci.addons.fix_spin_``)."""
@@ -152,8 +159,9 @@ class GUGASolver(Solver):
 
     # --- spaces ----------------------------------------------------------------------------------
     def _budget(self) -> int:
-        if self.max_memory is not None:
-            return int(float(self.max_memory) * 1e6)
+        mm = self.max_memory if self.max_memory is not None else self._call_max_memory
+        if mm is not None:
+            return int(float(mm) * 1e6)
         from cuscikit.backends.memory import host_available_bytes
 
         return int(0.8 * host_available_bytes())
@@ -179,6 +187,7 @@ class GUGASolver(Solver):
             raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
         gpu = self._on_gpu()
         key = (norb, na + nb, twos, int(self.threads or 0), str(self.device), self.gpu_memory)
+        key += (self.sigma_method,)
         if key not in self._engines:
             drt = DRT(norb, na + nb, twos)
             n = drt.n_csf
@@ -201,7 +210,12 @@ class GUGASolver(Solver):
                     f"{n:,} CSFs need about {need:,} bytes for the Davidson vectors, more than "
                     f"the {budget:,} bytes allowed (max_memory)"
                 )
-            eng = Engine(drt, budget=(budget - need) // 2, nthreads=self.threads or 0)
+            eng = Engine(
+                drt,
+                budget=(budget - need) // 2,
+                nthreads=self.threads or 0,
+                method=self.sigma_method,
+            )
             self._engines = {key: eng}
         return self._engines[key]
 
@@ -351,7 +365,8 @@ class GUGASolver(Solver):
                 options for this call.
             orbsym, wfnsym: override the options for this call (see the class).
             ecore: a constant added to every energy.
-            **kwargs: PySCF's extra keywords (``verbose``, ``max_memory``): accepted, ignored.
+            **kwargs: PySCF's extra keywords: ``max_memory`` (MB) is the budget when the
+                ``max_memory`` option is unset; others (``verbose``) are accepted and ignored.
 
         Returns:
             (e, ci): a float and a vector for one root; an array and a list for several.
@@ -376,7 +391,11 @@ class GUGASolver(Solver):
         gpu = self._on_gpu()
         if gpu and (self.wfnsym if wfnsym is None else wfnsym) is not None:
             raise ValueError("wfnsym restricts the roots on the CPU only: use device='cpu'")
-        eng, matvec = self._hop(h1e, eri, norb, nelec)
+        self._call_max_memory = kwargs.get("max_memory")
+        try:
+            eng, matvec = self._hop(h1e, eri, norb, nelec)
+        finally:
+            self._call_max_memory = None
         h1 = np.asarray(h1e, dtype=np.float64)
         hdiag = eng.diagonal_device(h1, matvec.g4) if gpu else eng.diagonal(h1, matvec.g4)
         # wfnsym: the CSFs of that irrep only (H does not couple irreps; PySCF's casci_symm

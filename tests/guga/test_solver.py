@@ -157,16 +157,16 @@ def test_blocked_and_cached_sigma_agree():
     V = np.random.default_rng(1).standard_normal((21, 21))
     V = V + V.T
     h = np.random.default_rng(2).standard_normal(21)
-    full = Engine(drt).contract(c, V, h)
-    small = Engine(drt, budget=0, rows=37, nthreads=2)
+    full = Engine(drt, method="lists").contract(c, V, h)
+    small = Engine(drt, budget=0, rows=37, nthreads=2, method="lists")
     np.testing.assert_allclose(small.contract(c, V, h), full, atol=1e-12)
     assert len(small.blocks) > 3 and not small.cached and small.list_bytes == 0
-    part = Engine(drt, rows=37)
+    part = Engine(drt, rows=37, method="lists")
     part.budget = part.list_bytes + 2 * 14 * int(np.diff(part.lists(0)[0]).sum()) + 1000
     np.testing.assert_allclose(part.contract(c, V, h), full, atol=1e-12)
     assert 0 < len(part._lists) < len(part.blocks) and not part.cached
     np.testing.assert_allclose(part.contract(c, V, h), full, atol=1e-12)
-    chunked = Engine(drt)
+    chunked = Engine(drt, method="lists")
     chunked.rows = 37  # row ranges inside one cached block
     np.testing.assert_allclose(chunked.contract(c, V, h), full, atol=1e-12)
     g4 = np.asarray(fci.direct_spin1.ao2mo.restore(4, eri, norb))
@@ -215,7 +215,8 @@ def test_bad_input_is_refused_before_work():
         s.kernel(h1, eri, norb, (3, 3))
 
 
-def test_sigma_is_bitwise_reproducible_for_a_thread_count():
+@pytest.mark.parametrize("method", ["loops", "lists"])
+def test_sigma_is_bitwise_reproducible_for_a_thread_count(method):
     from cuscikit.guga.sigma import Engine
 
     drt = DRT(8, 8, 0)
@@ -223,8 +224,9 @@ def test_sigma_is_bitwise_reproducible_for_a_thread_count():
     c = rng.standard_normal(drt.n_csf)
     V = rng.standard_normal((36, 36))
     V = V + V.T
-    eng = Engine(drt, nthreads=2)
+    eng = Engine(drt, nthreads=2, rows=500, method=method)
     first = eng.contract(c, V)
     for _ in range(5):
         assert np.array_equal(eng.contract(c, V), first)
-    np.testing.assert_allclose(Engine(drt, nthreads=1).contract(c, V), first, atol=1e-11)
+    one = Engine(drt, nthreads=1, method=method).contract(c, V)
+    np.testing.assert_allclose(one, first, atol=1e-11)

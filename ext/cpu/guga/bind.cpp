@@ -22,6 +22,7 @@ using csk::to_numpy;
 
 using csk::guga::BlockView;
 using csk::guga::Drt;
+using csk::guga::LoopTable;
 
 template <typename T>
 using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
@@ -54,6 +55,16 @@ BlockView view_of(const Drt& drt, const In<std::int64_t>& offsets, const In<std:
 void check_range(const Drt& drt, std::int64_t k0, std::int64_t count) {
   if (k0 < 0 || count < 0 || k0 + count > drt.ncsf)
     throw std::invalid_argument("CSF range outside 0.." + std::to_string(drt.ncsf));
+}
+
+using Out2 = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+void check_symmap(const Drt& d, const In<std::int32_t>& symmap, int npair) {
+  if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
+    throw std::invalid_argument("symmap must hold norb^2 entries");
+  for (size_t i = 0; i < symmap.size(); ++i)
+    if (symmap.data()[i] < 0 || symmap.data()[i] >= npair)
+      throw std::invalid_argument("symmap entries must lie in 0 .. npair - 1");
 }
 
 }  // namespace
@@ -128,6 +139,107 @@ void bind_guga(nb::module_& m) {
           },
           "k0"_a, "count"_a, "nthreads"_a = 0, "counts"_a = nb::none(),
           "(offsets, bra, code, w): w = <bra|E_pq|k0 + k>, code = p * norb + q.");
+
+  nb::class_<LoopTable>(m, "LoopTable")
+      .def(
+          "__init__",
+          [](LoopTable* self, const Drt& d, int split) {
+            if (d.ncsf >= (std::int64_t(1) << 31))
+              throw std::invalid_argument("more than 2^31 - 1 CSFs");
+            if (split >= d.norb) throw std::invalid_argument("split must be below norb");
+            LoopTable t;
+            {
+              nb::gil_scoped_release rel;
+              t = csk::guga::build_loops(d, split);
+            }
+            new (self) LoopTable(std::move(t));
+          },
+          "drt"_a, "split"_a = -1,
+          "Every raising loop of the DRT, factored at level `split` (-1: the level of the "
+          "smallest table, 0: none), by top vertex, and the upper walks.")
+      .def_prop_ro("nbytes", &LoopTable::bytes)
+      .def_prop_ro("nloops", [](const LoopTable& t) { return t.nloops; })
+      .def_prop_ro("split", [](const LoopTable& t) { return t.split; })
+      .def(
+          "cells",
+          [](const LoopTable& t) {
+            std::vector<std::int64_t> c = t.cells;
+            const size_t n = c.size();
+            return to_numpy(std::move(c), {n});
+          },
+          "First CSF of every walk from the head to the split level (block borders).")
+      .def_prop_ro("nheads", [](const LoopTable& t) { return t.hw.size(); })
+      .def_prop_ro("nentries", [](const LoopTable& t) { return t.w.size(); })
+      .def_prop_ro("nupper", [](const LoopTable& t) { return t.uoff.size(); });
+
+  m.def(
+      "loop_gather_pairs",
+      [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c, Out2 T,
+         std::int64_t k0, std::int64_t count, int nthreads) {
+        check_symmap(d, symmap, npair);
+        check_range(d, k0, count);
+        if (T.shape(0) < size_t(npair) || static_cast<std::int64_t>(T.shape(1)) < count)
+          throw std::invalid_argument("T must be at least (npair, count)");
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        nb::gil_scoped_release rel;
+        csk::guga::loop_gather_pairs(d, t, symmap.data(), npair, static_cast<int>(T.shape(0)),
+                                     c.data(), T.data(), static_cast<std::int64_t>(T.shape(1)), k0,
+                                     count, nthreads);
+      },
+      "drt"_a, "table"_a, "symmap"_a, "npair"_a, "c"_a, "T"_a, "k0"_a, "count"_a, "nthreads"_a = 0,
+      "Fill the columns 0 .. count - 1 of T (npair [+ 1], >= count) in place.");
+
+  m.def(
+      "loop_scatter_pairs",
+      [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, Out2 G,
+         std::int64_t k0, std::int64_t count, Out2 sigma, int nthreads) {
+        check_symmap(d, symmap, npair);
+        check_range(d, k0, count);
+        if (G.shape(0) < size_t(npair) || static_cast<std::int64_t>(G.shape(1)) < count)
+          throw std::invalid_argument("G must be at least (npair, count)");
+        if (static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf || sigma.shape(0) < 1)
+          throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
+        nb::gil_scoped_release rel;
+        csk::guga::loop_scatter_pairs(d, t, symmap.data(), npair, G.data(),
+                                      static_cast<std::int64_t>(G.shape(1)), k0, count,
+                                      sigma.data(), static_cast<int>(sigma.shape(0)), nthreads);
+      },
+      "drt"_a, "table"_a, "symmap"_a, "npair"_a, "G"_a, "k0"_a, "count"_a, "sigma"_a,
+      "nthreads"_a = 0);
+
+  m.def(
+      "loop_exchange_diagonal",
+      [](const Drt& d, const LoopTable& t, In<double> K, std::int64_t k0, std::int64_t count,
+         int nthreads) {
+        check_range(d, k0, count);
+        if (K.size() != static_cast<size_t>(d.norb * d.norb))
+          throw std::invalid_argument("K must be (norb, norb)");
+        std::vector<double> out(static_cast<size_t>(count));
+        {
+          nb::gil_scoped_release rel;
+          csk::guga::loop_exchange_diagonal(d, t, K.data(), out.data(), k0, count, nthreads);
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(count)});
+      },
+      "drt"_a, "table"_a, "K"_a, "k0"_a, "count"_a, "nthreads"_a = 0);
+
+  m.def(
+      "loop_gather_generators",
+      [](const Drt& d, const LoopTable& t, In<double> c, std::int64_t k0, std::int64_t count,
+         int nthreads) {
+        check_range(d, k0, count);
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        const size_t nn = static_cast<size_t>(d.norb) * d.norb;
+        std::vector<double> out(static_cast<size_t>(count) * nn);
+        {
+          nb::gil_scoped_release rel;
+          csk::guga::loop_gather_generators(d, t, c.data(), out.data(), k0, count, nthreads);
+        }
+        return to_numpy(std::move(out), {static_cast<size_t>(count), nn});
+      },
+      "drt"_a, "table"_a, "c"_a, "k0"_a, "count"_a, "nthreads"_a = 0);
 
   m.def(
       "gather_pairs",

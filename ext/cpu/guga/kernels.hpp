@@ -1,8 +1,12 @@
 // GUGA CI kernels of the CPU extension: the DRT as flat arrays, step vectors of CSFs by index,
-// the one-body coupling lists <m|E_pq|n> by loop search (remembered across kets that share the walk
-// above the start orbital; one pass, or count then write), and the gathers and scatters of the
-// operator-direct sigma, the diagonal and the density matrices over those lists.
+// and the gathers and scatters of the operator-direct sigma, the diagonal and the density
+// matrices in two forms: loop-driven (the loops between vertex pairs, enumerated once per DRT and
+// applied to every upper walk as contiguous ranges of CSFs; nothing stored per ket) and over
+// per-ket coupling lists <m|E_pq|n> (loop search per ket, remembered across kets that share the
+// walk above the start orbital; one pass, or count then write).
 #pragma once
+#include <cuscikit/guga_loops.hpp>
+
 #include <cstdint>
 #include <vector>
 
@@ -28,7 +32,59 @@ struct Drt {
   void finish();  // fill the segment table once the arrays are set
   // Steps (orbital 0 first) and vertices (level 0..norb) of the CSF of index r.
   void unrank(std::int64_t r, int* steps, int* verts) const;
+  DrtView view() const;  // for the shared loop search (guga_loops.hpp)
 };
+
+// Every raising loop of the DRT (guga_loops.hpp's for_each_loop_from over all bottom vertices),
+// factored at the level `split`: a loop that crosses it is a lower part (start segment and the
+// middle segments below) times an upper part, each stored once per pair of open vertices there,
+// so the table grows with the sum, not the product, of the two. Heads are grouped by top vertex
+// vt; head h couples, for every upper walk U of vt (index parts `uoff`, ascending) and every entry
+// e of e0[h] .. e1[h] - 1, the ket U + hoffk[h] + offk[e] + l with the bra U + hoffb[h] + offb[e]
+// + l, l = 0 .. len[e] - 1, by hw[h] w[e] = <bra|E_{lo,hi}|ket>, code[e] + hadd[h] = lo * norb +
+// hi. A loop that does not cross the split is an entry of its top vertex's plain head (offsets
+// 0, value 1, hadd 0).
+struct LoopTable {
+  int split = -1;
+  std::vector<std::int32_t> tops;    // the top vertices
+  std::vector<std::int64_t> hfirst;  // heads of tops[i]: hfirst[i] .. hfirst[i + 1] - 1
+  std::vector<std::int64_t> ufirst;  // upper walks of tops[i]: ufirst[i] .. ufirst[i + 1] - 1
+  std::vector<std::int64_t> uoff;    // their index parts, ascending per top vertex
+  std::vector<std::int32_t> hoffk, hoffb, hadd;
+  std::vector<std::int64_t> e0, e1;
+  std::vector<std::int64_t> hspank, hspanb;  // the CSFs below the open pair: L[kv], L[bv]
+  std::vector<double> hw;
+  std::vector<std::int32_t> offk, offb, len;  // entries
+  std::vector<std::uint16_t> code;
+  std::vector<double> w;
+  std::vector<std::int64_t> cells;  // first CSF of every walk from the head to level split
+  std::int64_t nloops = 0;          // loops represented (products of parts counted)
+  std::int64_t total = 0;           // CSFs
+  std::int64_t bytes() const;
+  // k0 and k0 + count are cell borders (or the CSF count): the kernels need not cut loops
+  bool aligned(std::int64_t k0, std::int64_t count) const;
+};
+// split < 0: choose the level that keeps the table smallest; split = 0: no split.
+LoopTable build_loops(const Drt& drt, int split = -1);
+
+// Loop-driven kernels over the CSFs k0 .. k0 + count - 1, in column form (row P of T or G holds
+// pair P of those CSFs, row stride ld): every output range of kSub CSFs is written by one thread.
+// T[P, k] = ((E_pq + E_qp) c)_k, T[P(r,r), k] = n_r(k) c_k; row npair = c_k when rows > npair.
+void loop_gather_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
+                       int rows, const double* c, double* T, std::int64_t ld, std::int64_t k0,
+                       std::int64_t count, int nthreads);
+// sigma_m += sum_P <m|E^sym_P|k> G[P, k] over the CSFs k of the block; `sigma` holds nbuf
+// buffers of ncsf entries, one per thread (the caller sums them); a static schedule keeps the
+// sum bitwise reproducible for a thread count.
+void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
+                        const double* G, std::int64_t ld, std::int64_t k0, std::int64_t count,
+                        double* sigma, int nbuf, int nthreads);
+// out[k - k0] = sum of <m|E_pq|k>^2 K[p, q] over p != q.
+void loop_exchange_diagonal(const Drt& drt, const LoopTable& lt, const double* K, double* out,
+                            std::int64_t k0, std::int64_t count, int nthreads);
+// t[k - k0, r * norb + s] = (E_rs c)_k.
+void loop_gather_generators(const Drt& drt, const LoopTable& lt, const double* c, double* t,
+                            std::int64_t k0, std::int64_t count, int nthreads);
 
 // Coupling lists of the kets k0 .. k0 + count - 1 in CSR form: row k holds every (m, code, w)
 // with w = <m|E_pq|k0 + k>, code = p * norb + q, p != q.

@@ -126,6 +126,115 @@ CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int
   }
 }
 
+// --- loops between two vertices ---------------------------------------------------------------
+// The loop-driven form needs no ket: a raising loop of E_{lo,hi} (lo < hi) is a pair of partial
+// walks, the ket's and the bra's, that leave the same bottom vertex vb at level lo, differ on the
+// arcs lo..hi and meet again at the top vertex vt at level hi + 1. Its value w = <m|E_{lo,hi}|n>
+// is the product of the segment values, the same for every CSF pair that completes the two
+// partial walks with one walk from the head down to vt (upper walk, index part U) and one from vb
+// down to the tail (lower walk, index part l in 0 .. L[vb] - 1): n = U + off_ket + l,
+// m = U + off_bra + l. The lowering generator E_{hi,lo} has the transposed couplings.
+struct LoopFrame2 {
+  int level;  // the last orbital whose steps are fixed
+  int kv;     // the ket's vertex above that orbital
+  int bv;     // the bra's vertex above that orbital
+  double val;
+  std::int64_t offk, offb;  // index parts of the ket's and the bra's arcs so far
+};
+
+// Runs the loop frames on `stack` (top of them) to their ends: close(vt, hi, off_ket, off_bra, w)
+// for every loop closed at orbital hi (vt at level hi + 1), and cut(frame) instead of every frame
+// that reaches the vertices of level `cut_level` (none when cut_level < 0): a loop split there
+// is a lower part (its start segment and the middle segments below the level) times an upper
+// part (the middle segments above and the end segment), see for_each_loop_above.
+template <int MaxOrb, class Close, class Cut>
+CSK_HD void extend_loops(const DrtView& d, LoopFrame2* stack, int top, int cut_level, Close&& close,
+                         Cut&& cut) {
+  const int n = d.norb;
+  const int bmax = d.bmax;
+  while (top > 0) {
+    const LoopFrame2 f = stack[--top];
+    const int i = f.level + 1;
+    if (i >= n) continue;
+    for (int dk = 0; dk < 4; ++dk) {
+      const int ku = d.up[4 * f.kv + dk];
+      if (ku < 0) continue;
+      const int occ = step_occupation(dk);
+      const int bk = d.b[ku];
+      const std::int64_t offk = f.offk + d.y[4 * ku + dk];
+      // close the loop at i: the bra steps onto the ket's vertex with one electron less
+      if (occ > 0) {
+        for (int dp = 0; dp < 4; ++dp) {
+          if (step_occupation(dp) != occ - 1 || d.up[4 * f.bv + dp] != ku) continue;
+          const double v = d.seg[segment_index(kRaiseEnd, dp, dk, 1, bk, bmax)];
+          if (v == 0.0) continue;
+          close(ku, i, offk, f.offb + d.y[4 * ku + dp], f.val * v);
+        }
+      }
+      // or pass through i as a middle segment
+      if (i + 1 < n) {
+        for (int dp = 0; dp < 4; ++dp) {
+          if (step_occupation(dp) != occ) continue;
+          const int ub = d.up[4 * f.bv + dp];
+          if (ub < 0) continue;
+          const int delta = bk - d.b[ub];
+          if (delta != 1 && delta != -1) continue;
+          const double v = d.seg[segment_index(kRaiseMiddle, dp, dk, delta, bk, bmax)];
+          if (v == 0.0) continue;
+          const LoopFrame2 g{i, ku, ub, f.val * v, offk, f.offb + d.y[4 * ub + dp]};
+          if (i + 1 == cut_level)
+            cut(g);
+          else
+            stack[top++] = g;
+        }
+      }
+    }
+  }
+}
+
+// Every raising loop that starts at orbital lo from the bottom vertex vb (at level lo), in a
+// fixed order: close(vt, hi, off_ket, off_bra, w) for each, or cut(frame) for its lower part
+// when it reaches level cut_level (see extend_loops).
+template <int MaxOrb, class Close, class Cut>
+CSK_HD void for_each_loop_from(const DrtView& d, int lo, int vb, int cut_level, Close&& close,
+                               Cut&& cut) {
+  const int bmax = d.bmax;
+  // every frame has at most 6 children (ket step 0: 1, 1: 2, 2: 2, 3: 1)
+  LoopFrame2 stack[6 * (MaxOrb + 1)];
+  int top = 0;
+  for (int dk = 0; dk < 4; ++dk) {
+    const int uk = d.up[4 * vb + dk];
+    const int occ = step_occupation(dk);
+    if (uk < 0 || occ == 2) continue;
+    const int bk = d.b[uk];
+    for (int dp = 0; dp < 4; ++dp) {
+      if (step_occupation(dp) != occ + 1) continue;
+      const int ub = d.up[4 * vb + dp];
+      if (ub < 0) continue;
+      const int delta = bk - d.b[ub];
+      if (delta != 1 && delta != -1) continue;
+      const double v = d.seg[segment_index(kRaiseStart, dp, dk, delta, bk, bmax)];
+      if (v == 0.0) continue;
+      const LoopFrame2 g{lo, uk, ub, v, d.y[4 * uk + dk], d.y[4 * ub + dp]};
+      if (lo + 1 == cut_level)
+        cut(g);
+      else
+        stack[top++] = g;
+    }
+  }
+  extend_loops<MaxOrb>(d, stack, top, cut_level, close, cut);
+}
+
+// The upper parts of the loops open at level `level` with the ket at vertex kv and the bra at
+// bv: close(vt, hi, off_ket, off_bra, w) with the index parts and the value of the arcs from
+// `level` up (a loop's value is its lower part's times its upper part's).
+template <int MaxOrb, class Close>
+CSK_HD void for_each_loop_above(const DrtView& d, int level, int kv, int bv, Close&& close) {
+  LoopFrame2 stack[6 * (MaxOrb + 1)];
+  stack[0] = LoopFrame2{level - 1, kv, bv, 1.0, 0, 0};
+  extend_loops<MaxOrb>(d, stack, 1, -1, close, [](const LoopFrame2&) {});
+}
+
 // Every <m|E_pq|n> != 0 (p != q) of the ket n: the searches of every start orbital and
 // direction, lo ascending, lowering first.
 template <int MaxOrb, class Emit>

@@ -1,0 +1,140 @@
+"""The loop-driven sigma (a table of loops between vertex pairs applied to contiguous ranges of
+CSFs) against the per-ket coupling lists: the gather T, the scatter, the exchange diagonal and
+the generator products term by term, on several DRTs and spins, with and without the table's
+split into lower and upper parts, on blocks that begin and end on cell borders and on blocks
+that cut loops; then whole sigma vectors, PySCF's max_memory and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuscikit.guga import DRT, GUGASolver
+from cuscikit.guga._ext import load
+from cuscikit.guga.sigma import Engine, pair_index
+
+SPACES = [(5, 4, 0), (6, 6, 0), (6, 5, 1), (7, 6, 2), (8, 8, 0), (8, 7, 3), (8, 6, 4)]
+
+
+def _lists_reference(drt, c, G, K):
+    """Gather T (ncsf, npair + 1), scatter of G, exchange diagonal and generator gather, all
+    from the coupling lists."""
+    mod = load()
+    n, ncsf = drt.norb, drt.n_csf
+    npair, sym = n * (n + 1) // 2, pair_index(n)
+    off, bra, code, w = drt.core.lists(0, ncsf)
+    steps = drt.steps()
+    T = np.empty((ncsf, npair + 1))
+    mod.gather_pairs(drt.core, off, bra, code, w, steps, 0, sym, npair, c, T, 1)
+    sig = np.zeros((1, ncsf))
+    mod.scatter_pairs(drt.core, off, bra, code, w, steps, 0, sym, npair, G.T.copy(), sig, 1)
+    ex = mod.exchange_diagonal(drt.core, off, bra, code, w, steps, 0, K, 1)
+    gen = mod.gather_generators(drt.core, off, bra, code, w, steps, 0, c, 1)
+    return T, sig[0], ex, gen
+
+
+def _loop_terms(drt, table, c, G, K, blocks, nthreads):
+    mod = load()
+    n, ncsf = drt.norb, drt.n_csf
+    npair, sym = n * (n + 1) // 2, pair_index(n)
+    T = np.empty((npair + 1, ncsf))
+    sig = np.zeros((nthreads, ncsf))
+    ex = np.empty(ncsf)
+    gen = np.empty((ncsf, n * n))
+    for k0, count in blocks:
+        Tb = np.empty((npair + 1, count))
+        mod.loop_gather_pairs(drt.core, table, sym, npair, c, Tb, k0, count, nthreads)
+        T[:, k0 : k0 + count] = Tb
+        Gb = np.ascontiguousarray(G[:, k0 : k0 + count])
+        mod.loop_scatter_pairs(drt.core, table, sym, npair, Gb, k0, count, sig, nthreads)
+        ex[k0 : k0 + count] = mod.loop_exchange_diagonal(drt.core, table, K, k0, count, nthreads)
+        gen[k0 : k0 + count] = mod.loop_gather_generators(drt.core, table, c, k0, count, nthreads)
+    return T.T, sig.sum(axis=0), ex, gen
+
+
+@pytest.mark.parametrize("space", SPACES)
+@pytest.mark.parametrize("split", [-1, 0, 3])  # the smallest table, no split, level 3
+def test_loop_terms_equal_the_lists(space, split):
+    drt = DRT(*space)
+    n, ncsf = drt.norb, drt.n_csf
+    rng = np.random.default_rng(sum(space) + split)
+    c = rng.standard_normal(ncsf)
+    G = rng.standard_normal((n * (n + 1) // 2, ncsf))
+    K = rng.standard_normal(n * n)
+    ref = _lists_reference(drt, c, G, K)
+    table = load().LoopTable(drt.core, split)
+    cells = table.cells()
+    # one block; blocks on cell borders (nothing cut); blocks of 7 or 61 CSFs (loops cut)
+    cuts = [0] + [int(x) for x in cells[2::3]] + [ncsf] if len(cells) else [0, ncsf]
+    cuts = sorted(set(cuts))
+    cut = 7 if ncsf < 500 else 61
+    layouts = [
+        ([(0, ncsf)], (1, 2)),
+        ([(a, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], (2,)),
+        ([(k, min(cut, ncsf - k)) for k in range(0, ncsf, cut)], (2,)),
+    ]
+    for blocks, threads in layouts:
+        for nthreads in threads:
+            got = _loop_terms(drt, table, c, G, K, blocks, nthreads)
+            for a, b in zip(got, ref, strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * max(1.0, np.abs(b).max()))
+
+
+@pytest.mark.parametrize("space", [(6, 6, 0), (7, 5, 1), (8, 6, 2), (8, 8, 4), (9, 8, 0)])
+def test_loop_sigma_equals_list_sigma(space):
+    drt = DRT(*space)
+    npair = drt.norb * (drt.norb + 1) // 2
+    rng = np.random.default_rng(7)
+    c = rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((npair, npair))
+    V = V + V.T
+    h = rng.standard_normal(npair)
+    lists = Engine(drt, method="lists")
+    ref = lists.contract(c, V, h)
+    for rows in (drt.n_csf, 397):
+        loops = Engine(drt, rows=rows, nthreads=2, method="loops")
+        assert loops.list_bytes == 0 and loops.loop_bytes > 0
+        np.testing.assert_allclose(loops.contract(c, V, h), ref, rtol=0, atol=1e-12 * 100)
+        np.testing.assert_allclose(loops.contract(c, V), lists.contract(c, V), atol=1e-10)
+        # factored integrals V = A B
+        A = rng.standard_normal((npair, 5))
+        B = np.ascontiguousarray(A.T)
+        np.testing.assert_allclose(
+            loops.contract(c, (A, B), h), lists.contract(c, (A, B), h), atol=1e-10
+        )
+    # the blocks cover the CSFs in order and begin on cell borders
+    eng = Engine(drt, rows=50, method="loops")
+    starts = [k0 for k0, _ in eng.blocks]
+    assert starts[0] == 0 and sum(n for _, n in eng.blocks) == drt.n_csf
+    cells = set(int(x) for x in eng.table.cells())
+    assert all(k0 in cells or k0 == 0 for k0 in starts) or not cells
+
+
+def test_loop_table_is_small_and_independent_of_the_blocks():
+    drt = DRT(10, 10, 0)
+    table = load().LoopTable(drt.core)
+    n_couplings = len(drt.core.lists(0, drt.n_csf)[3])
+    # far less than 14 bytes per coupling of the lists
+    assert table.nbytes < 0.05 * 14 * n_couplings
+    assert 0 < table.split < drt.norb
+    assert table.nloops == load().LoopTable(drt.core, 0).nloops  # the split loses no loop
+
+
+def test_solver_honours_max_memory_from_kernel_and_checks_the_method():
+    pytest.importorskip("pyscf")
+    drt = DRT(6, 6, 0)
+    rng = np.random.default_rng(0)
+    h1 = rng.standard_normal((6, 6))
+    h1 = h1 + h1.T
+    eri = np.zeros((21, 21))
+    # mcscf.CASCI passes mol.max_memory (MB) to kernel: too little is refused as the option is
+    with pytest.raises(ValueError, match="max_memory"):
+        GUGASolver().kernel(h1, eri, 6, (3, 3), max_memory=0.001)
+    e_loops = GUGASolver().kernel(h1, eri, 6, (3, 3), max_memory=4000)[0]
+    e_lists = GUGASolver(sigma_method="lists").kernel(h1, eri, 6, (3, 3))[0]
+    assert e_loops == pytest.approx(e_lists, abs=1e-10)
+    assert drt.n_csf == 175
+    with pytest.raises(ValueError, match="method"):
+        GUGASolver(sigma_method="rows").kernel(h1, eri, 6, (3, 3))
+    with pytest.raises(ValueError, match="split"):
+        load().LoopTable(drt.core, 6)
