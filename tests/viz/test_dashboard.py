@@ -11,7 +11,7 @@ import pytest
 
 from cuscikit.lib.callbacks import Callback, RunStatus
 from cuscikit.viz import Dashboard, available_panels, plot_panels, widgets_available
-from cuscikit.viz.panels import CHEMICAL_ACCURACY, energy_columns
+from cuscikit.viz.panels import CHEMICAL_ACCURACY, energy_columns, stage_columns
 
 
 def nnqs_like(n=5, pt2=True, ranks=0):
@@ -69,6 +69,27 @@ def test_balance_panel_skips_ranks_that_hold_nothing():
     sources = ax.get_lines()[0].get_ydata()
     assert np.isnan(sources[0]) and np.allclose(sources[1:], 1.1)
     assert ax.get_title() == "load balance, 2 ranks (1 = even)"
+
+
+def test_balance_panel_reads_each_ranks_counts():
+    h = nnqs_like()
+    h["n_ranks"] = 3
+    for name in ("sources", "coupled", "unique", "received", "t_busy"):
+        for k in range(3):
+            h[f"{name}_r{k}"] = (k + 1) * h["iteration"]  # rank k carries k + 1 shares
+    h.loc[0, "unique_r0"] = 0  # a rank that owns nothing: no ratio
+    assert "balance" in [p.name for p in available_panels(h)]
+    assert stage_columns(h) == ["t_generation", "t_dedup"]  # busy seconds are not a stage
+    ax = plot_panels(h, ["balance"]).axes[0]
+    lines = {ln.get_label(): ln.get_ydata() for ln in ax.get_lines()}
+    assert set(lines) >= {"sources (S share)", "de-dup received", "busy seconds"}
+    assert np.allclose(lines["sources (S share)"], 3.0)
+    unique = lines["unique (owned after de-dup)"]
+    assert np.isnan(unique[0]) and np.allclose(unique[1:], 3.0)
+    one = h[["iteration", "n_space", "sources_r0", "unique_r0"]].assign(n_ranks=1)
+    # one rank: drawn when asked for, not among the default panels
+    assert "balance" not in [p.name for p in available_panels(one)]
+    assert plot_panels(one, ["balance"]).axes[0].get_title() == "load balance, 1 rank (1 = even)"
 
 
 def test_energy_panel_draws_errors_and_the_accuracy_band():
@@ -236,4 +257,10 @@ def test_runner_dashboard_checkpoint_resumes(tmp_path):
     again = Runner(mol, Ansatz.for_molecule(mol, seed=1), topk=8, seed=0, verbose=0).load(path)
     assert again.iteration == 2 and np.array_equal(again.space.configs, runner.space.configs)
     assert [p.name for p in dash.panels()] == ["energy", "space", "stages", "memory"]
+    h = runner.history  # one rank's loads are in the history too, for the balance panel
+    assert (h["n_ranks"] == 1).all() and (h["sources_r0"] == h["n_space"]).all()
+    assert (h["unique_r0"] == h["n_unique"]).all() and (h["coupled_r0"] == h["n_coupled"]).all()
+    assert (h["received_r0"] >= h["unique_r0"]).all() and (h["t_busy_r0"] > 0).all()
+    assert "sources_r1" not in h and len(plot_panels(h, ["balance"]).axes) == 1
+    assert again.history.equals(h)  # the checkpoint keeps every column
     assert (runner.history["peak_memory_bytes"] > 0).all()
