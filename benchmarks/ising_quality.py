@@ -15,6 +15,9 @@ best. On CUDA one tiny solve first loads the module and creates the context, out
     python benchmarks/ising_quality.py --graphs G1 G43 --agents 32 --steps 1000 --device cpu
     python benchmarks/ising_quality.py --device cuda --graphs K2000 --agents 1024 \\
         --steps 1000 2000 --dt 0.5 1.0 --time-budget 1 --baselines
+
+``--json-out FILE`` also writes the rows as JSON (the form notebook 05 reads from
+``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 from cuscikit.ising import IsingModel, solve
 
@@ -111,6 +114,7 @@ def main() -> None:
         help="baselines run at the wall time of the graph's first dSB setting",
     )
     ap.add_argument("--no-baselines", action="store_true", help="the same as --baselines alone")
+    ap.add_argument("--json-out", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args()
     baselines = set() if args.no_baselines else set(args.baselines)
     gdir = Path(args.gset_dir)
@@ -198,6 +202,11 @@ def main() -> None:
         ],
         rows,
     )
+    if args.json_out:  # the table's rows, one dict each (numbers as printed)
+        keys = ["graph", "n", "best_known", "agents", "steps", "dt", "dsb_cut", "gap_pct"]
+        keys += ["runs", "t_found_s", "wall_s", "sa_cut", "sb_pkg_dsb_cut", "sb_pkg_default_cut"]
+        records = [dict(zip(keys, r, strict=True)) for r in rows]
+        write_json(args.json_out, "ising_quality.py", "best-known cut", args, records)
 
 
 if __name__ == "__main__":
