@@ -50,6 +50,14 @@ retry 3 "pip install" python3 -m pip install -q "${JUPYTER[@]}" "playwright>=1.4
   || { echo "browser tests: pip could not install ${JUPYTER[*]} playwright" >&2; exit 1; }
 python3 -c "import cuscikit" 2> /dev/null \
   || { echo "browser tests: cuscikit is not installed; first pip install -e \".[test]\"" >&2; exit 1; }
+# JupyterLab renders widgets through the jupyterlab_widgets extension, which it looks for under
+# this interpreter's prefix; a virtual environment that sees ipywidgets in the system's
+# site-packages lacks it there (widgets then show as text): install it where Lab looks.
+if ! python3 -m jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager"; then
+  python3 -m pip install -q --force-reinstall --no-deps jupyterlab_widgets
+  python3 -m jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager" \
+    || { echo "browser tests: JupyterLab does not find the widget manager extension" >&2; exit 1; }
+fi
 echo "browser tests: set up in $((SECONDS - t0)) s"
 
 export CUSCIKIT_BROWSER_TESTS=1 CUSCIKIT_CHROMIUM="$CHROMIUM"

@@ -190,6 +190,41 @@ def _until(cond, timeout=20.0):
         time.sleep(0.01)
 
 
+def test_outputs_are_standard_mime_bundles(monkeypatch):
+    """What any notebook front end receives (JupyterLab, VS Code's Jupyter extension, ...): an
+    ipywidgets 8 widget view (protocol 2) with a text fallback, every model one of the core
+    controls (their JavaScript ships with the front end's widget manager, nothing is fetched),
+    and without ipywidgets a plain PNG."""
+    _ipywidgets()
+    drv = Counter()
+    drv.step()
+    box = Dashboard(drv, widgets=True).show()
+    bundle = box._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["version_major"] == 2 and view["model_id"] == box.model_id
+    assert "text/plain" in bundle
+
+    def tree(w):
+        yield w
+        for child in getattr(w, "children", ()):
+            yield from tree(child)
+
+    seen = set()
+    for w in tree(box):
+        assert w._model_module in ("@jupyter-widgets/controls", "@jupyter-widgets/base"), w
+        assert w._model_module_version == w._view_module_version == "2.0.0", w
+        seen.add(w._model_name)
+    assert {"ButtonModel", "BoundedIntTextModel", "HTMLModel", "ImageModel"} <= seen
+    assert box.children[2].value[:8] == b"\x89PNG\r\n\x1a\n"  # the panels as a PNG widget
+
+    import cuscikit.viz.dashboard as d
+
+    monkeypatch.setattr(d, "widgets_available", lambda: False)
+    static = Dashboard(drv)._static()._repr_mimebundle_()
+    static = static[0] if isinstance(static, tuple) else static
+    assert list(static) == ["image/png"]
+
+
 def test_widget_buttons_pause_checkpoint_resume_stop(tmp_path):
     _ipywidgets()
     drv = Counter(delay=0.01)
