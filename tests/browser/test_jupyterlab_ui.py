@@ -237,9 +237,10 @@ def test_notebook_runs_in_jupyterlab(path, lab, browser, tmp_path):
                 assert page.get_by_role("button", name=label).count() >= 1, label
             assert page.locator(".jp-OutputArea-output .widget-image").count() >= 1
         images = page.locator(".jp-OutputArea-output img")
-        if images.count() and keep_all:  # a second picture: the first figure in view
-            images.first.scroll_into_view_if_needed()
-            page.screenshot(path=str(out / f"{path.stem}-figure.png"))
+        if images.count() and keep_all:  # the first and the last figure in view
+            for which, image in (("first", images.first), ("last", images.last)):
+                image.scroll_into_view_if_needed()
+                page.screenshot(path=str(out / f"{path.stem}-{which}-figure.png"))
         failed = False
     finally:
         _keep(page, lab, path, out if failed or keep_all else tmp_path, failed)
