@@ -69,7 +69,7 @@ def _importable(name: str) -> bool:
 
 def _requirements():
     if os.environ.get("CUSCIKIT_BROWSER_TESTS") != "1":
-        pytest.skip("opt-in: CUSCIKIT_BROWSER_TESTS=1 (bash tools/browser_tests.sh)")
+        pytest.skip("run in their own step: bash tools/browser_tests.sh (CUSCIKIT_BROWSER_TESTS=1)")
     missing = [m for m in ("playwright", "jupyterlab", "ipywidgets") if not _importable(m)]
     if not Path(CHROMIUM).is_file():
         missing.append(CHROMIUM)
