@@ -45,7 +45,7 @@ def write_json(path, script: str, anchor: str, args, rows: list[dict], note: str
         "rows": rows,
     }
     with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(doc, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
         f.write("\n")
 
 
