@@ -30,6 +30,25 @@ def machine() -> str:
     return f"{cpu} x{os.cpu_count()} cores{gpu}"
 
 
+def write_json(path, script: str, anchor: str, args, rows: list[dict], note: str = "") -> None:
+    """Write a benchmark's rows as benchmarks/results keeps them: machine, date (UTC), script,
+    anchor, the arguments and one dict per table row (`note`: how the machine was loaded)."""
+    import json
+    from datetime import datetime, timezone
+
+    doc = {
+        "machine": machine() + (f"; {note}" if note else ""),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "script": f"benchmarks/{script}",
+        "anchor": anchor,
+        "args": {k: v for k, v in vars(args).items() if k not in ("json_out", "note")},
+        "rows": rows,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+        f.write("\n")
+
+
 def best_time(fn, repeat: int = 3) -> tuple[float, object]:
     """Best wall time of `repeat` calls and the last result."""
     best, out = float("inf"), None

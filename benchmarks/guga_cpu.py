@@ -16,6 +16,10 @@ CAS(14,14) on a small machine); the memory is then that of the sigma. ``--max-me
 GUGA's memory (with the lists: those beyond the cap are searched again on every sigma).
 
     python benchmarks/guga_cpu.py [--threads 2] [--sizes 10 12] [--repeat 3] [--rounds 1]
+        [--json-out FILE]
+
+``--json-out`` also writes the rows (medians, one per space and solver) as JSON, the form
+notebook 05 reads from ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import statistics
 import time
 
 import numpy as np
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 ANCHOR = "direct_spin1+fix_spin_"
 
@@ -185,6 +189,8 @@ def main() -> None:
         help="GUGA's max_memory in MB (lists beyond "
         "half of what the vectors leave are searched again on every sigma)",
     )
+    ap.add_argument("--json-out", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--note", default="", help="how the machine was loaded (into the JSON)")
     args = ap.parse_args()
     opts = {"df": args.df, "max_memory": args.max_memory, "sigma_method": args.sigma_method}
     solve = not args.sigma_only
@@ -196,7 +202,7 @@ def main() -> None:
     have_csf = csf_solver_or_none() is not None
     if not have_csf:
         print("csf_solver: pyscf-forge is not installed here; its row is left out")
-    rows = []
+    rows, records = [], []
     for ncas in args.sizes:
         for twos in args.spins:
             pair = [ANCHOR, "guga"] + (["guga+df"] if args.df is not None else [])
@@ -214,6 +220,18 @@ def main() -> None:
             anchor = {k: _median(runs[ANCHOR], k) for k in keys}
             for m, rs in runs.items():
                 r = {k: _median(rs, k) for k in rs[0] if isinstance(rs[0][k], (int, float))}
+                records.append(
+                    {"ncas": ncas, "twos": twos, "solver": m, "rounds": len(rs)}
+                    | r
+                    | {
+                        "sigma_min_s": min(x["sigma_min_s"] for x in rs),
+                        "size": rs[0]["size"],
+                        "anchor": ANCHOR,
+                        "sigma_speedup": anchor["sigma_s"] / r["sigma_s"],
+                        "solve_speedup": anchor["solve_s"] / r["solve_s"],
+                        "de": r["e"] - anchor["e"],
+                    }
+                )
                 rows.append(
                     [
                         f"({ncas},{ncas}) 2S={twos}",
@@ -255,6 +273,9 @@ def main() -> None:
                 ],
                 rows,
             )
+    if args.json_out:
+        anchor_text = f"PySCF {ANCHOR} (determinant FCI, spin fixed), same cores, same run"
+        write_json(args.json_out, "guga_cpu.py", anchor_text, args, records, args.note)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ budget, or dSB's wall time without one). Graphs are read from ``--gset-dir`` (de
 $CUSCIKIT_GSET_DIR), a folder holding the G-set files and a ``best_known.json`` with each
 graph's file and best-known cut; nothing is copied.
 
-``--reduce auto|on|off`` is `solve`'s reduce option (the exact degree <= 2 kernel); ``--json
-FILE`` also writes the rows and settings as JSON.
+``--reduce auto|on|off`` is `solve`'s reduce option (the exact degree <= 2 kernel); ``--json-out
+FILE`` also writes the rows (one dict each, keys `JSON_KEYS`) and the settings as JSON, the form
+`benchmarks/results/` keeps and notebook 05 reads.
 
 Several values of --agents, --steps and --dt run every combination (the baselines get the wall
 time of the first). ``t_found_s`` is the end of the run (restart) that first reached the final
@@ -39,9 +40,15 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 from cuscikit.ising import IsingModel, solve
+
+JSON_KEYS = [  # the printed table's columns, in order
+    "graph", "n", "best_known", "agents", "steps", "dt", "dsb_cut", "gap_pct", "runs",
+    "t_found_s", "wall_s", "kernel_n", "sa_cpu_cut", "sa_gpu_cut", "sb_pkg_dsb_cut",
+    "sb_pkg_default_cut",
+]  # fmt: skip
 
 
 def simulated_annealing(model: IsingModel, replicas: int, seconds: float, seed: int) -> float:
@@ -198,8 +205,10 @@ def main() -> None:
         help="baselines run at the wall time of the graph's first dSB setting",
     )
     ap.add_argument("--reduce", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--json", default=None, help="also write the table as JSON to this file")
     ap.add_argument("--no-baselines", action="store_true", help="the same as --baselines alone")
+    ap.add_argument(
+        "--json-out", default=None, help="also write the rows (one dict each) to this JSON file"
+    )
     args = ap.parse_args()
     baselines = set() if args.no_baselines else set(args.baselines)
     gdir = Path(args.gset_dir)
@@ -314,10 +323,10 @@ def main() -> None:
     )
     print(where)
     print_table("MAX-CUT at equal wall time (best cut; gap to best known in %)", header, rows)
-    if args.json:
-        settings_used = {k: v for k, v in vars(args).items() if k != "gset_dir"}
-        out = {"machine": where, "argv": settings_used, "header": header, "rows": rows}
-        Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    if args.json_out:  # the table's rows, one dict each (numbers as printed)
+        records = [dict(zip(JSON_KEYS, r, strict=True)) for r in rows]
+        args.gset_dir = None  # a path of this machine's, not a setting
+        write_json(args.json_out, "ising_quality.py", "best-known cut", args, records, where)
 
 
 if __name__ == "__main__":

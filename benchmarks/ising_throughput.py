@@ -6,6 +6,9 @@ CUDA times are kernel times (CUDA events); CPU times are wall times of the call.
 
     python benchmarks/ising_throughput.py --device cpu --n 1024 4096 --agents 8 --steps 50
     python benchmarks/ising_throughput.py --device cuda --n 2048 8192 --agents 128 1024 --steps 200
+
+``--json-out FILE`` also writes the rows as JSON (the form notebook 05 reads from
+``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import argparse
 import time
 
 import numpy as np
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 KINDS = {"binary": 0, "ternary": 1, "int8": 2}
 
@@ -61,6 +64,8 @@ def main() -> None:
     ap.add_argument("--agents", type=int, nargs="+", default=[8])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    ap.add_argument("--json-out", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--note", default="", help="how the machine was loaded (into the JSON)")
     args = ap.parse_args()
     if args.device == "cpu":
         from cuscikit.backends.loader import core
@@ -70,7 +75,7 @@ def main() -> None:
         from cuscikit.backends.loader import cuda
 
         ext = cuda().ising
-    rows = []
+    rows, records = [], []
     for n in args.n:
         for kind in args.kinds:
             a = arrays(kind, n, seed=n)
@@ -103,16 +108,23 @@ def main() -> None:
                     t = ext.last_kernel_ms() / 1e3
                 ops = float(n) * n * agents * (args.steps + 1) / t
                 rows.append([n, kind, agents, args.steps, f"{t:.4f}", f"{ops / 1e12:.4g}"])
+                records.append(
+                    {"n": n, "kind": kind, "agents": agents, "steps": args.steps, "time_s": t}
+                    | {"ops_per_s": ops, "device": args.device}
+                )
     print(f"machine: {machine()}; device {args.device}")
     print_table(
         "dSB exact coupling throughput (n^2 x agents x (steps + 1) passes / s)",
         ["n", "couplings", "agents", "steps", "time_s", "Tops/s"],
         rows,
     )
-    print(
-        "\nanchors as published (not re-measured here): FPGA simulated-bifurcation machine "
+    anchor = (
+        "as published (not re-measured here): FPGA simulated-bifurcation machine "
         "(Tatsumura et al., FPL 2019) 2.0 Tops/s; the same paper's V100 GPU 0.18 Tops/s."
     )
+    print("\nanchors " + anchor)
+    if args.json_out:
+        write_json(args.json_out, "ising_throughput.py", anchor, args, records, args.note)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ def test_notebook_runs(path, monkeypatch, tmp_path):
         assert "this notebook ran in" in text
     if path.name.startswith("05_"):
         assert "energy on 2 ranks vs 1: |dE|" in text  # the live benchmark runs took place
+        for script in ("guga_cpu", "ising_throughput", "ising_service", "ising_quality"):
+            assert f"{script}.py: " in text, script  # run live, its JSON read back
     if path.name.startswith("06_"):
         assert "2 engines running" in text
         assert "largest difference from the single-process run" in text

@@ -133,10 +133,11 @@ class Runner(Solver):
             model and S are broadcast at construction) and runs its share of every stage;
             energies equal the single-rank run's to rounding. One rank per GPU with
             ``pipeline="gpu"`` and NCCL keeps every stage on the GPUs. The progress bar,
-            messages and checkpoint files come from rank 0; history rows gain per-rank loads
-            (``n_ranks``, ``sources_max``/``_min``, ``coupled_max``/``_min``,
-            ``unique_max``/``_min``, ``t_busy_max``/``_min``) and the de-dup metrics
-            (``dedup_*``).
+            messages and checkpoint files come from rank 0. History rows (one rank or several)
+            carry the loads: ``n_ranks``, ``sources_max``/``_min``, ``coupled_max``/``_min``,
+            ``unique_max``/``_min``, ``t_busy_max``/``_min``, each rank k's ``sources_r<k>``,
+            ``coupled_r<k>``, ``unique_r<k>``, ``received_r<k>`` (de-dup exchange) and
+            ``t_busy_r<k>``, and on several ranks the de-dup metrics (``dedup_*``).
         device: must match the ansatz ("cpu", "cuda"; default: the ansatz's device).
         **options: any of the options below.
 
@@ -773,8 +774,7 @@ class Runner(Solver):
         row["peak_theoretical_bytes"] = r.peak_theoretical
         row["bytes_staged"] = r.bytes_staged
         row["n_batches"] = r.n_batches
-        if self.distributed:
-            row.update(self._load_columns(r))
+        row.update(self._load_columns(r))
         self._rows.append(row)
         return row
 
@@ -857,11 +857,14 @@ class Runner(Solver):
         return total, k_sel[order]
 
     def _load_columns(self, r) -> dict:
-        """History columns of a distributed step: per-rank loads and the de-dup metrics; the
-        same on every rank."""
+        """History columns of the loads, on one rank or several (the same on every rank): the
+        extremes over ranks, each rank's own counts (``sources_r<k>``, ``coupled_r<k>``,
+        ``unique_r<k>``, ``received_r<k>``: rows the de-dup exchange delivered to rank k,
+        ``t_busy_r<k>``: its seconds in the stages) and, on several ranks, the de-dup metrics."""
         table = np.stack(self.comm.allgather(np.asarray(r.loads, dtype=np.float64)))
         sources, coupled, unique = (table[:, k].astype(np.int64) for k in range(3))
-        return {
+        received = np.asarray(r.dedup.received, dtype=np.int64)
+        row = {
             "n_coupled": int(coupled.sum()),
             "n_ranks": self.comm.size,
             "sources_max": int(sources.max()),
@@ -872,7 +875,16 @@ class Runner(Solver):
             "unique_min": int(unique.min()),
             "t_busy_max": float(table[:, 3].max()),
             "t_busy_min": float(table[:, 3].min()),
-        } | {f"dedup_{k}": v for k, v in r.dedup.as_dict().items() if k != "method"}
+        }
+        for k in range(self.comm.size):
+            row[f"sources_r{k}"] = int(sources[k])
+            row[f"coupled_r{k}"] = int(coupled[k])
+            row[f"unique_r{k}"] = int(unique[k])
+            row[f"received_r{k}"] = int(received[k])
+            row[f"t_busy_r{k}"] = float(table[k, 3])
+        if self.distributed:
+            row.update({f"dedup_{k}": v for k, v in r.dedup.as_dict().items() if k != "method"})
+        return row
 
     # ------------------------------------------------------------------------------ running
     def kernel(

@@ -9,6 +9,7 @@ from cuscikit.viz.panels import (
     davidson_history,
     ising_history,
     plot_panels,
+    rank_loads,
 )
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "ising_history",
     "plot_convergence",
     "plot_panels",
+    "rank_loads",
     "widgets_available",
 ]

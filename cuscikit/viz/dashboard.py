@@ -12,6 +12,13 @@ Without ipywidgets the dashboard degrades to a static matplotlib figure that `st
 the foreground every `every` iterations (no buttons; the kernel's interrupt stops the run after
 the current iteration).
 
+What a front end receives is standard: the widgets are ipywidgets 8 core controls (a widget
+view of protocol version 2 with a text fallback; their JavaScript ships with every front end's
+widget manager, so nothing is fetched from the network), and the fallback is a plain PNG.
+JupyterLab renders them in the browser tests. VS Code's Jupyter extension renders ipywidgets 8
+through the same widget manager and controls packages (`@jupyter-widgets/jupyterlab-manager`
+5, `@jupyter-widgets/controls` 5) but is not run by the tests.
+
 Runs that are not stepped from outside (a GUGA Davidson solve, a dSB run) have no buttons to
 offer; their histories (`davidson_history`, `ising_history`) feed the same panels through
 `plot_panels`.

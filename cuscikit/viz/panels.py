@@ -5,8 +5,9 @@ A history is a pandas DataFrame with one row per iteration and an ``iteration`` 
 panels a history can feed, so the same code serves every iterative run in the package:
 
 - NNQS-SCI (`cuscikit.Runner.history`): energies of both estimators and with PT2, |S| and the
-  unique set, seconds per stage, the iteration's memory peak, and on several ranks the balance
-  of the per-rank loads and of the de-dup;
+  unique set, seconds per stage, the iteration's memory peak, and the balance of the per-rank
+  loads and of the de-dup (every history has each rank's counts; the panel is among the
+  default ones on several ranks);
 - a Davidson solve (`davidson_history` records ``callback(iteration, energies, residuals)``):
   energies and residual norms;
 - a dSB run (`ising_history` of a `cuscikit.ising.DSBResult`): the lowest replica energy and
@@ -45,15 +46,40 @@ ENERGY_COLUMNS = (
     ("e_best", "best so far", "-"),
     ("e_min", "lowest replica", ":"),
 )
-# Columns that start with t_ but are not stages of one iteration.
-_NOT_STAGES = {"t_total", "t_busy_max", "t_busy_min"}
-# Per-rank loads of a distributed history: (max column, min column, label).
+# Columns that start with t_ but are not stages of one iteration (totals, per-rank busy time).
+_NOT_STAGES = {"t_total"}
+_NOT_STAGE_PREFIX = "t_busy_"
+# Per-rank loads: (name, label); a history has ``<name>_r<k>`` per rank k, or only the
+# extremes ``<name>_max`` / ``<name>_min``.
 _LOADS = (
-    ("sources_max", "sources_min", "sources (S share)"),
-    ("coupled_max", "coupled_min", "coupled (generated)"),
-    ("unique_max", "unique_min", "unique (owned after de-dup)"),
-    ("t_busy_max", "t_busy_min", "busy seconds"),
+    ("sources", "sources (S share)"),
+    ("coupled", "coupled (generated)"),
+    ("unique", "unique (owned after de-dup)"),
+    ("received", "de-dup received"),
+    ("t_busy", "busy seconds"),
 )
+
+
+def rank_loads(history: pd.DataFrame, name: str) -> np.ndarray | None:
+    """The per-rank column ``<name>_r<k>`` of every rank k as an (iterations, ranks) array,
+    or None when the history has none.
+
+    Example:
+        >>> h = pd.DataFrame({"iteration": [1, 2], "unique_r0": [3, 5], "unique_r1": [4, 5]})
+        >>> rank_loads(h, "unique").tolist()
+        [[3.0, 4.0], [5.0, 5.0]]
+    """
+    cols, k = [], 0
+    while f"{name}_r{k}" in history:
+        cols.append(f"{name}_r{k}")
+        k += 1
+    return history[cols].to_numpy(dtype=float) if cols else None
+
+
+def _has_loads(history: pd.DataFrame) -> bool:
+    return rank_loads(history, "unique") is not None or (
+        "unique_max" in history and "unique_min" in history
+    )
 
 
 def _finite(history: pd.DataFrame, column: str) -> bool:
@@ -71,7 +97,11 @@ def energy_columns(history: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 def stage_columns(history: pd.DataFrame) -> list[str]:
     """The per-stage time columns (``t_*`` but not totals or per-rank extremes)."""
-    return [c for c in history.columns if c.startswith("t_") and c not in _NOT_STAGES]
+    return [
+        c
+        for c in history.columns
+        if c.startswith("t_") and c not in _NOT_STAGES and not c.startswith(_NOT_STAGE_PREFIX)
+    ]
 
 
 def _draw_energy(history: pd.DataFrame, ax, reference: float | None) -> None:
@@ -152,18 +182,24 @@ def _draw_memory(history: pd.DataFrame, ax, reference: float | None) -> None:
 
 def _draw_balance(history: pd.DataFrame, ax, reference: float | None) -> None:
     it = history["iteration"].to_numpy()
-    for hi, lo, label in _LOADS:
-        if hi in history and lo in history:
-            top, bottom = history[hi].to_numpy(float), history[lo].to_numpy(float)
-            # undefined while a rank holds nothing (the first iterations of a small S)
-            ratio = np.divide(top, bottom, out=np.full_like(top, np.nan), where=bottom > 0)
-            ax.plot(it, ratio, label=label)
-    if "dedup_received_max_min" in history:
-        ax.plot(it, history["dedup_received_max_min"], ":", label="de-dup received")
+    for name, label in _LOADS:
+        per_rank = rank_loads(history, name)
+        if per_rank is not None:
+            top, bottom = per_rank.max(axis=1), per_rank.min(axis=1)
+        elif f"{name}_max" in history and f"{name}_min" in history:
+            top = history[f"{name}_max"].to_numpy(float)
+            bottom = history[f"{name}_min"].to_numpy(float)
+        elif name == "received" and "dedup_received_max_min" in history:
+            top, bottom = history["dedup_received_max_min"].to_numpy(float), np.ones(len(it))
+        else:
+            continue
+        # undefined while a rank holds nothing (the first iterations of a small S)
+        ratio = np.divide(top, bottom, out=np.full_like(top, np.nan), where=bottom > 0)
+        ax.plot(it, ratio, ":" if name == "received" else "-", label=label)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("max / min over ranks")
     n = int(history["n_ranks"].iloc[-1]) if "n_ranks" in history else 0
-    ax.set_title(f"load balance, {n} ranks (1 = even)", fontsize=9)
+    ax.set_title(f"load balance, {n} rank{'s' if n != 1 else ''} (1 = even)", fontsize=9)
     ax.legend(fontsize=7, loc="best")
 
 
@@ -182,12 +218,15 @@ class Panel:
         title: the axes title.
         applies: history -> whether this panel has the columns it needs.
         draw: (history, ax, reference) -> None.
+        shown_by_default: history -> whether the panel is among the default ones (the balance
+            of a single rank is drawn only when asked for by name).
     """
 
     name: str
     title: str
     applies: Callable[[pd.DataFrame], bool]
     draw: Callable[[pd.DataFrame, object, float | None], None]
+    shown_by_default: Callable[[pd.DataFrame], bool] = lambda h: True
 
 
 PANELS: dict[str, Panel] = {
@@ -205,8 +244,9 @@ PANELS: dict[str, Panel] = {
         Panel(
             "balance",
             "per-rank balance",
-            lambda h: "unique_max" in h and "unique_min" in h,
+            _has_loads,
             _draw_balance,
+            shown_by_default=lambda h: "n_ranks" not in h or int(h["n_ranks"].max()) > 1,
         ),
         Panel("residual", "Davidson residual", lambda h: _finite(h, "residual"), _draw_residual),
     )
@@ -218,18 +258,19 @@ def available_panels(history: pd.DataFrame, names: Iterable[str] | None = None) 
 
     Args:
         history: one row per iteration with an ``iteration`` column.
-        names: restrict to these panel names (unknown names raise ValueError).
+        names: restrict to these panel names (unknown names raise ValueError); default:
+            every panel, less the balance of a single rank.
     """
+    if "iteration" not in history:
+        raise ValueError("a history needs an 'iteration' column")
     if names is None:
-        chosen = list(PANELS.values())
+        chosen = [p for p in PANELS.values() if p.shown_by_default(history)]
     else:
         names = list(names)
         unknown = [n for n in names if n not in PANELS]
         if unknown:
             raise ValueError(f"unknown panels {unknown}; choose from {sorted(PANELS)}")
         chosen = [PANELS[n] for n in names]
-    if "iteration" not in history:
-        raise ValueError("a history needs an 'iteration' column")
     return [p for p in chosen if p.applies(history)]
 
 

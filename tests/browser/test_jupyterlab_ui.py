@@ -1,11 +1,15 @@
 """The notebooks in a real JupyterLab, driven by Playwright in the system's Chromium.
 
-Opt-in (``CUSCIKIT_BROWSER_TESTS=1``; ``bash tools/browser_tests.sh`` installs what they need and
-runs them): JupyterLab is started on the loopback interface with a random token, each notebook is
-opened in the real UI and run with Run > Run All Cells at CI's small sizes; the test waits until
-every code cell has an execution count, then asserts that no output is an error and that the
-dashboard's widgets were rendered. A screenshot of each notebook is written to
-``CUSCIKIT_BROWSER_ARTIFACTS`` (default: the test's temporary folder), whatever the outcome.
+Run by ``bash tools/browser_tests.sh`` (which installs what they need; `.ci/run` calls it after
+the test suite), skipped otherwise (``CUSCIKIT_BROWSER_TESTS=1`` turns them on): JupyterLab is
+started on the loopback interface with a random token, each notebook is opened in the real UI
+and run with Run > Run All Cells at CI's small sizes; the test waits until every code cell has
+an execution count, then asserts that no output is an error, that every widget output was
+rendered by the widget manager (no "Error displaying widget", no text fallback) and that the
+dashboard's buttons and picture are there. A failing notebook leaves a screenshot, the text of
+its outputs and JupyterLab's log in ``CUSCIKIT_BROWSER_ARTIFACTS`` (default: the test's
+temporary folder); ``CUSCIKIT_BROWSER_KEEP=all`` keeps the screenshots of passing ones too.
+``CUSCIKIT_BROWSER_TIMEOUT``: seconds per notebook (default 600, for a loaded 2-core machine).
 
 The browser is the distribution's Chromium (``/usr/bin/chromium``, or ``CUSCIKIT_CHROMIUM``), not
 one that Playwright downloads.
@@ -47,6 +51,12 @@ SETTINGS = {
 }
 # Markers that an output area holds a Python error (JupyterLab renders them as stderr text).
 ERROR_MARKS = ("Traceback (most recent call last)", "Cell In[")
+# Markers of a widget output that the widget manager did not render: its error, the
+# placeholder of a model that never arrived, tqdm's text fallback without ipywidgets.
+WIDGET_FAILURES = ("Error displaying widget", "Loading widget...", "IProgress not found")
+# Widget views each notebook shows at least: 01 the dashboard (a box of 5 controls, status,
+# picture), 02 and 06 ipyparallel's progress bars while the engines start and run.
+WIDGETS_AT_LEAST = {"01_": 5, "02_": 1, "06_": 1}
 
 
 def _importable(name: str) -> bool:
@@ -59,7 +69,7 @@ def _importable(name: str) -> bool:
 
 def _requirements():
     if os.environ.get("CUSCIKIT_BROWSER_TESTS") != "1":
-        pytest.skip("opt-in: CUSCIKIT_BROWSER_TESTS=1 (bash tools/browser_tests.sh)")
+        pytest.skip("run in their own step: bash tools/browser_tests.sh (CUSCIKIT_BROWSER_TESTS=1)")
     missing = [m for m in ("playwright", "jupyterlab", "ipywidgets") if not _importable(m)]
     if not Path(CHROMIUM).is_file():
         missing.append(CHROMIUM)
@@ -106,7 +116,7 @@ def lab(tmp_path_factory):
     log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while True:
         try:
             urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5)
@@ -153,6 +163,19 @@ def _errors(page) -> list[str]:
     return [t for t in texts if any(m in t for m in ERROR_MARKS)]
 
 
+def _keep(page, lab, path: Path, out: Path, failed: bool) -> None:
+    """A failing notebook's screenshot, output texts and the server's log into `out`."""
+    try:
+        page.screenshot(path=str(out / f"{path.stem}.png"))
+        if failed:
+            texts = page.locator(".jp-OutputArea-output").all_inner_texts()
+            (out / f"{path.stem}-outputs.txt").write_text("\n----\n".join(texts))
+    except Exception as exc:  # noqa: BLE001 - a crashed page: say so, keep the log
+        (out / f"{path.stem}-screenshot-failed.txt").write_text(repr(exc))
+    if failed:
+        shutil.copy(lab["root"] / "jupyterlab.log", out / f"{path.stem}-jupyterlab.log")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_in_jupyterlab(path, lab, browser, tmp_path):
     name = path.name
@@ -169,8 +192,10 @@ def test_notebook_runs_in_jupyterlab(path, lab, browser, tmp_path):
     n_code = sum(c.cell_type == "code" for c in doc.cells)
     out = Path(os.environ.get("CUSCIKIT_BROWSER_ARTIFACTS", tmp_path))
     out.mkdir(parents=True, exist_ok=True)
+    keep_all = os.environ.get("CUSCIKIT_BROWSER_KEEP") == "all"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     t0 = time.monotonic()
+    failed, widgets = True, 0
     try:
         # ?reset: a fresh workspace, this notebook the only tab (Run All acts on it)
         page.goto(f"{lab['base']}/lab/tree/{name}?reset&token={lab['token']}")
@@ -193,20 +218,32 @@ def test_notebook_runs_in_jupyterlab(path, lab, browser, tmp_path):
                 break
             errors = _errors(page)
             assert not errors, f"{name}: error output: {errors[0][:2000]}"
-            assert time.monotonic() - t0 < limit, f"{name}: {len(done)}/{n_code} cells ran"
+            assert time.monotonic() - t0 < limit, (
+                f"{name}: {len(done)} of {n_code} code cells ran within {limit:.0f} s "
+                "(CUSCIKIT_BROWSER_TIMEOUT)"
+            )
             time.sleep(1.0)
         errors = _errors(page)
         assert not errors, f"{name}: error output: {errors[0][:2000]}"
+        texts = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        broken = [m for m in WIDGET_FAILURES if m in texts]
+        assert not broken, f"{name}: a widget output was not rendered: {broken}"
+        widgets = page.locator(".jp-OutputArea-output .jupyter-widgets").count()
+        for prefix, least in WIDGETS_AT_LEAST.items():
+            if name.startswith(prefix):
+                assert widgets >= least, f"{name}: {widgets} widget views rendered, not {least}"
         if name.startswith("01_"):  # the dashboard's controls, rendered by the widget manager
             for label in ("Start", "Pause", "Stop", "Checkpoint"):
                 assert page.get_by_role("button", name=label).count() >= 1, label
-            assert page.locator(".jp-OutputArea-output img").count() >= 1
+            assert page.locator(".jp-OutputArea-output .widget-image").count() >= 1
         images = page.locator(".jp-OutputArea-output img")
-        if images.count():  # a second picture: the first figure in view
-            images.first.scroll_into_view_if_needed()
-            page.screenshot(path=str(out / f"{path.stem}-figure.png"))
+        if images.count() and keep_all:  # the first and the last figure in view
+            for which, image in (("first", images.first), ("last", images.last)):
+                image.scroll_into_view_if_needed()
+                page.screenshot(path=str(out / f"{path.stem}-{which}-figure.png"))
+        failed = False
     finally:
-        page.screenshot(path=str(out / f"{path.stem}.png"))
+        _keep(page, lab, path, out if failed or keep_all else tmp_path, failed)
         page.close()
         _shutdown_sessions(lab)
-        print(f"{name}: {time.monotonic() - t0:.0f} s in the browser")
+        print(f"{name}: {time.monotonic() - t0:.0f} s in the browser, {widgets} widget views")

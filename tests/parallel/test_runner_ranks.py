@@ -94,6 +94,12 @@ def test_thread_ranks_match_single_rank(P):
     assert (history["n_ranks"] == P).all()
     assert (history["dedup_items"] >= history["n_unique"]).all()
     assert (history["unique_max"] - history["unique_min"] <= 1).all()  # exact equal shares
+    for name, total in (("sources", "n_space"), ("coupled", "n_coupled"), ("unique", "n_unique")):
+        per_rank = history[[f"{name}_r{k}" for k in range(P)]]  # each rank's own count
+        assert (per_rank.sum(axis=1) == history[total]).all(), name
+        assert (per_rank.max(axis=1) == history[f"{name}_max"]).all(), name
+    received = history[[f"received_r{k}" for k in range(P)]].sum(axis=1)
+    assert (received >= history["n_unique"]).all() and f"unique_r{P}" not in history
 
 
 def test_gpu_pipeline_on_several_ranks_needs_a_cuda_ansatz():

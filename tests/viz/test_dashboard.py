@@ -11,7 +11,7 @@ import pytest
 
 from cuscikit.lib.callbacks import Callback, RunStatus
 from cuscikit.viz import Dashboard, available_panels, plot_panels, widgets_available
-from cuscikit.viz.panels import CHEMICAL_ACCURACY, energy_columns
+from cuscikit.viz.panels import CHEMICAL_ACCURACY, energy_columns, stage_columns
 
 
 def nnqs_like(n=5, pt2=True, ranks=0):
@@ -69,6 +69,27 @@ def test_balance_panel_skips_ranks_that_hold_nothing():
     sources = ax.get_lines()[0].get_ydata()
     assert np.isnan(sources[0]) and np.allclose(sources[1:], 1.1)
     assert ax.get_title() == "load balance, 2 ranks (1 = even)"
+
+
+def test_balance_panel_reads_each_ranks_counts():
+    h = nnqs_like()
+    h["n_ranks"] = 3
+    for name in ("sources", "coupled", "unique", "received", "t_busy"):
+        for k in range(3):
+            h[f"{name}_r{k}"] = (k + 1) * h["iteration"]  # rank k carries k + 1 shares
+    h.loc[0, "unique_r0"] = 0  # a rank that owns nothing: no ratio
+    assert "balance" in [p.name for p in available_panels(h)]
+    assert stage_columns(h) == ["t_generation", "t_dedup"]  # busy seconds are not a stage
+    ax = plot_panels(h, ["balance"]).axes[0]
+    lines = {ln.get_label(): ln.get_ydata() for ln in ax.get_lines()}
+    assert set(lines) >= {"sources (S share)", "de-dup received", "busy seconds"}
+    assert np.allclose(lines["sources (S share)"], 3.0)
+    unique = lines["unique (owned after de-dup)"]
+    assert np.isnan(unique[0]) and np.allclose(unique[1:], 3.0)
+    one = h[["iteration", "n_space", "sources_r0", "unique_r0"]].assign(n_ranks=1)
+    # one rank: drawn when asked for, not among the default panels
+    assert "balance" not in [p.name for p in available_panels(one)]
+    assert plot_panels(one, ["balance"]).axes[0].get_title() == "load balance, 1 rank (1 = even)"
 
 
 def test_energy_panel_draws_errors_and_the_accuracy_band():
@@ -169,6 +190,41 @@ def _until(cond, timeout=20.0):
         time.sleep(0.01)
 
 
+def test_outputs_are_standard_mime_bundles(monkeypatch):
+    """What any notebook front end receives (JupyterLab, VS Code's Jupyter extension, ...): an
+    ipywidgets 8 widget view (protocol 2) with a text fallback, every model one of the core
+    controls (their JavaScript ships with the front end's widget manager, nothing is fetched),
+    and without ipywidgets a plain PNG."""
+    _ipywidgets()
+    drv = Counter()
+    drv.step()
+    box = Dashboard(drv, widgets=True).show()
+    bundle = box._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["version_major"] == 2 and view["model_id"] == box.model_id
+    assert "text/plain" in bundle
+
+    def tree(w):
+        yield w
+        for child in getattr(w, "children", ()):
+            yield from tree(child)
+
+    seen = set()
+    for w in tree(box):
+        assert w._model_module in ("@jupyter-widgets/controls", "@jupyter-widgets/base"), w
+        assert w._model_module_version == w._view_module_version == "2.0.0", w
+        seen.add(w._model_name)
+    assert {"ButtonModel", "BoundedIntTextModel", "HTMLModel", "ImageModel"} <= seen
+    assert box.children[2].value[:8] == b"\x89PNG\r\n\x1a\n"  # the panels as a PNG widget
+
+    import cuscikit.viz.dashboard as d
+
+    monkeypatch.setattr(d, "widgets_available", lambda: False)
+    static = Dashboard(drv)._static()._repr_mimebundle_()
+    static = static[0] if isinstance(static, tuple) else static
+    assert list(static) == ["image/png"]
+
+
 def test_widget_buttons_pause_checkpoint_resume_stop(tmp_path):
     _ipywidgets()
     drv = Counter(delay=0.01)
@@ -236,4 +292,10 @@ def test_runner_dashboard_checkpoint_resumes(tmp_path):
     again = Runner(mol, Ansatz.for_molecule(mol, seed=1), topk=8, seed=0, verbose=0).load(path)
     assert again.iteration == 2 and np.array_equal(again.space.configs, runner.space.configs)
     assert [p.name for p in dash.panels()] == ["energy", "space", "stages", "memory"]
+    h = runner.history  # one rank's loads are in the history too, for the balance panel
+    assert (h["n_ranks"] == 1).all() and (h["sources_r0"] == h["n_space"]).all()
+    assert (h["unique_r0"] == h["n_unique"]).all() and (h["coupled_r0"] == h["n_coupled"]).all()
+    assert (h["received_r0"] >= h["unique_r0"]).all() and (h["t_busy_r0"] > 0).all()
+    assert "sources_r1" not in h and len(plot_panels(h, ["balance"]).axes) == 1
+    assert again.history.equals(h)  # the checkpoint keeps every column
     assert (runner.history["peak_memory_bytes"] > 0).all()
