@@ -330,11 +330,7 @@ def solve(
     else:  # the kernel scored with float32 couplings: rescore in float64
         rep_e = model.energy(replica_spins)
         energy = model.energy(spins)
-    t_polish = 0.0
-    if polish:
-        t2 = time.perf_counter()
-        spins, energy = _polish(model, replica_spins, rep_e, spins, energy)
-        t_polish = time.perf_counter() - t2
+    spins, energy, t_polish = _polish(model, replica_spins, rep_e, spins, energy, polish)
     value = model.value(spins)
     wall = time.perf_counter() - t0
     return DSBResult(
@@ -393,11 +389,7 @@ def _solve_reduced(
     history = r.history.copy()
     history["e_min"] += red.constant
     history["e_best"] += red.constant
-    t_polish = 0.0
-    if polish:
-        t2 = time.perf_counter()
-        spins, energy = _polish(model, replica_spins, rep_e, spins, energy)
-        t_polish = time.perf_counter() - t2
+    spins, energy, t_polish = _polish(model, replica_spins, rep_e, spins, energy, polish)
     value = model.value(spins)
     timings = dict(r.timings, reduce_s=t_reduce, expand_s=t_expand, polish_s=t_polish)
     return DSBResult(
@@ -422,15 +414,19 @@ def _solve_reduced(
     )
 
 
-def _polish(model, replica_spins, rep_e, spins, energy):
-    """`greedy_descent` from the POLISH_ROWS lowest replicas; the lowest result if it is lower."""
+def _polish(model, replica_spins, rep_e, spins, energy, polish=True):
+    """`greedy_descent` from the POLISH_ROWS lowest replicas; the lowest result if it is lower.
+    Returns (spins, energy, seconds spent); without `polish`, the input and 0.0."""
+    if not polish:
+        return spins, energy, 0.0
+    t0 = time.perf_counter()
     order = np.argsort(rep_e, kind="stable")[:POLISH_ROWS]
     cand = greedy_descent(model, replica_spins[order])
     e = model.energy(cand)
     j = int(np.argmin(e))
     if e[j] < energy:
-        return cand[j], e[j].item()
-    return spins, energy
+        spins, energy = cand[j], e[j].item()
+    return spins, energy, time.perf_counter() - t0
 
 
 class DSBSolver(Solver):
