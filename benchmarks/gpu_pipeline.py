@@ -9,7 +9,9 @@ Sections (run any subset; each prints a table, all tables are printed again at t
              radix sort on a slice.
 - iteration: one NNQS-SCI iteration on N2/cc-pVDZ with --sources source configurations,
              baseline pipeline (CPU generation and de-dup, GPU inference) vs the GPU pipeline:
-             seconds per stage.
+             seconds per stage; --inference module,fused times each pipeline with ln psi
+             from the module (eager/recorded, or compiled with --compile) and from the fused
+             Triton kernel (cuscikit.nnqs.fast_infer).
 - memory:    theoretical (all intermediates resident) vs measured peak at |S| = --space-size
              for H2O, C2H4O, C2 and N2, and one run under a cap well below the theoretical peak.
 
@@ -209,15 +211,16 @@ def bench_dedup(args):
 
 
 # --------------------------------------------------------------------------------- iteration
-def inference_rate(ansatz, configs, batch_size):
+def inference_rate(ansatz, configs, batch_size, fn=None):
     """ln psi evaluations per second (no gradient), measured on `configs`."""
     x = ops.to_device(configs, DEV)
+    fn = ansatz.log_psi if fn is None else fn
     with torch.no_grad():
-        ansatz.log_psi(x[:batch_size])
+        fn(x[:batch_size])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for lo in range(0, len(x), batch_size):
-            ansatz.log_psi(x[lo : lo + batch_size])
+            fn(x[lo : lo + batch_size])
         torch.cuda.synchronize()
     return len(x) / (time.perf_counter() - t0)
 
@@ -253,19 +256,30 @@ def bench_iteration(args):
     mol = Molecule.load("N2/cc-pVDZ")
     base = Ansatz.for_molecule(mol, seed=0, device=DEV)
     pipelines = args.pipelines.split(",")
-    # Both pipelines infer ln psi over U: pick the largest source count whose iterations fit
+    inferences = args.inference.split(",")
+    runs = [(p, i) for p in pipelines for i in inferences]
+    # Every run infers ln psi over U: pick the largest source count whose iterations fit
     # the time budget (256,000 is the target; the table says what ran).
     probe = sample_space(mol, 200_000, seed=1)
-    rate = inference_rate(base, probe, args.batch_size) * (2.0 if args.compile else 1.0)
-    print(f"# ansatz inference: {rate:.3e} configurations/s expected (batch {args.batch_size})")
+    rates = {}
+    if "module" in inferences:
+        rates["module"] = inference_rate(base, probe, args.batch_size) * (
+            2.0 if args.compile else 1.0
+        )
+    if "fused" in inferences:
+        from cuscikit.nnqs.fast_infer import FusedInference
+
+        rates["fused"] = inference_rate(base, probe, args.batch_size, FusedInference(base))
+    for k, v in rates.items():
+        print(f"# {k} inference: {v:.3e} configurations/s expected (batch {args.batch_size})")
     n = args.sources
     while True:
         t_s, S = wall(lambda n=n: sample_space(mol, n))
         u = unique_count(mol, S)
-        est = 1.2 * len(pipelines) * u / rate
+        est = 1.2 * sum(u / rates[i] for _, i in runs)
         print(
             f"# {n:,} sources (sampled in {t_s:.1f} s): |U| = {u:,}, estimated {est:.0f} s "
-            f"for {len(pipelines)} iteration(s)",
+            f"for {len(runs)} iteration(s)",
             flush=True,
         )
         if est < args.max_seconds or n <= 8000:
@@ -275,7 +289,7 @@ def bench_iteration(args):
     Runner(mol, copy.deepcopy(base), SCISpace(mol, S[:2000]), max_space=None, pipeline="gpu").step()
     rows = []
     raw = {}
-    for pipeline in pipelines:
+    for pipeline, inference in runs:
         torch.cuda.empty_cache()
         r = Runner(
             mol,
@@ -286,14 +300,16 @@ def bench_iteration(args):
             pipeline=pipeline,
             batch_size=args.batch_size,
             compile_inference=args.compile,
+            fused_inference=inference == "fused",
         )
-        t_compile = warm_compiled(r, probe, args.batch_size) if args.compile else 0.0
+        compiled = args.compile and inference == "module"
+        t_compile = warm_compiled(r, probe, args.batch_size) if compiled else 0.0
         row = r.step()
-        raw[pipeline] = row
+        raw[(pipeline, inference)] = row
         tot = row["t_total"]
         rows.append(
             [
-                pipeline + (" (compiled)" if args.compile else ""),
+                pipeline + (" (compiled)" if compiled else "") + f", {inference} ln psi",
                 f"{row['n_space']:,}",
                 f"{row['n_coupled']:,}",
                 f"{row['n_unique']:,}",
@@ -315,9 +331,12 @@ def bench_iteration(args):
         del r
     title = f"One NNQS-SCI iteration, N2/cc-pVDZ, {n:,} sources"
     if len(raw) == 2:
-        speed = raw["baseline"]["t_total"] / raw["gpu"]["t_total"]
-        agree = abs(raw["baseline"]["e_coupled"] - raw["gpu"]["e_coupled"])
-        title += f": end-to-end speedup {speed:.2f}x; |dE| baseline vs gpu {agree:.1e} Ha"
+        (a, ra), (b, rb) = raw.items()
+        speed = ra["t_total"] / rb["t_total"]
+        agree = abs(ra["e_coupled"] - rb["e_coupled"])
+        title += (
+            f": end-to-end speedup {speed:.2f}x; |dE| {'/'.join(a)} vs {'/'.join(b)} {agree:.1e} Ha"
+        )
     table(
         title,
         [
@@ -441,6 +460,12 @@ def main():
         "--pipelines",
         default="gpu,baseline",
         help="iteration section: which pipelines to time (comma-separated)",
+    )
+    ap.add_argument(
+        "--inference",
+        default="module",
+        help="iteration section: ln psi from the module and/or the fused kernel "
+        "(comma-separated: module,fused)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

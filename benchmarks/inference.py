@@ -2,11 +2,16 @@
 
 Variants: eager float32 (the default), eager with TF32 matmuls, bfloat16 autocast, the
 float32 pass recorded as a CUDA graph per batch size (`cuscikit.nnqs.graphs.InferenceGraph`,
-what `Runner(graphs=...)` uses for batches up to its batch size) and torch.compile'd float32;
-each with its largest |ln psi - ln psi(float64)| on the same batch, and a profiler table of the
-eager float32 pass (where the time goes).
+what `Runner(graphs=...)` uses for batches up to its batch size), torch.compile'd float32 and
+the fused Triton kernel (`cuscikit.nnqs.fast_infer`, what `Runner(fused_inference=...)` uses)
+in each precision and block shape asked for; each with its largest |ln psi - ln psi(float64)|
+on the same batch, and a profiler table of the eager float32 pass (where the time goes).
 
     python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
+        [--fused tf32x3:auto:auto ieee:auto:auto] [--json rows.json]
+
+A --fused entry is precision:block:warps (block = configurations per program, warps per
+program; "auto" = the library's choice).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
 import time
 
 import torch
@@ -22,6 +28,7 @@ from benchmarks_space import sample_space
 
 from cuscikit import Ansatz, Molecule
 from cuscikit.backends.keys import to_device
+from cuscikit.nnqs.fast_infer import FusedInference, unsupported_reason
 from cuscikit.nnqs.graphs import InferenceGraph
 
 DEV = torch.device("cuda")
@@ -45,6 +52,14 @@ def main():
     ap.add_argument("--n", type=int, default=524288)
     ap.add_argument("--systems", nargs="+", default=["N2/cc-pVDZ", "N2"])
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument(
+        "--fused",
+        nargs="*",
+        default=["tf32x3:auto:auto", "ieee:auto:auto", "tf32:auto:auto"],
+        help="fused-kernel variants, precision:block:warps",
+    )
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
     rows = []
     for name in args.systems:
@@ -87,12 +102,31 @@ def main():
             torch.cuda.synchronize()
             print(f"# compile {name}: {time.perf_counter() - t0:.1f} s")
             variants.append(("compiled fp32", comp, contextlib.nullcontext))
+        why = unsupported_reason(a32)
+        for spec in args.fused if why is None else []:
+            prec, block, warps = spec.split(":")
+            fused = FusedInference(
+                a32,
+                precision=prec,
+                block=None if block == "auto" else int(block),
+                num_warps=None if warps == "auto" else int(warps),
+            )
+            t0 = time.perf_counter()
+            fused(x[: args.batch])
+            torch.cuda.synchronize()
+            label = f"fused {prec} block {fused.block} warps {fused.num_warps}"
+            print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
+            variants.append((label, fused, contextlib.nullcontext))
+        if why is not None:
+            print(f"# fused kernel not run: {why}")
         for label, fn, ctx in variants:
             with ctx():
                 r = rate(fn, x, args.batch)
                 e = err(fn)
             rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
-            print(rows[-1])
+            print(rows[-1], flush=True)
+        if args.no_profile:
+            continue
         with (
             torch.no_grad(),
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof,
@@ -105,6 +139,9 @@ def main():
         ["system", "qubits", "d_model", "variant", "configs/s", "max |d ln psi|"],
         rows,
     )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
 
 
 if __name__ == "__main__":

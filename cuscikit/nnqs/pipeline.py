@@ -128,6 +128,10 @@ class Pipeline:
         compile_inference: evaluate ln psi over U with a `torch.compile`d forward pass (about
             2x the eager throughput of the default network on an H200, after a few seconds of
             compilation; results equal to float32 rounding).
+        fused_inference: a `cuscikit.nnqs.fast_infer.FusedInference` of the ansatz: ln psi
+            without gradient over U through the fused kernel (None: the module). Its first
+            batch is checked against the module in float64 (`FusedInference.verify`); past
+            1e-5 in ln psi it is dropped with a warning and the module runs instead.
         want_pairs: also return the H_SS entries of this rank's sources (inner steps).
         pt2: also return the terms of the Epstein-Nesbet second-order correction.
     """
@@ -142,6 +146,7 @@ class Pipeline:
         budget=None,
         staging: str = "auto",
         compile_inference: bool = False,
+        fused_inference=None,
         want_pairs: bool = False,
         pt2: bool = False,
     ):
@@ -159,6 +164,8 @@ class Pipeline:
         self.budget, self.staging = budget, staging
         self.want_pairs, self.pt2 = want_pairs, pt2
         self._infer = torch.compile(ansatz.log_psi) if compile_inference else ansatz.log_psi
+        self.fused_inference = fused_inference
+        self._fused_checked = False
         self._stash = None
         if self.gpu:
             from cuscikit.backends.staging import HostStaging
@@ -266,12 +273,29 @@ class Pipeline:
                 if is_tensor(configs)
                 else torch.from_numpy(np.ascontiguousarray(configs).view(np.int64))
             )  # tensors in: compile-friendly
-            lp = None
-            if self.inference_graph is not None and len(x) <= self.batch_size:
+            lp = self._fused(x) if self.fused_inference is not None else None
+            if lp is None and self.inference_graph is not None and len(x) <= self.batch_size:
                 lp = self._graphed(x)
             if lp is None:
                 lp = self._infer(x).detach()
         return self._to_engine(lp)
+
+    def _fused(self, configs) -> torch.Tensor | None:
+        """ln psi through the fused kernel; its first batch checked against the module in
+        float64 (None, and the module from now on, when it misses the tolerance)."""
+        fused = self.fused_inference
+        if not self._fused_checked:
+            self._fused_checked = True
+            err = fused.verify(configs[:256])
+            if not err <= fused.tolerance:
+                warnings.warn(
+                    f"fused inference differs from the module by {err:.1e} in ln psi "
+                    f"(tolerance {fused.tolerance:.0e}); the module runs instead",
+                    stacklevel=3,
+                )
+                self.fused_inference = None
+                return None
+        return fused(configs)
 
     def _graphed(self, configs) -> torch.Tensor | None:
         """ln psi through the recorded forward passes; None (and eager from now on) when

@@ -187,6 +187,11 @@ class Runner(Solver):
             (about 2x faster on an H200 after a few seconds of compilation; equal to float32
             rounding). With it, ``graphs="auto"`` stays off (``graphs=True`` records the eager
             ansatz for the optimiser stage beside the compiled inference).
+        fused_inference: ln psi without gradient over the unique set through the fused Triton
+            kernel (`cuscikit.nnqs.fast_infer`): "auto" (default: on for a float32 ansatz of a
+            supported size on a CUDA device with Triton; its first batch is checked against
+            the module in float64 and the module runs instead past 1e-5 in ln psi), True (the
+            same, but an error where it cannot run) or False (the module).
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
@@ -240,6 +245,7 @@ class Runner(Solver):
     max_gpu_memory: int | None = None
     staging: str = "auto"
     compile_inference: bool = False
+    fused_inference: bool | str = "auto"
     inner_steps: int = DEFAULT_INNER_STEPS
     graphs: bool | str = "auto"
     pt2: bool = True
@@ -267,6 +273,7 @@ class Runner(Solver):
         "max_gpu_memory",
         "staging",
         "compile_inference",
+        "fused_inference",
         "seed",
     )
 
@@ -357,6 +364,10 @@ class Runner(Solver):
         positive_int("inner_steps", self.inner_steps, minimum=0)
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
             raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
+        if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
+            raise ValueError(
+                f"fused_inference must be True, False or 'auto', got {self.fused_inference!r}"
+            )
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}: use one of {ESTIMATORS}")
         if self.pipeline not in PIPELINES:
@@ -400,6 +411,7 @@ class Runner(Solver):
             budget=budget,
             staging=self.staging,
             compile_inference=self.compile_inference,
+            fused_inference=self._fused_inference(),
             want_pairs=self.inner_steps > 0,
             pt2=bool(self.pt2),
         )
@@ -408,6 +420,21 @@ class Runner(Solver):
         self._graphs_off: str | None = None
         self._set_graph_inference()  # raises for graphs=True where graphs cannot run
         self._built_with = {k: getattr(self, k) for k in self._structural}
+
+    def _fused_inference(self):
+        """The `fused_inference` option resolved: a FusedInference of the ansatz, or None."""
+        if self.fused_inference is False:
+            return None
+        from cuscikit.nnqs.fast_infer import FusedInference, unsupported_reason
+
+        why = unsupported_reason(self.ansatz)
+        if why is None and self.device.type != "cuda":
+            why = f"the runner is on {self.device.type}, the fused kernel needs CUDA"
+        if why is not None:
+            if self.fused_inference is True:
+                raise ValueError(f"fused_inference=True, but {why}")
+            return None
+        return FusedInference(self.ansatz)
 
     def _choose_pipeline(self) -> str:
         if self.device.type != "cuda":

@@ -1,0 +1,493 @@
+"""ln psi without gradient through one fused Triton kernel per batch.
+
+The amplitude of `cuscikit.nnqs.ansatz.Ansatz` (token and position embedding, the pre-LayerNorm
+transformer blocks with causal attention, the final LayerNorm, the head, the masked conditional
+log-probabilities and their sum) runs in one kernel: a program takes ``block`` configurations,
+reads their bits, and keeps the activations of all their positions in registers through every
+layer; only the weights (a few hundred KiB, from the L2 cache) and one number per configuration
+touch memory. The phase MLP stays the module's own (``Ansatz.phase``): wide float32 products
+that cuBLAS already runs near the chip's float32 rate.
+
+The tiny widths are laid out for the tensor cores: d_model is padded to a power of two, the
+positions to a power of two per configuration, and attention runs per group of 16 feature
+columns (two heads of 8) as a batched product over (configuration, group), one masked head at a
+time. The products use ``tf32x3`` by default: each float32 operand is split into a TF32 high part
+and a TF32 remainder, and three TF32 products (high*high + high*low + low*high) give float32
+accuracy at tensor-core speed. ``precision="ieee"`` uses plain float32 FMAs (slower; for
+checking), ``"tf32"`` one TF32 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only
+to measure what the split buys).
+
+It is an inference path only: the gradient (over S) stays in PyTorch autograd, and the values
+agree with the module to float32 rounding (the tests hold it to 1e-5 in ln psi against float64,
+like the module's own float32 pass). `FusedInference.supported` says which sizes run fused.
+
+Example (needs a CUDA GPU and Triton):
+    >>> import torch
+    >>> from cuscikit import Ansatz, Molecule
+    >>> mol = Molecule.load("N2")
+    >>> psi = Ansatz.for_molecule(mol, seed=0, device="cuda")      # doctest: +SKIP
+    >>> fast = FusedInference(psi)                                   # doctest: +SKIP
+    >>> x = psi.sample(1000)[0]                                      # doctest: +SKIP
+    >>> float((fast(x) - psi.log_psi(x)).abs().max()) < 1e-5        # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["FusedInference", "unsupported_reason"]
+
+PRECISIONS = ("tf32x3", "ieee", "tf32")
+_MAX_D = 64  # widest d_model laid out (one 64-column tile)
+_MAX_LP = 64  # longest padded sequence
+_GROUP = 16  # feature columns per attention group (the tensor cores' smallest K)
+_FC = 64  # MLP hidden columns per chunk
+
+try:  # Triton ships with CUDA builds of torch; the module imports without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = None
+    tl = None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def unsupported_reason(ansatz) -> str | None:
+    """Why `FusedInference` cannot run this ansatz (None: it can), device aside.
+
+    Example:
+        >>> from cuscikit import Ansatz
+        >>> unsupported_reason(Ansatz(6, (3, 2), d_model=96, seed=0))
+        'd_model=96 is above 64'
+    """
+    from cuscikit.nnqs.ansatz import Ansatz
+
+    if not isinstance(ansatz, Ansatz):
+        return f"{type(ansatz).__name__} is not a cuscikit Ansatz"
+    if ansatz.dtype != torch.float32:
+        return f"the ansatz is {ansatz.dtype}, the fused kernel is float32"
+    d, h = ansatz.d_model, ansatz.n_heads
+    if d > _MAX_D:
+        return f"d_model={d} is above {_MAX_D}"
+    hd = d // h
+    if _GROUP % hd:
+        return f"head width {hd} does not divide {_GROUP}"
+    if _pow2(ansatz.norb) > _MAX_LP:
+        return f"norb={ansatz.norb} is above {_MAX_LP}"
+    if triton is None:
+        return "Triton is not installed"
+    return None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu(x):
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+
+    @triton.jit
+    def _layer_norm(h, w_ptr, b_ptr, c, colmask, D: tl.constexpr):
+        mean = tl.sum(h, 1) / D
+        xc = tl.where(colmask[None, :], h - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, 1) / D
+        rstd = 1.0 / tl.sqrt(var + 1e-5)
+        w = tl.load(w_ptr + c)
+        b = tl.load(b_ptr + c)
+        return xc * rstd[:, None] * w[None, :] + b[None, :]
+
+    @triton.jit
+    def _linear(x, w_ptr, b_ptr, rows_in, c_out, N: tl.constexpr, PREC: tl.constexpr):
+        """x (R, K) @ W (K, N) + b with W row-major at w_ptr."""
+        w = tl.load(w_ptr + rows_in[:, None] * N + c_out[None, :])
+        b = tl.load(b_ptr + c_out)
+        return tl.dot(x, w, input_precision=PREC) + b[None, :]
+
+    @triton.jit(do_not_specialize=["n"])  # one compilation for every batch size
+    def _amplitude_kernel(
+        cfg_ptr,
+        out_ptr,
+        n,
+        tok_emb,
+        pos_emb,
+        ln1w,
+        ln1b,
+        wq,
+        bq,
+        wk,
+        bk,
+        wv,
+        bv,
+        wo,
+        bo,
+        ln2w,
+        ln2b,
+        w1,
+        b1,
+        w2,
+        b2,
+        lnfw,
+        lnfb,
+        wh,
+        bias16,
+        scale,
+        NA: tl.constexpr,
+        NB: tl.constexpr,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        WORDS: tl.constexpr,
+        D: tl.constexpr,
+        DP: tl.constexpr,
+        HD: tl.constexpr,
+        NL: tl.constexpr,
+        FP: tl.constexpr,
+        FC: tl.constexpr,
+        BN: tl.constexpr,
+        PREC: tl.constexpr,
+    ):
+        R: tl.constexpr = BN * LP
+        NG: tl.constexpr = DP // 16
+        G: tl.constexpr = 16 // HD
+        pid = tl.program_id(0)
+        rows = tl.arange(0, R)
+        k = rows % LP  # position of each row
+        cfg = pid * BN + rows // LP  # configuration of each row
+        valid = cfg < n
+        j = tl.arange(0, LP)
+        # tokens t_j = n_j,alpha + 2 n_j,beta of each row's configuration: bits 2j, 2j+1
+        inside = j[None, :] < L
+        word = tl.load(
+            cfg_ptr + cfg[:, None].to(tl.int64) * WORDS + (j[None, :] // 32),
+            mask=valid[:, None] & inside,
+            other=0,
+        )
+        t2 = ((word >> (2 * (j[None, :] % 32)).to(tl.int64)) & 3).to(tl.int32)
+        t2 = tl.where(inside, t2, 0)
+        before = j[None, :] < k[:, None]
+        used_a = tl.sum(tl.where(before, t2 & 1, 0), 1)
+        used_b = tl.sum(tl.where(before, t2 >> 1, 0), 1)
+        target = tl.sum(tl.where(j[None, :] == k[:, None], t2, 0), 1)
+        prev = tl.sum(tl.where(j[None, :] == k[:, None] - 1, t2, 0), 1)
+        inp = tl.where(k == 0, 4, prev)  # the start token, then the previous orbital's
+
+        c = tl.arange(0, DP)
+        colmask = c < D
+        h = tl.load(tok_emb + inp[:, None] * DP + c[None, :])
+        h += tl.load(pos_emb + k[:, None] * DP + c[None, :])
+
+        c16 = tl.arange(0, 16)
+        cf = tl.arange(0, FC)
+        qi = tl.arange(0, LP)
+        causal = qi[None, :] <= qi[:, None]  # (query, key)
+        for layer in range(NL):
+            sq = layer * DP * DP
+            sv = layer * DP
+            x = _layer_norm(h, ln1w + sv, ln1b + sv, c, colmask, D)
+            q = _linear(x, wq + sq, bq + sv, c, c, DP, PREC) * scale
+            kk = _linear(x, wk + sq, bk + sv, c, c, DP, PREC)
+            v = _linear(x, wv + sq, bv + sv, c, c, DP, PREC)
+            # (configuration, position, group, 16) -> (configuration * group, position, 16)
+            qg = tl.reshape(
+                tl.permute(tl.reshape(q, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+            )
+            kg = tl.reshape(
+                tl.permute(tl.reshape(kk, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+            )
+            vg = tl.reshape(
+                tl.permute(tl.reshape(v, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+            )
+            kt = tl.permute(kg, (0, 2, 1))
+            o = tl.zeros((BN * NG, LP, 16), dtype=tl.float32)
+            for g in tl.static_range(G):
+                head = ((c16 // HD) == g).to(tl.float32)
+                s = tl.dot(qg * head[None, None, :], kt, input_precision=PREC)
+                s = tl.where(causal[None, :, :], s, -1.0e30)
+                m = tl.max(s, 2)
+                p = tl.exp(s - m[:, :, None])
+                p = p / tl.sum(p, 2)[:, :, None]
+                o += tl.dot(p, vg * head[None, None, :], input_precision=PREC)
+            y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, LP, 16)), (0, 2, 1, 3)), (R, DP))
+            h += _linear(y, wo + sq, bo + sv, c, c, DP, PREC)
+            x = _layer_norm(h, ln2w + sv, ln2b + sv, c, colmask, D)
+            acc = tl.zeros((R, DP), dtype=tl.float32)
+            for f0 in range(0, FP, FC):
+                wf = tl.load(w1 + layer * DP * FP + c[:, None] * FP + f0 + cf[None, :])
+                bf = tl.load(b1 + layer * FP + f0 + cf)
+                a = _gelu(tl.dot(x, wf, input_precision=PREC) + bf[None, :])
+                w2f = tl.load(w2 + layer * FP * DP + (f0 + cf[:, None]) * DP + c[None, :])
+                acc += tl.dot(a, w2f, input_precision=PREC)
+            h += acc + tl.load(b2 + sv + c)[None, :]
+
+        x = _layer_norm(h, lnfw, lnfb, c, colmask, D)
+        whd = tl.load(wh + c[:, None] * 16 + c16[None, :])
+        logits = tl.dot(x, whd, input_precision=PREC)
+        logits += tl.load(bias16 + k[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
+
+        # the tokens that keep the sector reachable, and the masked log-softmax
+        ua = used_a[:, None] + (c16[None, :] & 1)
+        ub = used_b[:, None] + (c16[None, :] >> 1)
+        rem = (L - 1 - k)[:, None]
+        real = c16[None, :] < 4
+        allowed = (ua <= NA) & (NA - ua <= rem) & (ub <= NB) & (NB - ub <= rem) & real
+        n_allowed = tl.sum(allowed.to(tl.int32), 1)
+        use = allowed | (real & (n_allowed == 0)[:, None])
+        lg = tl.where(use, logits, -1.0e30)
+        mx = tl.max(lg, 1)
+        lse = mx + tl.log(tl.sum(tl.where(use, tl.exp(lg - mx[:, None]), 0.0), 1))
+        pick = c16[None, :] == target[:, None]
+        lp = tl.sum(tl.where(pick, logits, 0.0), 1) - lse
+        ok = tl.sum((pick & allowed).to(tl.int32), 1)
+        lp = tl.where(k < L, lp, 0.0)
+        bad = ((k < L) & (ok == 0)).to(tl.int32)
+        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, LP)), 1)
+        nbad = tl.sum(tl.reshape(bad, (BN, LP)), 1)
+        amp = tl.where(nbad > 0, float("-inf"), amp)
+        ob = pid * BN + tl.arange(0, BN)
+        tl.store(out_ptr + ob, amp, mask=ob < n)
+
+
+def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=torch.float32, device=t.device)
+    out[tuple(slice(0, s) for s in t.shape)] = t.detach().to(torch.float32)
+    return out
+
+
+class FusedInference:
+    """ln psi (complex64, no gradient) of an `Ansatz` through the fused amplitude kernel.
+
+    The weights are packed (transposed, padded) on the first call and again whenever a
+    parameter changed in place (an optimiser step), so one object follows a training run.
+
+    Args:
+        ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
+        precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
+            (the last is outside the 1e-5 budget; measurement only).
+        block: configurations per program (None: 2 for up to 32 positions, else 1).
+        num_warps: warps per program (None: 4).
+
+    Raises:
+        ValueError: for an unsupported ansatz or device, or an unknown precision.
+
+    Example (needs a CUDA GPU):
+        >>> from cuscikit import Ansatz
+        >>> psi = Ansatz(10, (4, 3), seed=0, device="cuda")               # doctest: +SKIP
+        >>> x = psi.sample(200, generator=1)[0]                          # doctest: +SKIP
+        >>> d = FusedInference(psi)(x) - psi.log_psi(x)                  # doctest: +SKIP
+        >>> float(d.abs().max()) < 1e-5                                  # doctest: +SKIP
+        True
+    """
+
+    def __init__(
+        self,
+        ansatz,
+        *,
+        precision: str = "tf32x3",
+        block: int | None = None,
+        num_warps: int | None = None,
+    ) -> None:
+        why = unsupported_reason(ansatz)
+        if why is None and ansatz.device.type != "cuda" and not _interpreting():
+            why = f"the ansatz is on {ansatz.device.type}, the fused kernel needs CUDA"
+        if why is not None:
+            raise ValueError(f"fused inference unavailable: {why}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.ansatz = ansatz
+        self.precision = precision
+        self.lp = max(16, _pow2(ansatz.norb))
+        self.block = int(block) if block is not None else (2 if self.lp <= 32 else 1)
+        if self.block <= 0 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a positive power of two, got {block!r}")
+        self.num_warps = int(num_warps) if num_warps is not None else 4
+        self._packed: dict[str, torch.Tensor] | None = None
+        self._versions: tuple[int, ...] | None = None
+
+    # ------------------------------------------------------------------ weights
+    def _version_key(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self.ansatz.parameters()) + tuple(
+            p.data_ptr() for p in self.ansatz.parameters()
+        )
+
+    def pack(self) -> dict[str, torch.Tensor]:
+        """The weights in the kernel's layout (float32, (in, out), padded with zeros)."""
+        a = self.ansatz
+        d, dp, lp = a.d_model, max(16, _pow2(a.d_model)), self.lp
+        f = 4 * d
+        fp = _FC * math.ceil(f / _FC)
+        nl = a.n_layers
+        blocks = list(a.blocks)
+
+        def stack(fn, shape):
+            return torch.stack([_pad(fn(b), shape) for b in blocks]).contiguous()
+
+        def qkv(i):
+            return lambda b: b.attn.qkv.weight[i * d : (i + 1) * d].t()
+
+        def qkv_b(i):
+            return lambda b: b.attn.qkv.bias[i * d : (i + 1) * d]
+
+        with torch.no_grad():
+            bias = torch.zeros((lp, 16), dtype=torch.float32, device=a.device)
+            bias[: a.norb, :4] = a.logit_bias.float() + a.head.bias.float()
+            packed = {
+                "tok_emb": _pad(a.token_embedding.weight, (5, dp)),
+                "pos_emb": _pad(a.position_embedding.weight, (lp, dp)),
+                "ln1w": stack(lambda b: b.ln1.weight, (dp,)),
+                "ln1b": stack(lambda b: b.ln1.bias, (dp,)),
+                "wq": stack(qkv(0), (dp, dp)),
+                "bq": stack(qkv_b(0), (dp,)),
+                "wk": stack(qkv(1), (dp, dp)),
+                "bk": stack(qkv_b(1), (dp,)),
+                "wv": stack(qkv(2), (dp, dp)),
+                "bv": stack(qkv_b(2), (dp,)),
+                "wo": stack(lambda b: b.attn.proj.weight.t(), (dp, dp)),
+                "bo": stack(lambda b: b.attn.proj.bias, (dp,)),
+                "ln2w": stack(lambda b: b.ln2.weight, (dp,)),
+                "ln2b": stack(lambda b: b.ln2.bias, (dp,)),
+                "w1": stack(lambda b: b.fc.weight.t(), (dp, fp)),
+                "b1": stack(lambda b: b.fc.bias, (fp,)),
+                "w2": stack(lambda b: b.proj.weight.t(), (fp, dp)),
+                "b2": stack(lambda b: b.proj.bias, (dp,)),
+                "lnfw": _pad(a.ln_f.weight, (dp,)),
+                "lnfb": _pad(a.ln_f.bias, (dp,)),
+                "wh": _pad(a.head.weight.t(), (dp, 16)),
+                "bias16": bias,
+            }
+        self._meta = {"D": d, "DP": dp, "FP": fp, "NL": nl, "HD": d // a.n_heads}
+        return packed
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        key = self._version_key()
+        if self._packed is None or key != self._versions:
+            self._packed = self.pack()
+            self._versions = key
+        return self._packed
+
+    # ------------------------------------------------------------------ checking
+    #: largest |ln psi - ln psi(float64 module)| accepted by `verify`'s callers
+    tolerance = 1e-5
+
+    @torch.no_grad()
+    def verify(self, configs) -> float:
+        """Largest |ln psi| difference between this path and the module evaluated in float64
+        (a float64 copy of the ansatz) on ``configs``; configurations outside the sector
+        must be -inf in both (inf otherwise). Both parts of ln psi count.
+
+        Example (needs a CUDA GPU):
+            >>> from cuscikit import Ansatz
+            >>> psi = Ansatz(10, (4, 3), seed=0, device="cuda")           # doctest: +SKIP
+            >>> FusedInference(psi).verify(psi.sample(100)[0]) < 1e-5    # doctest: +SKIP
+            True
+        """
+        import copy
+
+        if len(configs) == 0:
+            return 0.0
+        ref = copy.deepcopy(self.ansatz).to(torch.float64).log_psi(configs)
+        got = self(configs).to(torch.complex128)
+        fin = torch.isfinite(ref.real)
+        if not torch.equal(fin, torch.isfinite(got.real)):
+            return math.inf
+        if not bool(fin.any()):
+            return 0.0
+        return float((got[fin] - ref[fin]).abs().max())
+
+    # ------------------------------------------------------------------ evaluation
+    def amplitude(self, configs: torch.Tensor) -> torch.Tensor:
+        """ln|psi| (float32, (n,)) of configurations (int64 tensor (n, words) on the device)."""
+        a = self.ansatz
+        x = configs.to(a.device)
+        if x.ndim == 1 and a.n_words == 1:
+            x = x[:, None]
+        x = x.contiguous()
+        n = x.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=a.device)
+        if n == 0:
+            return out
+        w = self._weights()
+        m = self._meta
+        na, nb = a.nelec
+        grid = (triton.cdiv(n, self.block),)
+        _amplitude_kernel[grid](
+            x,
+            out,
+            n,
+            *(w[name] for name in _ORDER),
+            1.0 / math.sqrt(m["HD"]),
+            NA=na,
+            NB=nb,
+            L=a.norb,
+            LP=self.lp,
+            WORDS=a.n_words,
+            D=m["D"],
+            DP=m["DP"],
+            HD=m["HD"],
+            NL=m["NL"],
+            FP=m["FP"],
+            FC=_FC,
+            BN=self.block,
+            PREC=self.precision,
+            num_warps=self.num_warps,
+        )
+        return out
+
+    @torch.no_grad()
+    def __call__(self, configs) -> torch.Tensor:
+        """ln psi (complex64, (n,)) of uint64 configurations (numpy) or their int64 tensor."""
+        a = self.ansatz
+        if not isinstance(configs, torch.Tensor):
+            arr = np.ascontiguousarray(configs)
+            if arr.dtype != np.uint64:
+                raise ValueError(f"configurations must be a uint64 array, got dtype {arr.dtype}")
+            configs = torch.from_numpy(arr.view(np.int64))
+        if configs.dtype != torch.int64:
+            raise ValueError(f"config tensors must be int64 (uint64 bits), got {configs.dtype}")
+        x = configs.to(a.device)
+        if x.ndim == 1 and a.n_words == 1:
+            x = x[:, None]
+        if x.ndim != 2 or x.shape[1] != a.n_words:
+            raise ValueError(
+                f"configurations must have shape (n, {a.n_words}) for norb={a.norb}, "
+                f"got {tuple(x.shape)}"
+            )
+        amp = self.amplitude(x)
+        phase = a.phase(a.tokens(x)).to(amp.dtype)
+        return torch.complex(amp, phase)
+
+
+_ORDER = (
+    "tok_emb",
+    "pos_emb",
+    "ln1w",
+    "ln1b",
+    "wq",
+    "bq",
+    "wk",
+    "bk",
+    "wv",
+    "bv",
+    "wo",
+    "bo",
+    "ln2w",
+    "ln2b",
+    "w1",
+    "b1",
+    "w2",
+    "b2",
+    "lnfw",
+    "lnfb",
+    "wh",
+    "bias16",
+)
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
