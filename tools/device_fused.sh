@@ -13,7 +13,7 @@ mkdir -p "$OUTDIR"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 left() { echo $((TOTAL - SECONDS)); }
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
-torch.cuda.get_device_name())" 2>&1 | tee "$OUTDIR/env.log"
+torch.cuda.get_device_name())" 2>&1
 timeout 70 python3 benchmarks/inference.py --systems N2/cc-pVDZ --n 262144 --no-profile \
   --fused tf32x3:2:4 tf32x3:1:4 tf32x3:4:8 ieee:2:4 tf32:2:4 --json "$OUTDIR/inference_ccpvdz.json" \
   2>&1 | tee "$OUTDIR/inference_ccpvdz.log"
