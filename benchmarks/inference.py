@@ -58,6 +58,12 @@ def main():
         default=["tf32x3:auto:auto", "ieee:auto:auto", "tf32:auto:auto"],
         help="fused-kernel variants, precision:block:warps",
     )
+    ap.add_argument(
+        "--module",
+        nargs="*",
+        default=["fp64", "tf32", "bf16", "graph"],
+        help="module variants beside eager fp32 (fp64 tf32 bf16 graph; --compile adds compiled)",
+    )
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--json", default=None, help="also write the rows here")
     args = ap.parse_args()
@@ -79,7 +85,8 @@ def main():
                 return float((fn(x[: args.batch]).to(torch.complex128) - ref).abs().max())
 
         variants = [("eager fp32", a32.log_psi, contextlib.nullcontext)]
-        variants.append(("eager fp64", a64.log_psi, contextlib.nullcontext))
+        if "fp64" in args.module:
+            variants.append(("eager fp64", a64.log_psi, contextlib.nullcontext))
 
         @contextlib.contextmanager
         def tf32():
@@ -89,11 +96,16 @@ def main():
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = False
 
-        variants.append(("tf32 matmul", a32.log_psi, tf32))
-        variants.append(
-            ("bf16 autocast", a32.log_psi, lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-        )
-        variants.append(("recorded fp32 (CUDA graph)", InferenceGraph(a32), contextlib.nullcontext))
+        if "tf32" in args.module:
+            variants.append(("tf32 matmul", a32.log_psi, tf32))
+        if "bf16" in args.module:
+            variants.append(
+                ("bf16 autocast", a32.log_psi, lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+            )
+        if "graph" in args.module:
+            variants.append(
+                ("recorded fp32 (CUDA graph)", InferenceGraph(a32), contextlib.nullcontext)
+            )
         if args.compile:
             comp = torch.compile(a32.log_psi, dynamic=False)
             t0 = time.perf_counter()
@@ -120,6 +132,8 @@ def main():
                 continue
             label = f"fused {prec} block {fused.block} warps {fused.num_warps}"
             print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
+            alone = rate(fused.amplitude, x, args.batch)
+            print(f"# {label}: the amplitude kernel alone {alone:.3e} configurations/s")
             variants.append((label, fused, contextlib.nullcontext))
         if why is not None:
             print(f"# fused kernel not run: {why}")
