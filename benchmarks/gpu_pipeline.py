@@ -252,6 +252,13 @@ def warm_compiled(runner, configs, batch_size):
     return time.perf_counter() - t0
 
 
+def fused_for(ansatz, args):
+    """The fused inference path with the block shape asked for (None: the library's)."""
+    from cuscikit.nnqs.fast_infer import FusedInference
+
+    return FusedInference(ansatz, block=args.fused_block, num_warps=args.fused_warps)
+
+
 def bench_iteration(args):
     mol = Molecule.load("N2/cc-pVDZ")
     base = Ansatz.for_molecule(mol, seed=0, device=DEV)
@@ -267,9 +274,7 @@ def bench_iteration(args):
             2.0 if args.compile else 1.0
         )
     if "fused" in inferences:
-        from cuscikit.nnqs.fast_infer import FusedInference
-
-        rates["fused"] = inference_rate(base, probe, args.batch_size, FusedInference(base))
+        rates["fused"] = inference_rate(base, probe, args.batch_size, fused_for(base, args))
     for k, v in rates.items():
         print(f"# {k} inference: {v:.3e} configurations/s expected (batch {args.batch_size})")
     n = args.sources
@@ -302,6 +307,8 @@ def bench_iteration(args):
             compile_inference=args.compile,
             fused_inference=inference == "fused",
         )
+        if inference == "fused" and (args.fused_block or args.fused_warps):
+            r._pipeline.fused_inference = fused_for(r.ansatz, args)  # another block shape
         compiled = args.compile and inference == "module"
         t_compile = warm_compiled(r, probe, args.batch_size) if compiled else 0.0
         row = r.step()
@@ -467,6 +474,8 @@ def main():
         help="iteration section: ln psi from the module and/or the fused kernel "
         "(comma-separated: module,fused)",
     )
+    ap.add_argument("--fused-block", type=int, default=None, help="fused kernel: block")
+    ap.add_argument("--fused-warps", type=int, default=None, help="fused kernel: warps")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     info = kernels().device_info()

@@ -106,6 +106,16 @@ def main():
             variants.append(
                 ("recorded fp32 (CUDA graph)", InferenceGraph(a32), contextlib.nullcontext)
             )
+
+        def measure(label, fn, ctx, name=name, mol=mol, a32=a32, x=x, err=err):
+            with ctx():
+                r = rate(fn, x, args.batch)
+                e = err(fn)
+            rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
+            print(rows[-1], flush=True)
+
+        for variant in variants:
+            measure(*variant)
         if args.compile:
             comp = torch.compile(a32.log_psi, dynamic=False)
             t0 = time.perf_counter()
@@ -113,7 +123,7 @@ def main():
                 comp(x[: args.batch])
             torch.cuda.synchronize()
             print(f"# compile {name}: {time.perf_counter() - t0:.1f} s")
-            variants.append(("compiled fp32", comp, contextlib.nullcontext))
+            measure("compiled fp32", comp, contextlib.nullcontext)
         why = unsupported_reason(a32)
         for spec in args.fused if why is None else []:
             prec, block, warps = spec.split(":")
@@ -134,15 +144,12 @@ def main():
             print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
             alone = rate(fused.amplitude, x, args.batch)
             print(f"# {label}: the amplitude kernel alone {alone:.3e} configurations/s")
-            variants.append((label, fused, contextlib.nullcontext))
+            measure(label, fused, contextlib.nullcontext)
+            if args.json:  # rows so far, in case a later variant is cut short
+                with open(args.json, "w") as fh:
+                    json.dump(rows, fh, indent=1)
         if why is not None:
             print(f"# fused kernel not run: {why}")
-        for label, fn, ctx in variants:
-            with ctx():
-                r = rate(fn, x, args.batch)
-                e = err(fn)
-            rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
-            print(rows[-1], flush=True)
         if args.no_profile:
             continue
         with (
