@@ -268,8 +268,8 @@ class FusedInference:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
         precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
             (the last is outside the 1e-5 budget; measurement only).
-        block: configurations per program (None: 2 for up to 32 positions, else 1).
-        num_warps: warps per program (None: 4).
+        block: configurations per program (None: 8 for up to 16 orbitals, else 1).
+        num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
@@ -301,10 +301,13 @@ class FusedInference:
         self.ansatz = ansatz
         self.precision = precision
         self.lp = max(16, _pow2(ansatz.norb))
-        self.block = int(block) if block is not None else (2 if self.lp <= 32 else 1)
+        # measured on an H200 (docs/performance.md): 16 positions, 8 configurations and 8 warps
+        # per program; 32 positions, one configuration and 4 warps (larger tiles spill)
+        short = self.lp <= 16
+        self.block = int(block) if block is not None else (8 if short else 1)
         if self.block <= 0 or self.block & (self.block - 1):
             raise ValueError(f"block must be a positive power of two, got {block!r}")
-        self.num_warps = int(num_warps) if num_warps is not None else 4
+        self.num_warps = int(num_warps) if num_warps is not None else (8 if short else 4)
         self._packed: dict[str, torch.Tensor] | None = None
         self._versions: tuple[int, ...] | None = None
 
