@@ -126,17 +126,35 @@ def _run(mol, fused, iters):
     return r, r.run(iters, progress=False).history
 
 
-def test_trained_state_and_runner_energies():
-    """A Runner with the fused path reaches the same energies as one without, and on the
-    trained weights the fused path still equals the module over the whole sector."""
+def test_runner_energies_while_the_runs_share_their_space():
+    """A float32 Runner with the fused path gives the energies of one without while the two
+    runs still select the same spaces (measured on an H200: |dE| <= 3.1e-8 Ha over the first
+    six iterations). Later the float32 runs part: a rounding-level difference in ln psi
+    changes which configurations the top-K takes, and each run then follows its own
+    trajectory (max 1.1e-3 Ha over 30 iterations in the same measurement)."""
     mol = Molecule.load("N2")
-    r_fused, h_fused = _run(mol, True, 30)
+    r_fused, h_fused = _run(mol, True, 5)
     assert r_fused._pipeline.fused_inference is not None  # it ran, and passed its check
-    _, h_mod = _run(mol, False, 30)
+    _, h_mod = _run(mol, False, 5)
+    np.testing.assert_array_equal(h_fused["n_space"], h_mod["n_space"])
     de = np.abs(h_fused["e_coupled"].to_numpy() - h_mod["e_coupled"].to_numpy())
-    print(f"|dE| per iteration: max {de.max():.2e}, last {de[-1]:.2e} Ha")
-    assert de.max() <= 1e-5
+    print(f"|dE| per iteration: {de}")
+    assert de.max() <= 1e-6
+
+
+def test_trained_state():
+    """After 30 iterations of training, the fused path still equals the module over the
+    whole sector."""
+    mol = Molecule.load("N2")
+    r, _ = _run(mol, True, 30)
+    a = r.ansatz
     x = all_determinants(mol.norb, mol.nelec)
-    err = _err(FusedInference(r_fused.ansatz), r_fused.ansatz, x)
-    print(f"trained N2/STO-3G, whole sector ({len(x)}): {err:.2e}")
-    assert err <= TOL
+    fast = FusedInference(a)
+    with torch.no_grad():
+        m32 = a.log_psi(x)
+    vs64, vs32 = _err(fast, a, x), _err(fast, a, x, m32)
+    print(
+        f"trained N2/STO-3G, whole sector ({len(x)}): fused-float64 {vs64:.2e}, "
+        f"fused-module {vs32:.2e}"
+    )
+    assert vs64 <= TOL and vs32 <= TOL
