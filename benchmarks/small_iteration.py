@@ -9,6 +9,8 @@ rounding, which the optimisation amplifies slowly; --float64 for the 1e-10 compa
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
         [--variants eager graph eager-compiled] [--profile] [--profile-compile]
 
+A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+
 --profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
 inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
 torch.profiler: kernels per stage and per pass (forward, backward and AdamW over S), their
@@ -205,8 +207,10 @@ def main():
     for name in args.systems:
         mol = Molecule.load(name)
         hist = {}
-        for variant in args.variants:
-            runner, wall = run(mol, VARIANTS[variant], args.iterations, dtype)
+        for i, kind in enumerate(args.variants):
+            # a variant named twice is run twice (is the path reproducible?): "eager #2"
+            variant = kind if kind not in args.variants[:i] else f"{kind} #{i + 1}"
+            runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype)
             h = runner.history
             hist[variant] = h
             tail = h[h["iteration"] >= args.first]
@@ -233,15 +237,16 @@ def main():
                 for prow in profile_run(runner, args.profile_compile):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
-        ref = hist[args.variants[0]][["e_coupled", "e_variational"]]
-        for variant in args.variants[1:]:
+        first_variant, *others = hist
+        ref = hist[first_variant][["e_coupled", "e_variational"]]
+        for variant in others:
             d = (hist[variant][["e_coupled", "e_variational"]] - ref).abs().max(axis=1)
             first = float(d.iloc[: args.first].max())
             its = hist[variant]["iteration"].to_numpy()
             worst_it = int(its[int(np.argmax(d.to_numpy()))])
             over = np.flatnonzero(d.to_numpy() > 1e-10)
             print(
-                f"# {name}, {variant} - {args.variants[0]}: first iteration with |dE| > 1e-10: "
+                f"# {name}, {variant} - {first_variant}: first iteration with |dE| > 1e-10: "
                 f"{int(its[over[0]]) if len(over) else 'none'}; |dE| at iterations "
                 + ", ".join(
                     f"{int(i)}: {x:.1e}"
@@ -253,7 +258,7 @@ def main():
             rows.append(
                 [
                     name,
-                    f"max |dE| {variant} - {args.variants[0]}",
+                    f"max |dE| {variant} - {first_variant}",
                     "",
                     f"{first:.1e} (it<{args.first})",
                     *[""] * len(STAGES),
