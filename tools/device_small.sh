@@ -7,6 +7,7 @@
 #   side    side by side (their timings share the GPU; only their results count): float64 eager
 #           against recorded over 200 iterations, the gpu tests of the recorded stage, and the
 #           profile with a compiled ln psi (25 iterations, --profile-compile)
+#   compile the compiled-ln-psi profile of "side", alone on the GPU
 #   repro   float64 with BASE_NNQS's package: eager, eager again and recorded (ITERS iterations,
 #           default 200): does the eager path reproduce itself, and the recorded one it?
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
@@ -45,6 +46,10 @@ for step in "$@"; do
         --variants graph --profile-compile) > "$out/compile.log" 2>&1 &
       wait
       echo "side: done at $((SECONDS - t0)) s" ;;
+    compile)
+      (cd benchmarks && timeout "${TC:-70}" python3 small_iteration.py --iterations 25 \
+        --variants graph --profile-compile) > "$out/compile.log" 2>&1
+      echo "compile: exit $? at $((SECONDS - t0)) s" ;;
     repro)
       (cd benchmarks && PYTHONPATH=$base timeout "${TR:-90}" python3 small_iteration.py \
         --float64 --iterations "${ITERS:-200}" --variants eager eager graph) \
