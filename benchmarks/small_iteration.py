@@ -3,11 +3,26 @@ against the CUDA-graph one (`Runner(graphs=...)`), same seed, in one process.
 
 Defaults are the command line's (topk, inner steps, |S| cap, rate with its tail decay, float32
 ansatz); the table gives the median seconds per stage over iterations --from..--iterations and
-the largest difference of the energies from the first variant's run (float32: they agree to float32
-rounding, which the optimisation amplifies slowly; --float64 for the 1e-10 comparison).
+the largest difference of the energies from the first variant's run, and the first iteration
+where it exceeds 1e-10. The optimisation amplifies any rounding difference: on N2 in float64 two
+eager runs of the same process (``--variants eager eager``) differ by 1e-14 at iteration 20,
+by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare paths over the
+first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
-        [--variants eager graph eager-compiled]
+        [--variants eager graph eager-compiled] [--profile] [--profile-compile]
+
+A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+
+--profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
+inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
+torch.profiler: kernels per stage and per pass (forward, backward and AdamW over S), their
+summed GPU time and the GPU span of the replay, the costliest kernels; and the iteration that
+supplied the inputs as a whole: kernels, GPU time, host synchronisations.
+The same for two levers recorded in the stage through `OptimizerGraph(log_psi=...)`, with
+the seconds their first call took (compilation, warm-up and recording): the phase MLP on a
+second stream beside the transformer, and with --profile-compile a `torch.compile`d ln psi.
+The replays apply their AdamW steps: the profile comes after the timed run.
 """
 
 from __future__ import annotations
@@ -38,6 +53,146 @@ def run(mol, options: dict, iterations: int, dtype):
     return runner, time.perf_counter() - t0
 
 
+def _device_events(prof):
+    """(kernels, copies/sets) of a torch.profiler run: (name, start us, duration us) each."""
+    from torch.autograd import DeviceType
+
+    kernels, copies = [], []
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        item = (e.name, e.time_range.start, e.time_range.elapsed_us())
+        (copies if e.name.startswith(("Memcpy", "Memset")) else kernels).append(item)
+    return kernels, copies
+
+
+def _kernel_stats(kernels) -> tuple[float, float]:
+    """(summed kernel time, span from the first start to the last end), milliseconds."""
+    if not kernels:
+        return 0.0, 0.0
+    busy = sum(d for _, _, d in kernels)
+    span = max(t + d for _, t, d in kernels) - min(t for _, t, _ in kernels)
+    return busy / 1e3, span / 1e3
+
+
+def _top(kernels, n: int = 12) -> list[str]:
+    by = {}
+    for name, _, d in kernels:
+        c, t = by.get(name, (0, 0.0))
+        by[name] = (c + 1, t + d)
+    order = sorted(by.items(), key=lambda kv: -kv[1][1])[:n]
+    return [f"  {t / 1e3:7.3f} ms {c:5d}x  {name[:110]}" for name, (c, t) in order]
+
+
+def _profile_stage(label: str, fn, passes: int) -> list:
+    """Wall ms per call over 20 calls, then one call under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / 20 * 1e3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, copies = _device_events(prof)
+    busy, span = _kernel_stats(kernels)
+    print(f"# {label}: top kernels of one replay (summed GPU time, count, name)")
+    print("\n".join(_top(kernels)), flush=True)
+    return [
+        label,
+        f"{wall:.2f}",
+        len(kernels),
+        f"{len(kernels) / passes:.0f}",
+        f"{busy:.2f}",
+        f"{span:.2f}",
+        f"{busy / passes:.3f}",
+        len(copies),
+    ]
+
+
+def profile_run(runner, compile_too: bool) -> list:
+    """The profile rows of `--profile` for a run whose optimiser stage was recorded."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from cuscikit.nnqs.graphs import OptimizerGraph
+
+    stage = runner._graph_stage
+    if stage is None:
+        return []
+    seen = {}
+    run_stage = stage.run
+
+    def keep(*a):
+        seen["args"] = a
+        return run_stage(*a)
+
+    stage.run = keep
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        row = runner.step()  # one more iteration: the stage's inputs, and the whole iteration
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+    stage.run = run_stage
+    kernels, copies = _device_events(prof)
+    busy, span = _kernel_stats(kernels)
+    syncs = sum(
+        1
+        for e in prof.events()
+        if e.device_type == DeviceType.CPU and "Synchronize" in e.name and e.name.startswith("cuda")
+    )
+    d2h = sum(1 for name, _, _ in copies if "DtoH" in name)
+    print(
+        f"# one whole iteration (|S| = {row['n_space']}, profiled): {wall:.2f} ms wall, "
+        f"{len(kernels)} kernels, {busy:.2f} ms summed kernel time, GPU span {span:.2f} ms, "
+        f"{syncs} cuda*Synchronize calls, {d2h} device-to-host copies, "
+        f"{len(copies)} copies/sets in all",
+        flush=True,
+    )
+    if "args" not in seen:
+        print("# the profiled iteration did not take the recorded stage")
+        return []
+    args = seen["args"]
+    passes = 1 + int(args[-1])
+    rows = [_profile_stage("recorded stage", lambda: stage.run(*args), passes)]
+    variants = [("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz))]
+    if compile_too:
+        variants.append(("compiled ln psi", lambda: torch.compile(runner.ansatz._log_psi_tokens)))
+    for label, make in variants:
+        try:
+            graph = OptimizerGraph(runner.ansatz, runner.optimizer, log_psi=make())
+            t0 = time.perf_counter()
+            graph.run(*args)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            label = f"{label} (first call {first:.1f} s)"
+            rows.append(_profile_stage(label, lambda g=graph: g.run(*args), passes))
+        except Exception as exc:  # noqa: BLE001 - a lever that cannot be recorded is a result
+            print(f"# {label}: failed: {type(exc).__name__}: {exc}", flush=True)
+    return rows
+
+
+def _phase_aside(ansatz):
+    """ln psi with the phase MLP on a second stream, beside the transformer (its backward runs
+    there too): what overlapping the two branches inside the recorded stage would gain."""
+    side = torch.cuda.Stream()
+
+    def log_psi(tokens):
+        here = torch.cuda.current_stream()
+        side.wait_stream(here)
+        with torch.cuda.stream(side):
+            phase = ansatz.phase(tokens)
+        amp = ansatz.log_amplitude(tokens)
+        here.wait_stream(side)
+        return torch.complex(amp, phase.to(amp.dtype))
+
+    return log_psi
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--systems", nargs="+", default=["N2"])
@@ -45,15 +200,20 @@ def main():
     ap.add_argument("--from", dest="first", type=int, default=20)
     ap.add_argument("--float64", action="store_true")
     ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-compile", action="store_true")
     args = ap.parse_args()
+    profiles = []
     dtype = torch.float64 if args.float64 else torch.float32
     print(f"# {machine()}, torch {torch.__version__}, {dtype}")
     rows = []
     for name in args.systems:
         mol = Molecule.load(name)
         hist = {}
-        for variant in args.variants:
-            runner, wall = run(mol, VARIANTS[variant], args.iterations, dtype)
+        for i, kind in enumerate(args.variants):
+            # a variant named twice is run twice (is the path reproducible?): "eager #2"
+            variant = kind if kind not in args.variants[:i] else f"{kind} #{i + 1}"
+            runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype)
             h = runner.history
             hist[variant] = h
             tail = h[h["iteration"] >= args.first]
@@ -76,15 +236,32 @@ def main():
                 ]
             )
             print(rows[-1], flush=True)
-        ref = hist[args.variants[0]][["e_coupled", "e_variational"]]
-        for variant in args.variants[1:]:
+            if args.profile or args.profile_compile:
+                for prow in profile_run(runner, args.profile_compile):
+                    profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
+                    print(profiles[-1], flush=True)
+        first_variant, *others = hist
+        ref = hist[first_variant][["e_coupled", "e_variational"]]
+        for variant in others:
             d = (hist[variant][["e_coupled", "e_variational"]] - ref).abs().max(axis=1)
             first = float(d.iloc[: args.first].max())
-            worst_it = int(hist[variant]["iteration"].iloc[int(np.argmax(d.to_numpy()))])
+            its = hist[variant]["iteration"].to_numpy()
+            worst_it = int(its[int(np.argmax(d.to_numpy()))])
+            over = np.flatnonzero(d.to_numpy() > 1e-10)
+            print(
+                f"# {name}, {variant} - {first_variant}: first iteration with |dE| > 1e-10: "
+                f"{int(its[over[0]]) if len(over) else 'none'}; |dE| at iterations "
+                + ", ".join(
+                    f"{int(i)}: {x:.1e}"
+                    for i, x in zip(its, d.to_numpy(), strict=True)
+                    if i in (1, 10, 20, 50, 100, 150, 200) or i == its[-1]
+                ),
+                flush=True,
+            )
             rows.append(
                 [
                     name,
-                    f"max |dE| {variant} - {args.variants[0]}",
+                    f"max |dE| {variant} - {first_variant}",
                     "",
                     f"{first:.1e} (it<{args.first})",
                     *[""] * len(STAGES),
@@ -98,6 +275,22 @@ def main():
         ["system", "optimiser stage", "|S|", "total ms", *STAGES, "run s", "final E"],
         rows,
     )
+    if profiles:
+        print_table(
+            f"The recorded optimiser stage, replayed after the run (one replay profiled), {dtype}",
+            [
+                "system",
+                "stage",
+                "wall ms",
+                "kernels",
+                "per pass",
+                "kernel ms",
+                "GPU span ms",
+                "kernel ms per pass",
+                "copies/sets",
+            ],
+            profiles,
+        )
 
 
 if __name__ == "__main__":

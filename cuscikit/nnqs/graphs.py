@@ -5,7 +5,8 @@ steps on the energy within S) is a few thousand kernels of a few microseconds ea
 one by one from Python, with a host synchronisation in every inner step. `OptimizerGraph`
 records the whole stage once per size bucket and replays it with one launch:
 
-1. a copy of the weights and the AdamW moments (so the stage can be undone);
+1. a copy of the weights (so the stage can be undone) and the AdamW moments gathered into one
+   flat buffer per moment;
 2. the iteration's step: ln psi over S, L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E),
    its gradient and AdamW;
 3. ``inner_steps`` times: ln psi over S, the Rayleigh quotient of psi on S with H_SS from the
@@ -16,13 +17,19 @@ records the whole stage once per size bucket and replays it with one launch:
 The host reads the flags once, after the replay. The arithmetic is that of the eager stage in
 `cuscikit.nnqs.runner.Runner`, written for static shapes: S and the H_SS pairs are padded to a
 bucket (rows of weight zero that repeat the first configuration, pairs of value zero), and the
-AdamW update is the one of `torch.optim.AdamW` (foreach, not amsgrad) with the rate and the
-step count in device scalars. The eager stage and this one agree to rounding (1e-10 in float64
-in the tests). When an inner step meets a non-finite local energy, the stage is undone and the
-Runner runs the eager stage instead, which stops the inner steps at that point.
+AdamW update is the one of `torch.optim.AdamW` (not amsgrad) with the rate and the step count
+in device scalars, written over flat buffers (the gradients concatenated, the moments in one
+buffer each): one kernel per operation for all parameters, about a dozen per step (on
+N2/STO-3G nine fewer a step than the per-tensor-group form). The host copies the moments back
+into the optimiser's state after a good replay, so the state (and a checkpoint) keeps its
+per-parameter tensors. The eager stage and this one agree to rounding (1e-10 in float64 in the
+tests). When an inner step meets a non-finite local energy, the stage is undone and the Runner
+runs the eager stage instead, which stops the inner steps at that point.
 
 ``use_graph=False`` runs the same body without capturing (any device): the tests compare it
-with the eager stage on the CPU.
+with the eager stage on the CPU. ``log_psi`` replaces the ansatz's ln psi of token rows inside
+the stage (for example a `torch.compile`d ``ansatz._log_psi_tokens``, compiled during the
+warm-up before the recording; `benchmarks/small_iteration.py --profile-compile` measures it).
 
 `InferenceGraph` does the same for ln psi without gradient (the iteration's inference over S
 and the coupled set when they fit one batch): one recorded forward pass per size bucket.
@@ -95,6 +102,8 @@ def unsupported_reason(ansatz, optimizer) -> str | None:
         return "the optimiser's parameters are not the ansatz's"
     if not all(p.requires_grad for p in params):
         return "some parameters are frozen"
+    if len({(p.dtype, p.device) for p in params}) != 1:
+        return "the parameters do not share one dtype and device (flat AdamW buffers)"
     return None
 
 
@@ -106,6 +115,9 @@ class OptimizerGraph:
         ansatz: a `cuscikit.Ansatz` (single process).
         optimizer: its `torch.optim.AdamW` (one parameter group).
         use_graph: capture and replay (CUDA); False runs the body directly (tests, any device).
+        log_psi: ln psi of token rows (n, norb) -> complex (n,) used in the stage; default
+            ``ansatz._log_psi_tokens``. Must compute the same function with the ansatz's
+            parameters (the gradients are taken with respect to them).
 
     Example:
         >>> import torch
@@ -117,12 +129,16 @@ class OptimizerGraph:
         (104, 64)
     """
 
-    def __init__(self, ansatz, optimizer, *, use_graph: bool = True) -> None:
+    def __init__(self, ansatz, optimizer, *, use_graph: bool = True, log_psi=None) -> None:
         reason = unsupported_reason(ansatz, optimizer)
         if reason is not None:
             raise ValueError(f"the graphed optimiser stage cannot run: {reason}")
+        if log_psi is not None and not callable(log_psi):
+            raise ValueError(f"log_psi must be callable (tokens -> ln psi), got {log_psi!r}")
         self.ansatz, self.optimizer, self.use_graph = ansatz, optimizer, bool(use_graph)
+        self.log_psi = log_psi if log_psi is not None else ansatz._log_psi_tokens
         self.params = list(ansatz.parameters())
+        self.sizes = [p.numel() for p in self.params]
         self.device = self.params[0].device
         self._key = None
         self._graph = None
@@ -207,28 +223,32 @@ class OptimizerGraph:
         self.replays += 1
         loss, bad, finite = b["flags"].tolist()
         ok = bad == 0 and finite == 1 and loss == loss and abs(loss) != float("inf")
-        if not ok:
-            self._undo()
-        else:
-            for p in self.params:
-                self.optimizer.state[p]["step"] += 1 + inner_steps
-        return loss, bad == 0, finite == 1
-
-    def _undo(self) -> None:
-        b = self._buf
         with torch.no_grad():
-            torch._foreach_copy_(self.params, b["bk_p"])
-            torch._foreach_copy_(b["exp_avg"], b["bk_m"])
-            torch._foreach_copy_(b["exp_avg_sq"], b["bk_v"])
+            if not ok:  # the moments were not written yet: only the weights go back
+                torch._foreach_copy_(self.params, b["bk_p"])
+            else:
+                torch._foreach_copy_(exp_avg, b["m_views"])
+                torch._foreach_copy_(exp_avg_sq, b["v_views"])
+                steps = [self.optimizer.state[p]["step"] for p in self.params]
+                torch._foreach_add_(steps, 1 + inner_steps)
+        return loss, bad == 0, finite == 1
 
     def _allocate(self, key, norb, exp_avg, exp_avg_sq) -> None:
         self._graph = None  # the old graph's memory goes with it
         self._buf = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        n_cap, m_cap = key[0], key[1]
-        dev, rdt = self.device, torch.float64
+        n_cap, m_cap, n_inner = key[0], key[1], key[2]
+        dev, rdt, pdt = self.device, torch.float64, self.params[0].dtype
         c128, long = torch.complex128, torch.long
+        total = sum(self.sizes)
+
+        def flat():  # a buffer over all parameters and its per-parameter views
+            buf = torch.zeros(total, dtype=pdt, device=dev)
+            parts = zip(buf.split(self.sizes), self.params, strict=True)
+            return buf, [v.view_as(p) for v, p in parts]
+
+        (m, m_views), (v, v_views), (u, u_views) = flat(), flat(), flat()
         self._buf = {
             "tok": torch.zeros((n_cap, norb), dtype=long, device=dev),
             "mask": torch.zeros(n_cap, dtype=rdt, device=dev),
@@ -240,12 +260,21 @@ class OptimizerGraph:
             "val": torch.zeros(m_cap, dtype=c128, device=dev),
             "lr": torch.zeros((), dtype=rdt, device=dev),
             "step": torch.zeros((), dtype=rdt, device=dev),
+            # the AdamW steps of one stage are step + 1 .. step + 1 + inner_steps
+            "ahead": torch.arange(1, n_inner + 2, dtype=rdt, device=dev),
             "flags": torch.zeros(3, dtype=rdt, device=dev),
             "exp_avg": exp_avg,
             "exp_avg_sq": exp_avg_sq,
+            # flat AdamW: moments, gradient, denominator and update over all parameters
+            "m": m,
+            "m_views": m_views,
+            "v": v,
+            "v_views": v_views,
+            "g": torch.zeros(total, dtype=pdt, device=dev),
+            "d": torch.zeros(total, dtype=pdt, device=dev),
+            "u": u,
+            "u_views": u_views,
             "bk_p": [torch.empty_like(p) for p in self.params],
-            "bk_m": [torch.empty_like(t) for t in exp_avg],
-            "bk_v": [torch.empty_like(t) for t in exp_avg_sq],
         }
         self._key = key
 
@@ -268,29 +297,41 @@ class OptimizerGraph:
         # every parameter has a gradient here (an unused one is an error, not a zero step)
         return list(torch.autograd.grad(loss, self.params))
 
-    def _adamw(self, grads: list[torch.Tensor]) -> None:
-        """One `torch.optim.AdamW` step (foreach arithmetic) with the rate and step on device."""
+    def _scalars(self) -> dict:
+        """The per-step AdamW scalars of the whole stage, computed once, in the parameters'
+        dtype as torch's kernels take its Python-float ones: row k is step step + 1 + k."""
+        b, g = self._buf, self.optimizer.param_groups[0]
+        beta1, beta2 = g["betas"]
+        pdt = self.params[0].dtype
+        lr, steps = b["lr"], b["step"] + b["ahead"]
+        bias1 = 1 - torch.pow(beta1, steps)
+        return {
+            "decay": (1 - lr * float(g["weight_decay"])).to(pdt),
+            "bias2_sqrt": torch.sqrt(1 - torch.pow(beta2, steps)).to(pdt),
+            "rate": (lr / bias1).to(pdt),
+        }
+
+    def _adamw(self, grads: list[torch.Tensor], k: int, sc: dict) -> None:
+        """AdamW step ``k`` of the stage (`torch.optim.AdamW`'s arithmetic, not amsgrad) on flat
+        buffers: one kernel per operation over all parameters instead of one per tensor group.
+        The moments live in the flat buffers for the whole stage; the host copies them into
+        the optimiser's state after a good replay."""
         b, g = self._buf, self.optimizer.param_groups[0]
         beta1, beta2 = g["betas"]
         eps, wd = float(g["eps"]), float(g["weight_decay"])
-        params, m, v = self.params, b["exp_avg"], b["exp_avg_sq"]
-        b["step"].add_(1)
-        lr, step = b["lr"], b["step"]
+        m, v, grad, d, u = b["m"], b["v"], b["g"], b["d"], b["u"]
+        torch.cat([t.reshape(-1) for t in grads], out=grad)
         if wd:
-            torch._foreach_mul_(params, (1 - lr * wd).to(params[0].dtype))
-        torch._foreach_lerp_(m, grads, 1 - beta1)
-        torch._foreach_mul_(v, beta2)
-        torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
-        # scalars in the parameters' dtype, as torch's kernels take its Python-float ones
-        pdt = params[0].dtype
-        bias1 = 1 - torch.pow(beta1, step)
-        bias2_sqrt = torch.sqrt(1 - torch.pow(beta2, step)).to(pdt)
-        denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, bias2_sqrt)
-        torch._foreach_add_(denom, eps)
-        update = torch._foreach_div(m, denom)
-        torch._foreach_mul_(update, (lr / bias1).to(pdt))
-        torch._foreach_sub_(params, update)
+            torch._foreach_mul_(self.params, sc["decay"])
+        m.lerp_(grad, 1 - beta1)
+        v.mul_(beta2)
+        v.addcmul_(grad, grad, value=1 - beta2)
+        torch.sqrt(v, out=d)
+        d.div_(sc["bias2_sqrt"][k])
+        d.add_(eps)
+        torch.div(m, d, out=u)
+        u.mul_(sc["rate"][k])
+        torch._foreach_sub_(self.params, b["u_views"])
 
     def _body(self, apply: bool) -> None:
         """The recorded work; with ``apply=False`` only the gradients (warm-up)."""
@@ -298,24 +339,26 @@ class OptimizerGraph:
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]
         valid = mask > 0
+        sc = None
         with torch.no_grad():
             if apply:
                 torch._foreach_copy_(b["bk_p"], self.params)
-                torch._foreach_copy_(b["bk_m"], b["exp_avg"])
-                torch._foreach_copy_(b["bk_v"], b["exp_avg_sq"])
+                torch.cat([t.reshape(-1) for t in b["exp_avg"]], out=b["m"])
+                torch.cat([t.reshape(-1) for t in b["exp_avg_sq"]], out=b["v"])
+                sc = self._scalars()
         # The iteration's step: the loss with the pipeline's weights and local energies.
         with torch.enable_grad():
-            lp = self.ansatz._log_psi_tokens(tok).to(c128)
+            lp = self.log_psi(tok).to(c128)
             loss0 = 2.0 * (b["w0"] * (lp.conj() * b["de0"])).real.sum()
             grads = self._grads(loss0)
         with torch.no_grad():
             if apply:
-                self._adamw(grads)
+                self._adamw(grads, 0, sc)
         bad = torch.zeros((), dtype=torch.bool, device=tok.device)
         n_inner = self._key[2]
-        for _ in range(n_inner):
+        for k in range(n_inner):
             with torch.enable_grad():
-                lp = self.ansatz._log_psi_tokens(tok).to(c128)
+                lp = self.log_psi(tok).to(c128)
             with torch.no_grad():
                 lpd = lp.detach()
                 psi = torch.exp(lpd - lpd.real.max())
@@ -330,7 +373,7 @@ class OptimizerGraph:
                 grads = self._grads(loss)
             with torch.no_grad():
                 if apply:
-                    self._adamw(grads)
+                    self._adamw(grads, 1 + k, sc)
         with torch.no_grad():
             zeros = torch._foreach_mul(self.params, 0.0)  # 0 where finite, NaN elsewhere
             finite = torch.isfinite(torch.stack(torch._foreach_norm(zeros))).all()

@@ -51,6 +51,11 @@ def test_unsupported_pairs_are_named():
     assert "Ansatz" in unsupported_reason(lin, torch.optim.AdamW(lin.parameters()))
     with pytest.raises(ValueError, match="cannot run"):
         OptimizerGraph(lin, torch.optim.AdamW(lin.parameters()))
+    mixed = Ansatz(4, (2, 1), seed=0)
+    mixed.head.double()
+    assert "dtype" in unsupported_reason(mixed, torch.optim.AdamW(mixed.parameters()))
+    with pytest.raises(ValueError, match="callable"):
+        OptimizerGraph(psi, torch.optim.AdamW(psi.parameters()), log_psi=1.0)
 
 
 def test_buckets_hold_their_size_with_at_most_an_eighth_padding():
@@ -100,3 +105,26 @@ def test_a_bad_stage_is_undone():
     assert all(torch.equal(runner.ansatz.state_dict()[k], good[k]) for k in good)
     assert torch.equal(runner.optimizer.state[p0]["exp_avg"], moment)
     assert float(runner.optimizer.state[p0]["step"]) == 2 * 5
+
+
+def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
+    """``log_psi`` is what the stage evaluates (once per pass); the AdamW moments are written
+    back into the optimiser's own per-parameter tensors, not views of the flat buffers, so a
+    checkpoint keeps its layout."""
+    runner = with_body(make_runner(inner_steps=2))
+    calls = []
+
+    def log_psi(tokens):
+        calls.append(len(tokens))
+        return runner.ansatz._log_psi_tokens(tokens)
+
+    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False, log_psi=log_psi)
+    runner._graph_stage = stage
+    runner.run(2, progress=False)
+    assert len(calls) == 2 * 3 and all(n == bucket(n) for n in calls)
+    for p in runner.ansatz.parameters():
+        st = runner.optimizer.state[p]
+        for name in ("exp_avg", "exp_avg_sq"):
+            t = st[name]
+            assert t.shape == p.shape and t.untyped_storage().nbytes() == t.numel() * 8
+        assert float(st["step"]) == 2 * 3

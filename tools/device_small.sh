@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# N2/STO-3G iteration time on a GPU machine through the device tool (benchmarks/small_iteration.py,
+# defaults: 200 iterations, medians over iterations 20-200). Steps, run in the order given:
+#   before  float32, recorded optimiser stage, profiled (--profile), with the nnqs package of
+#           BASE_NNQS laid over this tree (e.g. the main branch's cuscikit/nnqs), alone on the GPU
+#   after   the same with this tree, alone on the GPU
+#   side    side by side (their timings share the GPU; only their results count): float64 eager
+#           against recorded over 200 iterations, the gpu tests of the recorded stage, and the
+#           profile with a compiled ln psi (25 iterations, --profile-compile)
+#   compile the compiled-ln-psi profile of "side", alone on the GPU
+#   repro   float64 with BASE_NNQS's package: eager, eager again and recorded (ITERS iterations,
+#           default 200): does the eager path reproduce itself, and the recorded one it?
+# Run from the tree's root with the compiled modules in place; logs land in $OUT.
+#   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+out=${OUT:-out}
+mkdir -p "$out"
+root=$PWD
+export PYTHONPATH=$root
+python3 -c "import cuscikit; from cuscikit.backends import cuda; k = cuda(); \
+print(cuscikit.__file__, 'kernels sm_' + k.build_arch())" || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+base=""
+if [ -n "${BASE_NNQS:-}" ]; then
+  base=$(mktemp -d)
+  cp -r "$root/cuscikit" "$root/datasets" "$base/" && cp "$BASE_NNQS"/*.py "$base/cuscikit/nnqs/"
+fi
+t0=$SECONDS
+for step in "$@"; do
+  case $step in
+    before)
+      (cd benchmarks && PYTHONPATH=$base timeout "${T1:-40}" python3 small_iteration.py \
+        --iterations "${ITERS:-200}" --variants graph --profile) > "$out/f32_before.log" 2>&1
+      echo "before: exit $? at $((SECONDS - t0)) s" ;;
+    after)
+      (cd benchmarks && timeout "${T1:-40}" python3 small_iteration.py \
+        --iterations "${ITERS:-200}" --variants graph --profile) > "$out/f32_after.log" 2>&1
+      echo "after: exit $? at $((SECONDS - t0)) s" ;;
+    side)
+      (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
+        --variants eager graph) > "$out/f64.log" 2>&1 &
+      timeout "${TT:-70}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
+      (cd benchmarks && timeout "${TC:-70}" python3 small_iteration.py --iterations 25 \
+        --variants graph --profile-compile) > "$out/compile.log" 2>&1 &
+      wait
+      echo "side: done at $((SECONDS - t0)) s" ;;
+    compile)
+      (cd benchmarks && timeout "${TC:-70}" python3 small_iteration.py --iterations 25 \
+        --variants graph --profile-compile) > "$out/compile.log" 2>&1
+      echo "compile: exit $? at $((SECONDS - t0)) s" ;;
+    repro)
+      (cd benchmarks && PYTHONPATH=$base timeout "${TR:-90}" python3 small_iteration.py \
+        --float64 --iterations "${ITERS:-200}" --variants eager eager graph) \
+        > "$out/f64_repro.log" 2>&1
+      echo "repro: exit $? at $((SECONDS - t0)) s" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+for f in f32_before f32_after f64 compile f64_repro; do
+  [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
+done
+[ -f "$out/tests.log" ] && { echo "== tests"; tail -4 "$out/tests.log"; }
+exit 0
