@@ -61,10 +61,10 @@ def _pack(h: np.ndarray) -> np.ndarray:
 
 def _device_guess(hdiag, n: int, nroots: int):
     """Unit vectors on the lowest diagonals plus seeded noise, built on hdiag's device (as the
-    host guess, with the device's generator for the noise)."""
+    host guess: one vector for one root, with the device's generator for the noise)."""
     import torch
 
-    k0 = min(n, max(nroots + 2, 2 * nroots))
+    k0 = min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
     order = torch.argsort(hdiag, stable=True)[:k0]
     guess = torch.zeros((n, k0), dtype=torch.float64, device=hdiag.device)
     guess[order, torch.arange(k0, device=hdiag.device)] = 1.0
@@ -108,8 +108,8 @@ class GUGASolver(Solver):
             (0: exact to round-off).
         cderi: a 3-index factor of the active-space integrals, (naux, norb, norb) or
             (naux, npair) with (pq|rs) = sum_P cderi[P, pq] cderi[P, rs] (density fitting);
-            then `kernel` takes eri=None and the sigma runs factored. df, cderi and wfnsym
-            run on the CPU only.
+            then `kernel` takes eri=None and the sigma runs factored (on the CPU and the GPU).
+            wfnsym runs on the CPU only.
 
     Results: ``e_tot``, ``ci``, ``converged``, ``eci`` (after `kernel`).
     """
@@ -292,8 +292,6 @@ class GUGASolver(Solver):
 
     def _hop(self, h1e, eri, norb: int, nelec):
         _, g4, hp, L = self._operator(h1e, eri, norb)  # validates before any table is built
-        if L is not None and self._on_gpu():
-            raise ValueError("factored integrals (df, cderi) run on the CPU only: device='cpu'")
         eng = self._engine(norb, nelec)
         # dense: g = 1/2 T (pq|rs), one GEMM; factored: g = (T L)(1/2 L^T), two thinner ones
         V = 0.5 * g4 if L is None else (L, np.ascontiguousarray(0.5 * L.T))
