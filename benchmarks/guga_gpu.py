@@ -121,7 +121,10 @@ def _gpu_phases(eng, c, Vh) -> dict:
     return t
 
 
-def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
+VARIANTS = {"thread": (False, False), "sorted": (False, True), "warp": (True, False)}
+
+
+def _tune(solver, h1, eri, ncas, nelec, label, tune_rows, variants=tuple(VARIANTS)) -> None:
     """Print the phases of one GPU sigma for each tile size in `tune_rows` and three orders (one
     CSF per thread with the tiles sorted by work or not, one CSF per warp), and make the fastest
     the GpuEngine defaults; without tile sizes, print the phases of the defaults."""
@@ -133,7 +136,7 @@ def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
     c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
     Vh = eng.operator(0.5 * np.eye(eng.npair))
     best = (np.inf, None)
-    variants = [(False, True), (False, False), (True, False)] if tune_rows else [None]
+    variants = [VARIANTS[v] for v in variants] if tune_rows else [None]
     for rows in tune_rows or [eng.rows]:
         eng.release()
         eng._plan(0, rows)
@@ -166,7 +169,16 @@ def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
 
 
 def run_case(
-    ncas, folder, device, threads, repeat, solve=True, gpu_memory=None, tune_rows=(), precs=None
+    ncas,
+    folder,
+    device,
+    threads,
+    repeat,
+    solve=True,
+    gpu_memory=None,
+    tune_rows=(),
+    precs=None,
+    variants=tuple(VARIANTS),
 ):
     precs = precs or ["pspace"]
     from cuscikit.guga import GUGASolver
@@ -182,7 +194,8 @@ def run_case(
     if gpu:
         opts["gpu_memory"] = gpu_memory
     if gpu:
-        _tune(GUGASolver(**opts), h1, eri, ncas, nelec, f"{name} CAS({nelecas},{ncas})", tune_rows)
+        label = f"{name} CAS({nelecas},{ncas})"
+        _tune(GUGASolver(**opts), h1, eri, ncas, nelec, label, tune_rows, variants)
     solver = GUGASolver(**opts)
     out["setup_s"], out["sigma_s"] = _sigma_time(solver, h1, eri, ncas, nelec, repeat, gpu)
     del solver
@@ -256,6 +269,13 @@ def main() -> None:
     ap.add_argument("--cpu-solve-max", type=float, default=3e5, help="CPU solve up to this")
     ap.add_argument("--gpu-memory", type=float, default=None, help="GPU cap in MB")
     ap.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help="kernel orders to time with --tune-rows (per thread, per thread sorted, per warp)",
+    )
+    ap.add_argument(
         "--precond",
         nargs="*",
         default=["pspace"],
@@ -293,6 +313,7 @@ def main() -> None:
             gpu_memory=args.gpu_memory,
             tune_rows=args.tune_rows,
             precs=args.precond,
+            variants=args.variants,
         )
         c = None
         if n_csf <= args.cpu_max:

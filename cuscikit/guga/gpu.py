@@ -82,15 +82,19 @@ class GpuEngine:
 
     Attributes (class defaults, measured on an H200, docs/guga_gpu.md): ``split_gather`` and
     ``split_sigma`` run the two gathers with one CSF per warp (its searches over the lanes)
-    instead of one per thread; ``tile_rows`` is the default tile. A thread per CSF needs tiles
-    large enough to fill the GPU: on the H200 the gather of CAS(14,14) took 0.106 s with tiles of
-    2^16 kets, 0.075 s with 2^18 and 0.065 s with 2^20.
+    instead of one per thread; ``balance`` sorts the CSFs of every tile by their number of
+    couplings for the per-thread kernels (an int32 per CSF; slower on the H200: it loses the
+    locality of the lexical order); ``tile_rows`` is the largest tile (the budget decides: G
+    whole first, then T as large as fits); ``factor_rows`` the rows of one slice of T A with
+    factored integrals. Each tile is one launch that waits for its slowest warp, so larger tiles
+    are faster: the gather of CAS(16,16) took 1.73 s with tiles of 2^18 kets, 1.29 s with 2^20.
     """
 
     split_gather: bool = False
     split_sigma: bool = False
-    balance: bool = True
-    tile_rows: int = 1 << 20
+    balance: bool = False
+    tile_rows: int = 1 << 25
+    factor_rows: int = 1 << 16
 
     def __init__(
         self,
@@ -147,6 +151,14 @@ class GpuEngine:
         t_row, g_row = 8 * (self.npair + 1), 8 * self.npair
         rows = max(1, min(self.ncsf, tile_rows))
         min_rows = min(self.ncsf, 256)
+        # G whole first (each chunk of G repeats the sigma pass), then the largest tile of T
+        # (each tile is one launch that waits for its slowest warp)
+        whole = self.ncsf * g_row
+        if whole + min(rows, 1 << 20) * t_row <= avail:
+            self.rows = int(min(rows, (avail - whole) // t_row))
+            self.g_rows = self.ncsf
+            self.n_chunks = 1
+            return
         while rows > min_rows and rows * (t_row + g_row) > avail:
             rows //= 2
         if rows * (t_row + g_row) > avail:
@@ -252,11 +264,14 @@ class GpuEngine:
             torch.matmul(T, Vh, out=out)
             return
         A, B = Vh
-        if self._X is None or self._X.shape[1] != A.shape[1]:
-            self._X = torch.empty((self.rows, A.shape[1]), dtype=torch.float64, device=self.device)
-        X = self._X[: T.shape[0]]
-        torch.matmul(T, A, out=X)
-        torch.matmul(X, B, out=out)
+        step = min(self.rows, self.factor_rows)
+        if self._X is None or self._X.shape != (step, A.shape[1]):
+            self._X = torch.empty((step, A.shape[1]), dtype=torch.float64, device=self.device)
+        for r0 in range(0, T.shape[0], step):  # T A in slices of factor_rows rows
+            r1 = min(r0 + step, T.shape[0])
+            X = self._X[: r1 - r0]
+            torch.matmul(T[r0:r1], A, out=X)
+            torch.matmul(X, B, out=out[r0:r1])
 
     def sigma(self, c, Vh):
         """sum_PQ V[P,Q] E^sym_P E^sym_Q c + sum_P h[P] E^sym_P c for a device vector c (float64,

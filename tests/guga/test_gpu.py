@@ -187,6 +187,7 @@ def test_balanced_order_and_factored_operator_on_host_twin():
     plain = GpuEngine(drt, "cpu", tile_rows=150, kernels=_HostKernels())
     plain.balance = False
     sorted_ = GpuEngine(drt, "cpu", tile_rows=150, kernels=_HostKernels())
+    sorted_.balance = True
     # chunks of G, tiles that do not divide them
     plain.g_rows = sorted_.g_rows = 2 * 150 + 7
     order = sorted_.order().numpy()
@@ -280,9 +281,9 @@ def test_gpu_sigma_is_bitwise_reproducible():
     first = gpu.sigma(c, Vh)
     for _ in range(3):
         assert torch.equal(gpu.sigma(c, Vh), first)
-    plain = GpuEngine(drt, "cuda", tile_rows=4096)  # the order of the threads changes no bit
-    plain.balance = False
-    assert torch.equal(plain.sigma(c, plain.operator(*_operator(10, 15))), first)
+    ordered = GpuEngine(drt, "cuda", tile_rows=4096)  # the order of the threads changes no bit
+    ordered.balance = True
+    assert torch.equal(ordered.sigma(c, ordered.operator(*_operator(10, 15))), first)
 
 
 @pytest.mark.gpu
@@ -301,12 +302,13 @@ def test_gpu_factored_sigma_and_energies_match_cpu(space):
     for seed in (26, 27):
         c = np.random.default_rng(seed).standard_normal(drt.n_csf)
         assert _rel(gpu.contract(c, (A, B), h), eng.contract(c, (A, B), h)) < 1e-12
-    h1, g4, _ = _integrals(n, 28)
-    g4 = g4 @ g4.T  # positive semidefinite, so that it has a Cholesky factor
-    L = cholesky_pairs(g4, 1e-6)
+    h1, _, _ = _integrals(n, 28)
+    Z = 0.1 * rng.standard_normal((npair, 2 * n))
+    g4 = Z @ Z.T  # positive semidefinite of rank 2 n: a Cholesky factor of 2 n columns
+    L = cholesky_pairs(g4, 1e-12)
     twos = space[2]
     nelec = ((space[1] + twos) // 2, (space[1] - twos) // 2)
-    opts = dict(conv_tol=1e-12, davidson_only=True, max_cycle=200, df=True, df_tol=1e-6)
+    opts = dict(conv_tol=1e-12, davidson_only=True, max_cycle=200, df=True, df_tol=1e-12)
     e_cpu, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
     e_gpu, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, n, nelec)
     assert L.shape[1] < npair and abs(e_gpu - e_cpu) < 1e-10
