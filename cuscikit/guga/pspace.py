@@ -181,6 +181,7 @@ class PSpacePreconditioner:
             self._idx = torch.as_tensor(self.csfs, device=hdiag.device)
         else:
             self._idx = self.csfs
+        self._w, self._U = np.linalg.eigh(self.H)  # (H - t)^-1 = U (w - t)^-1 U^T for any t
 
     def _dev(self, a):
         if self.torch is None:
@@ -192,7 +193,7 @@ class PSpacePreconditioner:
 
     def guess(self, k: int):
         """(n, k) the k lowest eigenvectors of H_PP, zero outside the space."""
-        _, v = np.linalg.eigh(self.H)
+        v = self._U
         n = len(self.hdiag)
         if self.torch is None:
             G = np.zeros((n, k))
@@ -201,22 +202,21 @@ class PSpacePreconditioner:
         G[self._idx] = self._dev(v[:, :k])
         return G
 
-    def _apply(self, Y, thetas, inv_blocks):
+    def _apply(self, Y, thetas):
         """M^-1 Y column by column."""
         d = self.hdiag[:, None] - self._dev(np.asarray(thetas))[None, :]
         if self.torch is None:
             Z = Y / np.where(np.abs(d) < 1e-8, 1e-8, d)
         else:
             Z = Y / self.torch.where(self.torch.abs(d) < 1e-8, 1e-8, d)
-        ys = self._host(Y[self._idx])
-        zs = np.stack([inv_blocks[c] @ ys[:, c] for c in range(len(thetas))], axis=1)
-        Z[self._idx] = self._dev(zs)
+        ys = self._U.T @ self._host(Y[self._idx])
+        dw = self._w[:, None] - thetas[None, :]
+        dw = np.where(np.abs(dw) < 1e-8, 1e-8, dw)
+        Z[self._idx] = self._dev(self._U @ (ys / dw))
         return Z
 
     def __call__(self, R, thetas, X):
         thetas = np.asarray(thetas, dtype=np.float64).reshape(-1) - self.shift
-        eye = np.eye(len(self.csfs))
-        inv = [np.linalg.inv(self.H - t * eye) for t in thetas]
-        MR, MX = self._apply(R, thetas, inv), self._apply(X, thetas, inv)
+        MR, MX = self._apply(R, thetas), self._apply(X, thetas)
         e = (X * MR).sum(0) / (X * MX).sum(0)
-        return self._apply(R - X * e[None, :], thetas, inv)
+        return self._apply(R - X * e[None, :], thetas)
