@@ -163,6 +163,16 @@ class PSpacePreconditioner:
     (residuals R, Ritz values theta, Ritz vectors X, one column each): Olsen's correction
     t = M^-1 (r - e x) with e = (x M^-1 r) / (x M^-1 x), M = (H_PP - theta + shift) on the
     space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3).
+
+    Example:
+        >>> import numpy as np
+        >>> hdiag = np.array([0.0, 1.0, 2.0, 3.0])
+        >>> pre = PSpacePreconditioner(hdiag, [0, 1], np.array([[0.0, 0.5], [0.5, 1.0]]))
+        >>> pre.guess(1)[:, 0].round(4)  # the ground state of H_PP, zero outside
+        array([-0.9239,  0.3827,  0.    ,  0.    ])
+        >>> t = pre(np.ones((4, 1)), np.array([-0.2]), pre.guess(1))
+        >>> t[:, 0].round(4)
+        array([0.3551, 0.8573, 0.4543, 0.3124])
     """
 
     shift = 1e-3
