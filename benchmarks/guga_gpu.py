@@ -105,7 +105,16 @@ def _gpu_phases(eng, c, Vh) -> dict:
             a = time.perf_counter()
             order = eng.order()
             k.gather(
-                eng.core, t0, eng._symmap, eng.npair, c, T_all[:tc], eng.split_gather, order, s
+                eng.core,
+                t0,
+                eng._symmap,
+                eng.npair,
+                c,
+                T_all[:tc],
+                eng.split_gather,
+                order,
+                True,
+                s,
             )
             torch.cuda.synchronize()
             b = time.perf_counter()

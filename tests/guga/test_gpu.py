@@ -72,6 +72,8 @@ def test_rows_sigma_matches_cpu_engine(space, split):
     ref = eng.contract(c, V, h)
     npair = n * (n + 1) // 2
     T = _core.guga_rows.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split)
+    args = (rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split, None, True)
+    assert np.array_equal(_core.guga_rows.gather(*args), T)  # one slot per pair: the same bits
     G = np.ascontiguousarray(T @ np.vstack([V, h[None]]))
     whole = _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G, 0, split)
     assert _rel(whole, ref) < 1e-13
@@ -111,6 +113,8 @@ def test_rows_reject_bad_input():
         _core.guga_rows.gather(rows, 0, drt.n_csf + 1, pair_index(6), 21, 22, c)
     with pytest.raises(ValueError, match="colmap entries"):
         _core.guga_rows.gather(rows, 0, 4, pair_index(6), 10, 22, c)
+    with pytest.raises(ValueError, match="not symmetric"):
+        _core.guga_rows.gather(rows, 0, 4, generator_map(6), 36, 36, c, False, None, True)
 
 
 class _HostKernels:
@@ -127,18 +131,9 @@ class _HostKernels:
     def _np(order):
         return None if order is None else order.numpy()
 
-    def gather(self, core, k0, colmap, ncol, c, T, split, order, stream):
-        out = self.R.gather(
-            core,
-            k0,
-            T.shape[0],
-            colmap.numpy(),
-            ncol,
-            T.shape[1],
-            c.numpy(),
-            split,
-            self._np(order),
-        )
+    def gather(self, core, k0, colmap, ncol, c, T, split, order, symmetric, stream):
+        cm, o, ld = colmap.numpy(), self._np(order), T.shape[1]
+        out = self.R.gather(core, k0, T.shape[0], cm, ncol, ld, c.numpy(), split, o, symmetric)
         T.copy_(torch.from_numpy(out))
 
     def sigma(self, core, m0, symmap, G, g0, out, accumulate, split, order, stream):

@@ -119,7 +119,7 @@ void bind_guga_rows(nb::module_& m) {
       "gather",
       [](const RowsDrt& d, std::int64_t k0, std::int64_t count, HostVector<std::int32_t> colmap,
          int ncol, int ld, HostVector<double> c, bool split,
-         std::optional<HostVector<std::int32_t>> order) {
+         std::optional<HostVector<std::int32_t>> order, bool symmetric) {
         check_range(d, k0, count);
         const std::int32_t* ord = order_of(d, order, k0, count);
         const int n = d.view.norb;
@@ -129,6 +129,10 @@ void bind_guga_rows(nb::module_& m) {
         for (size_t i = 0; i < colmap.size(); ++i)
           if (colmap.data()[i] < 0 || colmap.data()[i] >= ncol)
             throw std::invalid_argument("colmap entries must lie in 0..ncol - 1");
+        for (int p = 0; symmetric && p < n; ++p)
+          for (int q = 0; q < n; ++q)
+            if (colmap.data()[p * n + q] != colmap.data()[q * n + p])
+              throw std::invalid_argument("symmetric: colmap is not symmetric in (p, q)");
         std::vector<double> T(static_cast<size_t>(count) * ld);
         {
           nb::gil_scoped_release rel;
@@ -140,15 +144,15 @@ void bind_guga_rows(nb::module_& m) {
                            scratch);
             else
               csk::guga::gather_row<kMaxOrb>(d.view, k0 + k, colmap.data(), ncol, ld, c.data(),
-                                             T.data() + k * ld, acc.data(), 1);
+                                             T.data() + k * ld, acc.data(), 1, symmetric);
           }
         }
         return to_numpy(std::move(T), {static_cast<size_t>(count), static_cast<size_t>(ld)});
       },
       "drt"_a, "k0"_a, "count"_a, "colmap"_a, "ncol"_a, "ld"_a, "c"_a, "split"_a = false,
-      "order"_a = nb::none(),
+      "order"_a = nb::none(), "symmetric"_a = false,
       "T (count, ld): row k is gather_row of CSF k0 + k (split: as the GPU's warps run it; "
-      "order: in the GPU threads' order).");
+      "order: in the GPU threads' order; symmetric: one slot per pair, checked).");
 
   m.def(
       "sigma",

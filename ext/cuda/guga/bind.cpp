@@ -91,7 +91,8 @@ void bind_guga(nb::module_& m) {
       "gather",
       [](const PyDrt& d, i64 k0, DeviceVector<const std::int32_t> colmap, int ncol,
          DeviceVector<const double> c, DeviceMatrix<double> T, bool split,
-         std::optional<DeviceVector<const std::int32_t>> order, std::uintptr_t stream) {
+         std::optional<DeviceVector<const std::int32_t>> order, bool symmetric,
+         std::uintptr_t stream) {
         const i64 count = static_cast<i64>(T.shape(0));
         check_range(d, k0, count, "gather");
         check_map(d, colmap, "colmap");
@@ -102,11 +103,13 @@ void bind_guga(nb::module_& m) {
         if (ord) common_device("gather", *order, T);
         nb::gil_scoped_release release;
         csk::gpu::guga::gather(d.view, k0, count, colmap.data(), ncol, static_cast<int>(T.shape(1)),
-                               c.data(), T.data(), split, ord, stream_of(stream));
+                               c.data(), T.data(), split, ord, symmetric, stream_of(stream));
       },
-      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "split"_a, "order"_a.none(), "stream"_a,
+      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "split"_a, "order"_a.none(),
+      "symmetric"_a, "stream"_a,
       "T[k] = gather_row(k0 + k) for every row of T (split: one CSF per warp; order: thread j "
-      "takes CSF order[k0 + j], a permutation of the tile).");
+      "takes CSF order[k0 + j], a permutation of the tile; symmetric: colmap is symmetric in "
+      "(p, q), as the pair map is).");
   m.def(
       "sigma",
       [](const PyDrt& d, i64 m0, DeviceVector<const std::int32_t> symmap,

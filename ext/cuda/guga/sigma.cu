@@ -73,10 +73,10 @@ __global__ void __launch_bounds__(kBlock)
   if (lane == 0) out[j] = accumulate ? out[j] + s : s;
 }
 
-// Threads per block of the per-thread gather: 2 norb slots of shared memory each, within the
-// default 48 KiB (128 up to norb 24, 32 at norb 64).
-int gather_threads(int norb) {
-  const std::size_t per_thread = 2 * sizeof(double) * static_cast<std::size_t>(norb);
+// Threads per block of the per-thread gather: norb slots of shared memory each (2 norb for a
+// map that is not symmetric), within the default 48 KiB (128 up to norb 24, 32 at norb 64).
+int gather_threads(int slots) {
+  const std::size_t per_thread = sizeof(double) * static_cast<std::size_t>(slots);
   const int t = static_cast<int>(kMaxShared / per_thread) / 32 * 32;
   return t < kBlock ? t : kBlock;
 }
@@ -85,13 +85,13 @@ template <int MaxOrb>
 __global__ void __launch_bounds__(kBlock)
     gather_kernel(DrtView d, i64 k0, i64 count, const std::int32_t* __restrict__ order,
                   const std::int32_t* __restrict__ colmap, int ncol, int ld,
-                  const double* __restrict__ c, double* __restrict__ T) {
+                  const double* __restrict__ c, double* __restrict__ T, bool symmetric) {
   extern __shared__ double acc[];
   const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= count) return;
   const i64 k = order ? static_cast<i64>(order[k0 + j]) : k0 + j;
   csk::guga::gather_row<MaxOrb>(d, k, colmap, ncol, ld, c, T + (k - k0) * ld, acc + threadIdx.x,
-                                blockDim.x);
+                                blockDim.x, symmetric);
 }
 
 template <int MaxOrb>
@@ -139,7 +139,8 @@ void upload_segments(double* seg, int bmax) {
 }
 
 void gather(const DrtView& d, i64 k0, i64 count, const std::int32_t* colmap, int ncol, int ld,
-            const double* c, double* T, bool split, const std::int32_t* order, void* stream) {
+            const double* c, double* T, bool split, const std::int32_t* order, bool symmetric,
+            void* stream) {
   if (count <= 0) return;
   const int warps = split ? gather_warps(ld) : 0;
   const cudaStream_t st = as_stream(stream);
@@ -152,13 +153,16 @@ void gather(const DrtView& d, i64 k0, i64 count, const std::int32_t* colmap, int
       gather_warp_kernel<64><<<warp_blocks_for(count, warps), 32 * warps, shared, st>>>(
           d, k0, count, colmap, ncol, ld, c, T);
   } else {  // one CSF per thread (also where a warp's rows do not fit shared memory)
-    const int threads = gather_threads(d.norb);
+    const int slots = symmetric ? d.norb : 2 * d.norb;
+    const int threads = gather_threads(slots);
     const unsigned grid = static_cast<unsigned>((count + threads - 1) / threads);
-    const std::size_t shared = 2 * sizeof(double) * static_cast<std::size_t>(d.norb) * threads;
+    const std::size_t shared = sizeof(double) * static_cast<std::size_t>(slots) * threads;
     if (d.norb <= 32)
-      gather_kernel<32><<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T);
+      gather_kernel<32>
+          <<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T, symmetric);
     else
-      gather_kernel<64><<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T);
+      gather_kernel<64>
+          <<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T, symmetric);
   }
   CSK_CUDA_LAUNCHED();
 }

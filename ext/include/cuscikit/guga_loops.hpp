@@ -322,10 +322,13 @@ CSK_HD double warp_tree_sum(double* v) {
 // start orbital lo (lowering, then raising) touch only the columns of the pairs (lo, hi), so
 // they sum into acc (2 norb slots, `astride` doubles apart: a thread's column of shared memory on
 // the GPU, a small array on the host), and the columns of lo are stored when both are done.
-// The terms of every column are summed in the order of the search.
+// symmetric: colmap[p * n + q] == colmap[q * n + p] for all p, q (the pair map; the caller
+// vouches): both directions share one slot per hi, norb slots suffice and no column is looked up
+// per coupling. The terms of every column are summed in the order of the search.
 template <int MaxOrb>
 CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol,
-                       int ld, const double* c, double* row, double* acc, int astride) {
+                       int ld, const double* c, double* row, double* acc, int astride,
+                       bool symmetric) {
   int steps[MaxOrb], verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   const int n = d.norb;
@@ -333,20 +336,22 @@ CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* col
   for (int j = ncol + 1; j < ld; ++j) row[j] = 0.0;
   if (ld > ncol) row[ncol] = ck;
   for (int r = 0; r < n; ++r) row[colmap[r * n + r]] = step_occupation(steps[r]) * ck;
-  for (int s = 0; s < 2 * n; ++s) acc[s * astride] = 0.0;
+  for (int s = 0; s < (symmetric ? n : 2 * n); ++s) acc[s * astride] = 0.0;
   for (int lo = 0; lo + 1 < n; ++lo) {
     for (int raising = 0; raising < 2; ++raising)
       for_each_coupling_from<MaxOrb>(
           d, steps, verts, k, lo, raising, [&](std::int64_t m, int code, double w) {
             // lowering E_{hi,lo}: code hi * n + lo; raising E_{lo,hi}: code lo * n + hi
             const int hi = raising ? code - lo * n : code / n;
-            const bool own = raising && colmap[code] != colmap[hi * n + lo];
+            const bool own = !symmetric && raising && colmap[code] != colmap[hi * n + lo];
             acc[(own ? n + hi : hi) * astride] += w * c[m];
           });
     for (int hi = lo + 1; hi < n; ++hi) {
-      const int cl = colmap[hi * n + lo], cr = colmap[lo * n + hi];
+      const int cl = colmap[hi * n + lo];
       row[cl] = acc[hi * astride];
       acc[hi * astride] = 0.0;
+      if (symmetric) continue;
+      const int cr = colmap[lo * n + hi];
       if (cr != cl) {
         row[cr] = acc[(n + hi) * astride];
         acc[(n + hi) * astride] = 0.0;
