@@ -32,6 +32,9 @@ class _NumpyOps:
         return np.argsort(a, kind="stable")[:k]
 
     def qr(self, a):
+        if a.shape[1] == 1:  # one column: a norm, no factorisation (see _TorchOps.qr)
+            r = np.linalg.norm(a)
+            return a / r, np.full((1, 1), r)
         return np.linalg.qr(a)
 
     def colnorms(self, a) -> np.ndarray:
@@ -73,6 +76,11 @@ class _TorchOps(_NumpyOps):
         return self.torch.argsort(a, stable=True)[:k]
 
     def qr(self, a):
+        # One column (every step of a one-root solve): a norm instead of the dense solver's
+        # QR, whose first call in a process initialises cuSOLVER.
+        if a.shape[1] == 1:
+            r = self.torch.linalg.vector_norm(a)
+            return a / r, r.reshape(1, 1)
         return self.torch.linalg.qr(a)
 
     def colnorms(self, a):
