@@ -103,7 +103,19 @@ def _gpu_phases(eng, c, Vh) -> dict:
             tc = min(eng.rows, g0 + gc - t0)
             torch.cuda.synchronize()
             a = time.perf_counter()
-            k.gather(eng.core, t0, eng._symmap, eng.npair, c, T_all[:tc], eng.split_gather, s)
+            order = eng.order()
+            k.gather(
+                eng.core,
+                t0,
+                eng._symmap,
+                eng.npair,
+                c,
+                T_all[:tc],
+                eng.split_gather,
+                order,
+                True,
+                s,
+            )
             torch.cuda.synchronize()
             b = time.perf_counter()
             torch.matmul(T_all[:tc], Vh, out=G[t0 - g0 : t0 - g0 + tc])
@@ -111,16 +123,20 @@ def _gpu_phases(eng, c, Vh) -> dict:
             t["gather"] += b - a
             t["gemm"] += time.perf_counter() - b
         a = time.perf_counter()
-        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, eng.split_sigma, s)
+        so = None if eng.split_sigma else eng.order()
+        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, eng.split_sigma, so, s)
         torch.cuda.synchronize()
         t["sigma"] += time.perf_counter() - a
     return t
 
 
-def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
-    """Print the phases of one GPU sigma for each tile size in `tune_rows` and both orders (one
-    CSF per thread, per warp), and make the fastest the GpuEngine defaults; without tile sizes,
-    print the phases of the defaults."""
+VARIANTS = {"thread": (False, False), "sorted": (False, True), "warp": (True, False)}
+
+
+def _tune(solver, h1, eri, ncas, nelec, label, tune_rows, variants=tuple(VARIANTS)) -> None:
+    """Print the phases of one GPU sigma for each tile size in `tune_rows` and three orders (one
+    CSF per thread with the tiles sorted by work or not, one CSF per warp), and make the fastest
+    the GpuEngine defaults; without tile sizes, print the phases of the defaults."""
     import torch
 
     from cuscikit.guga.gpu import GpuEngine
@@ -128,33 +144,52 @@ def _tune(solver, h1, eri, ncas, nelec, label, tune_rows) -> None:
     eng, _ = solver._hop(h1, eri, ncas, nelec)
     c = torch.as_tensor(np.random.default_rng(0).standard_normal(eng.ncsf), device=eng.device)
     Vh = eng.operator(0.5 * np.eye(eng.npair))
-    best_g, best_s = (np.inf, None, None), (np.inf, None)
+    best = (np.inf, None)
+    variants = [VARIANTS[v] for v in variants] if tune_rows else [None]
     for rows in tune_rows or [eng.rows]:
         eng.release()
         eng._plan(0, rows)
-        for split in (False, True) if tune_rows else [None]:
-            if split is not None:
-                eng.split_gather = eng.split_sigma = split
+        for v in variants:
+            if v is not None:
+                eng.split_gather = eng.split_sigma = v[0]
+                eng.balance = v[1]
+            t0 = time.perf_counter()
+            eng.order()  # made once per table and tiling
+            t_order = time.perf_counter() - t0
             ph = _gpu_phases(eng, c, Vh)
             kind = "warp" if eng.split_gather else "thread"
+            kind += ", tiles sorted by work" if eng._balanced() and not eng.split_gather else ""
             text = ", ".join(f"{k} {v:.4f}" for k, v in ph.items())
-            print(f"{label} GPU phases, tile {eng.rows}, one CSF per {kind} (s): {text}")
-            if ph["gather"] + ph["gemm"] < best_g[0]:
-                best_g = (ph["gather"] + ph["gemm"], eng.split_gather, eng.rows)
-            if ph["sigma"] < best_s[0]:
-                best_s = (ph["sigma"], eng.split_sigma)
-    if tune_rows:  # the timings and the solve after this run with the fastest orders
-        GpuEngine.split_gather, GpuEngine.tile_rows = best_g[1:]
-        GpuEngine.split_sigma = best_s[1]
+            print(
+                f"{label} GPU phases, tile {eng.rows}, one CSF per {kind} (s): {text}"
+                f" (order made in {t_order:.3f} s)"
+            )
+            if sum(ph.values()) < best[0]:
+                best = (sum(ph.values()), (eng.split_gather, eng.balance, eng.rows))
+    if tune_rows:  # the timings and the solve after this run with the fastest order
+        GpuEngine.split_gather, GpuEngine.balance, GpuEngine.tile_rows = best[1]
+        GpuEngine.split_sigma = GpuEngine.split_gather
     print(
-        f"{label}: split_gather, tile_rows, split_sigma = "
-        f"{GpuEngine.split_gather, GpuEngine.tile_rows, GpuEngine.split_sigma}",
+        f"{label}: split_gather, balance, tile_rows, split_sigma = "
+        f"{GpuEngine.split_gather, GpuEngine.balance, GpuEngine.tile_rows, GpuEngine.split_sigma}",
         flush=True,
     )
     eng.release()
 
 
-def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None, tune_rows=()):
+def run_case(
+    ncas,
+    folder,
+    device,
+    threads,
+    repeat,
+    solve=True,
+    gpu_memory=None,
+    tune_rows=(),
+    precs=None,
+    variants=tuple(VARIANTS),
+):
+    precs = precs or ["pspace"]
     from cuscikit.guga import GUGASolver
 
     name, h1, eri, ecore, nelecas = _integrals(ncas, folder)
@@ -168,7 +203,8 @@ def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None,
     if gpu:
         opts["gpu_memory"] = gpu_memory
     if gpu:
-        _tune(GUGASolver(**opts), h1, eri, ncas, nelec, f"{name} CAS({nelecas},{ncas})", tune_rows)
+        label = f"{name} CAS({nelecas},{ncas})"
+        _tune(GUGASolver(**opts), h1, eri, ncas, nelec, label, tune_rows, variants)
     solver = GUGASolver(**opts)
     out["setup_s"], out["sigma_s"] = _sigma_time(solver, h1, eri, ncas, nelec, repeat, gpu)
     del solver
@@ -178,32 +214,54 @@ def run_case(ncas, folder, device, threads, repeat, solve=True, gpu_memory=None,
         out["orders"] = (GpuEngine.split_gather, GpuEngine.tile_rows, GpuEngine.split_sigma)
     if not solve:
         return out
-    if gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    solver = GUGASolver(**opts)
-    calls = [0]
-    if gpu:  # count the sigma vectors of the solve
-        from cuscikit.guga import gpu as gpu_mod
+    from cuscikit.guga import pspace as pspace_mod
 
-        plain = gpu_mod.GpuEngine.sigma
+    for precond in precs:  # the first is the table's; the others are printed
+        if gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        solver = GUGASolver(precond=precond, **opts)
+        calls, t_ps = [0], [0.0]
+        if gpu:  # count the sigma vectors of the solve
+            from cuscikit.guga import gpu as gpu_mod
 
-        def counted(self, c, Vh):
-            calls[0] += 1
-            return plain(self, c, Vh)
+            plain = gpu_mod.GpuEngine.sigma
 
-        gpu_mod.GpuEngine.sigma = counted
-    t0 = time.perf_counter()
-    e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
-    out["solve_s"] = time.perf_counter() - t0
-    if gpu:
-        gpu_mod.GpuEngine.sigma = plain
-        print(f"{name} CAS({nelecas},{ncas}) GPU solve: {calls[0]} sigma vectors", flush=True)
+            def counted(self, c, Vh, plain=plain, calls=calls):
+                calls[0] += 1
+                return plain(self, c, Vh)
+
+            gpu_mod.GpuEngine.sigma = counted
+        plain_ps = pspace_mod.pspace_hamiltonian
+
+        def timed_ps(*a, plain_ps=plain_ps, t_ps=t_ps, **k):
+            t = time.perf_counter()
+            r = plain_ps(*a, **k)
+            t_ps[0] += time.perf_counter() - t
+            return r
+
+        pspace_mod.pspace_hamiltonian = timed_ps
+        t0 = time.perf_counter()
+        e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
+        dt = time.perf_counter() - t0
+        pspace_mod.pspace_hamiltonian = plain_ps
+        if gpu:
+            gpu_mod.GpuEngine.sigma = plain
+        print(
+            f"{name} CAS({nelecas},{ncas}) {'GPU' if gpu else 'CPU'} solve, precond {precond}: "
+            f"{dt:.2f} s, {calls[0] if gpu else '-'} sigma vectors, P space {t_ps[0]:.2f} s, "
+            f"E = {float(e):.12f}, converged {solver.converged}",
+            flush=True,
+        )
+        if "solve_s" not in out:
+            out["solve_s"], out["e"] = dt, float(e)
+            if gpu:
+                out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    e = out["e"]
     out["e"] = float(e)
     out["converged"] = bool(solver.converged)
     out["n_csf"] = next(iter(solver._engines.values())).ncsf
     if gpu:
-        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         eng = next(iter(solver._engines.values()))
         out["chunks"] = eng.n_chunks
     return out
@@ -219,6 +277,20 @@ def main() -> None:
     ap.add_argument("--cpu-max", type=float, default=3e6, help="CPU sigma up to this many CSFs")
     ap.add_argument("--cpu-solve-max", type=float, default=3e5, help="CPU solve up to this")
     ap.add_argument("--gpu-memory", type=float, default=None, help="GPU cap in MB")
+    ap.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help="kernel orders to time with --tune-rows (per thread, per thread sorted, per warp)",
+    )
+    ap.add_argument(
+        "--precond",
+        nargs="*",
+        default=["pspace"],
+        choices=["pspace", "diagonal"],
+        help="solve with each of these Davidson preconditioners (the table shows the first)",
+    )
     ap.add_argument(
         "--tune-rows",
         type=int,
@@ -249,11 +321,15 @@ def main() -> None:
             args.repeat,
             gpu_memory=args.gpu_memory,
             tune_rows=args.tune_rows,
+            precs=args.precond,
+            variants=args.variants,
         )
         c = None
         if n_csf <= args.cpu_max:
             solve = n_csf <= args.cpu_solve_max
-            c = run_case(ncas, args.integrals, "cpu", args.threads, args.repeat, solve)
+            c = run_case(
+                ncas, args.integrals, "cpu", args.threads, args.repeat, solve, precs=args.precond
+            )
         anchor = ANCHOR.get(ncas)
         space = f"{g['name']} CAS({SPACES[ncas][2]},{ncas})"
         rows.append(

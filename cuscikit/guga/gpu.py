@@ -8,17 +8,21 @@ sigma are gathers, so every output is summed by one thread in a fixed order and 
 agree bit for bit:
 
 1. T[k, P] = ((E_pq + E_qp) c)_k and T[k, P(r,r)] = n_r(k) c_k, plus a column c_k (kernel
-   ``gather``, one thread per ket k of a tile of rows);
+   ``gather``, one thread per ket k of a tile of rows; each thread sums the columns of one
+   start orbital in shared memory and stores every column of its row once);
 2. G = T [1/2 (pq|rs); h'] with a float64 GEMM (torch.matmul, i.e. cuBLAS), tile by tile into
-   a resident G of up to ``n_csf`` rows;
+   a resident G of up to ``n_csf`` rows; with factored integrals V = A B (density fitting or
+   Cholesky, A = L, B = 1/2 L^T) two GEMMs, G = (T A) B;
 3. sigma_m = sum_r n_r(m) G[m, P(r,r)] + sum over the couplings <k|E_pq|m> of m (as a ket) of
    <k|E_pq|m> G[k, P(pq)] (kernel ``sigma``, one thread per output CSF m). E_pq + E_qp is
    symmetric, so the couplings of m as a ket are exactly the terms that reach sigma_m.
 
-When G does not fit the memory budget, it is built in chunks of rows and step 3 runs once per
-chunk (each pass adds the chunk's share to sigma in chunk order): the solve slows down instead
-of failing. The density matrices use the same gather with the map (p, q) -> (q, p):
-t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket by GEMM.
+The threads take the CSFs of a tile in the order of their number of couplings (counted once
+per table, ``balance``), so that the threads of a warp get similar work; each output keeps its
+one owner, so the order changes no bit. When G does not fit the memory budget, it is built in
+chunks of rows and step 3 runs once per chunk (each pass adds the chunk's share to sigma in
+chunk order): the solve slows down instead of failing. The density matrices use the same
+gather with the map (p, q) -> (q, p): t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket by GEMM.
 
 Example (needs a CUDA GPU and the compiled ``cuscikit._cuda``):
     >>> import numpy as np
@@ -78,14 +82,20 @@ class GpuEngine:
 
     Attributes (class defaults, measured on an H200, docs/guga_gpu.md): ``split_gather`` and
     ``split_sigma`` run the two gathers with one CSF per warp (its searches over the lanes)
-    instead of one per thread; ``tile_rows`` is the default tile. A thread per CSF needs tiles
-    large enough to fill the GPU: on the H200 the gather of CAS(14,14) took 0.106 s with tiles of
-    2^16 kets, 0.075 s with 2^18 and 0.065 s with 2^20.
+    instead of one per thread; ``balance`` sorts the CSFs of every tile by their number of
+    couplings for the per-thread kernels (an int32 per CSF; slower on the H200: it loses the
+    locality of the lexical order); ``tile_rows`` is the largest tile (the budget decides: G
+    whole first, then T as large as fits); ``factor_rows`` the rows of one slice of T A with
+    factored integrals. Each tile is one launch that waits for its slowest warp, so larger tiles
+    are faster: the gather of CAS(16,16) took 1.73 s with tiles of 2^18 kets, 1.29 s with 2^20
+    and 1.17 s with one tile (2n slots per thread; 0.69 s with one tile and n slots).
     """
 
     split_gather: bool = False
     split_sigma: bool = False
-    tile_rows: int = 1 << 20
+    balance: bool = False
+    tile_rows: int = 1 << 25
+    factor_rows: int = 1 << 16
 
     def __init__(
         self,
@@ -128,17 +138,28 @@ class GpuEngine:
         self.core = self.kernels.Drt(n, int(drt.head), *self._tables, self.ncsf)
         self._symmap = dev_i32(self.symmap)
         self._genmap = dev_i32(generator_map(n))
+        self._order = self._order_key = None
         self._plan(int(reserve), int(tile_rows or self.tile_rows))
-        self._T = self._G = None
+        self._T = self._G = self._X = None
         self._steps = None
 
     # --- memory ----------------------------------------------------------------------------------
     def _plan(self, reserve: int, tile_rows: int) -> None:
         """Tile rows of T and chunk rows of G from the budget left beside `reserve`."""
         avail = self.budget.available() - reserve
+        if self._balanced():
+            avail -= 4 * self.ncsf  # the order
         t_row, g_row = 8 * (self.npair + 1), 8 * self.npair
         rows = max(1, min(self.ncsf, tile_rows))
         min_rows = min(self.ncsf, 256)
+        # G whole first (each chunk of G repeats the sigma pass), then the largest tile of T
+        # (each tile is one launch that waits for its slowest warp)
+        whole = self.ncsf * g_row
+        if whole + min(rows, 1 << 20) * t_row <= avail:
+            self.rows = int(min(rows, (avail - whole) // t_row))
+            self.g_rows = self.ncsf
+            self.n_chunks = 1
+            return
         while rows > min_rows and rows * (t_row + g_row) > avail:
             rows //= 2
         if rows * (t_row + g_row) > avail:
@@ -160,7 +181,44 @@ class GpuEngine:
 
     def release(self) -> None:
         """Free the work buffers (they are made again on the next sigma)."""
-        self._T = self._G = None
+        self._T = self._G = self._X = None
+
+    def _balanced(self) -> bool:
+        return self.balance and self.ncsf < 2**31
+
+    def _tiles(self):
+        """(g0, gc, [(t0, tc), ...]) for each chunk of G: the tiles of T, in the order of sigma."""
+        for g0 in range(0, self.ncsf, self.g_rows):
+            gc = min(self.g_rows, self.ncsf - g0)
+            yield (
+                g0,
+                gc,
+                [(t0, min(self.rows, g0 + gc - t0)) for t0 in range(g0, g0 + gc, self.rows)],
+            )
+
+    def order(self):
+        """The CSFs in the threads' order (a device int32 vector), or None without ``balance``:
+        every tile of T sorted by the CSFs' number of couplings, most first (each tile keeps
+        its own CSFs, so the rows of T stay in place)."""
+        if not self._balanced() or self.split_gather:
+            return None
+        key = (self.rows, self.g_rows)
+        if self._order_key != key:
+            torch = self.torch
+            self._order = None
+            counts = torch.empty(self.ncsf, dtype=torch.int32, device=self.device)
+            self.kernels.coupling_counts(self.core, 0, counts, self._stream())
+            keys = torch.empty(self.ncsf, dtype=torch.int64, device=self.device)
+            i = 0
+            for _, _, tiles in self._tiles():
+                for t0, tc in tiles:
+                    keys[t0 : t0 + tc] = i << 32
+                    i += 1
+            keys -= counts.to(torch.int64)  # most couplings first within a tile
+            del counts
+            self._order = torch.argsort(keys, stable=True).to(torch.int32)
+            self._order_key = key
+        return self._order
 
     def _stream(self) -> int:
         if self.device.type != "cuda":
@@ -179,11 +237,42 @@ class GpuEngine:
         return self._steps
 
     # --- sigma -----------------------------------------------------------------------------------
-    def operator(self, V: np.ndarray, h: np.ndarray | None = None):
-        """The (npair + 1, npair) device matrix [V; h] that `sigma` contracts with."""
+    def operator(self, V, h: np.ndarray | None = None):
+        """What `sigma` contracts with: the (npair + 1, npair) device matrix [V; h], or for a
+        factored V = (A, B) (A (npair, naux), B (naux, npair)) the pair of device matrices
+        ([[A, 0], [0, 1]], [B; h]): G = (T A') B' adds c_k h to each row as [V; h] does."""
+        npair = self.npair
+        h = np.zeros(npair) if h is None else np.asarray(h, dtype=np.float64).reshape(-1)
+        if h.shape != (npair,):
+            raise ValueError(f"h must hold npair = {npair} entries, got {h.shape}")
+        if isinstance(V, tuple):
+            A, B = (np.asarray(x, dtype=np.float64) for x in V)
+            if A.ndim != 2 or A.shape[0] != npair or B.shape != (A.shape[1], npair):
+                raise ValueError(f"factors must be (npair, naux) and (naux, npair), npair={npair}")
+            naux = A.shape[1]
+            A1 = np.zeros((npair + 1, naux + 1))
+            A1[:npair, :naux], A1[npair, naux] = A, 1.0
+            return self._dev(A1), self._dev(np.vstack([B, h[None, :]]))
         V = np.asarray(V, dtype=np.float64)
-        h = np.zeros(self.npair) if h is None else np.asarray(h, dtype=np.float64)
+        if V.shape != (npair, npair):
+            raise ValueError(f"V must be (npair, npair) = ({npair}, {npair}), got {V.shape}")
         return self._dev(np.vstack([V, h[None, :]]))
+
+    def _gemm(self, T, Vh, out) -> None:
+        """out = T Vh, or (T A) B for a factored operator (A, B)."""
+        torch = self.torch
+        if not isinstance(Vh, tuple):
+            torch.matmul(T, Vh, out=out)
+            return
+        A, B = Vh
+        step = min(self.rows, self.factor_rows)
+        if self._X is None or self._X.shape != (step, A.shape[1]):
+            self._X = torch.empty((step, A.shape[1]), dtype=torch.float64, device=self.device)
+        for r0 in range(0, T.shape[0], step):  # T A in slices of factor_rows rows
+            r1 = min(r0 + step, T.shape[0])
+            X = self._X[: r1 - r0]
+            torch.matmul(T[r0:r1], A, out=X)
+            torch.matmul(X, B, out=out[r0:r1])
 
     def sigma(self, c, Vh):
         """sum_PQ V[P,Q] E^sym_P E^sym_Q c + sum_P h[P] E^sym_P c for a device vector c (float64,
@@ -191,17 +280,21 @@ class GpuEngine:
         torch, k = self.torch, self.kernels
         c = c.contiguous()
         out = torch.empty(self.ncsf, dtype=torch.float64, device=self.device)
+        order = self.order()
         T_all, G_all = self._buffers()
         s = self._stream()
-        for g0 in range(0, self.ncsf, self.g_rows):
-            gc = min(self.g_rows, self.ncsf - g0)
+        for g0, gc, tiles in self._tiles():
             G = G_all[:gc]
-            for t0 in range(g0, g0 + gc, self.rows):
-                tc = min(self.rows, g0 + gc - t0)
+            for t0, tc in tiles:
                 T = T_all[:tc]
-                k.gather(self.core, t0, self._symmap, self.npair, c, T, self.split_gather, s)
-                torch.matmul(T, Vh, out=G[t0 - g0 : t0 - g0 + tc])
-            k.sigma(self.core, 0, self._symmap, G, g0, out, g0 > 0, self.split_sigma, s)
+                k.gather(
+                    self.core, t0, self._symmap, self.npair, c, T, self.split_gather, order, True, s
+                )
+                self._gemm(T, Vh, G[t0 - g0 : t0 - g0 + tc])
+            sigma_order = None if self.split_sigma else order
+            k.sigma(
+                self.core, 0, self._symmap, G, g0, out, g0 > 0, self.split_sigma, sigma_order, s
+            )
         return out
 
     def contract(self, c, V, h=None):
@@ -257,11 +350,11 @@ class GpuEngine:
         for t0 in range(0, self.ncsf, rows):
             tc = min(rows, self.ncsf - t0)
             tk = tk_all[:tc]
-            k.gather(self.core, t0, self._genmap, nn, kt, tk, self.split_gather, s)
+            k.gather(self.core, t0, self._genmap, nn, kt, tk, self.split_gather, None, False, s)
             tb = tk
             if not same:
                 tb = tb_all[:tc]
-                k.gather(self.core, t0, self._genmap, nn, b, tb, self.split_gather, s)
+                k.gather(self.core, t0, self._genmap, nn, b, tb, self.split_gather, None, False, s)
             M += tb.T @ tk
             d1 += b[t0 : t0 + tc] @ tk
         return d1.reshape(n, n).cpu().numpy(), M.cpu().numpy()

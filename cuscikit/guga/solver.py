@@ -59,15 +59,23 @@ def _pack(h: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(h[i, j])
 
 
-def _device_guess(hdiag, n: int, nroots: int):
-    """Unit vectors on the lowest diagonals plus seeded noise, built on hdiag's device (as the
-    host guess, with the device's generator for the noise)."""
+def _start_count(n: int, nroots: int) -> int:
+    """Davidson start vectors: one for one root, else max(nroots + 2, 2 nroots)."""
+    return min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
+
+
+def _device_guess(hdiag, n: int, nroots: int, pre=None):
+    """Unit vectors on the lowest diagonals (or the P-space vectors of `pre`) plus seeded
+    noise, built on hdiag's device (as the host guess, with the device's generator)."""
     import torch
 
-    k0 = min(n, max(nroots + 2, 2 * nroots))
-    order = torch.argsort(hdiag, stable=True)[:k0]
-    guess = torch.zeros((n, k0), dtype=torch.float64, device=hdiag.device)
-    guess[order, torch.arange(k0, device=hdiag.device)] = 1.0
+    k0 = _start_count(n, nroots)
+    if pre is not None:
+        guess = pre.guess(k0)
+    else:
+        order = torch.argsort(hdiag, stable=True)[:k0]
+        guess = torch.zeros((n, k0), dtype=torch.float64, device=hdiag.device)
+        guess[order, torch.arange(k0, device=hdiag.device)] = 1.0
     gen = torch.Generator(device=hdiag.device).manual_seed(1)
     noise = torch.randn((n, k0), generator=gen, dtype=torch.float64, device=hdiag.device)
     return guess.add_(noise, alpha=1e-5)
@@ -81,7 +89,13 @@ class GUGASolver(Solver):
         conv_tol_residual: residual norm per root (None: sqrt(conv_tol)).
         max_cycle, max_space, lindep, level_shift: Davidson controls.
         davidson_only: never diagonalise densely (small spaces are, when no ci0 is given).
-        pspace_size: largest space diagonalised densely.
+        pspace_size: largest space diagonalised densely; in larger spaces, the number of
+            CSFs of lowest diagonal whose Hamiltonian gives the Davidson start vectors and
+            preconditioner (``precond``).
+        precond: "pspace" (default: H diagonalised in those pspace_size CSFs for the start
+            vectors, and Olsen's correction with H - e inverted there and its diagonal
+            elsewhere, as PySCF's FCI does; `cuscikit.guga.pspace`) or "diagonal" (unit
+            vectors on the lowest diagonals and (H_mm - e)^-1 alone).
         nroots: roots returned by `kernel`.
         spin: 2S; None takes n_alpha - n_beta of the nelec passed to `kernel`.
         orbsym, wfnsym: irrep ids of the active orbitals and of the wanted state (PySCF's
@@ -108,8 +122,8 @@ class GUGASolver(Solver):
             (0: exact to round-off).
         cderi: a 3-index factor of the active-space integrals, (naux, norb, norb) or
             (naux, npair) with (pq|rs) = sum_P cderi[P, pq] cderi[P, rs] (density fitting);
-            then `kernel` takes eri=None and the sigma runs factored. df, cderi and wfnsym
-            run on the CPU only.
+            then `kernel` takes eri=None and the sigma runs factored (on the CPU and the GPU).
+            wfnsym runs on the CPU only.
 
     Results: ``e_tot``, ``ci``, ``converged``, ``eci`` (after `kernel`).
     """
@@ -122,6 +136,7 @@ class GUGASolver(Solver):
     level_shift: float = 1e-3
     davidson_only: bool = False
     pspace_size: int = 400
+    precond: str = "pspace"
     nroots: int = 1
     spin: int | None = None
     orbsym = None
@@ -292,8 +307,6 @@ class GUGASolver(Solver):
 
     def _hop(self, h1e, eri, norb: int, nelec):
         _, g4, hp, L = self._operator(h1e, eri, norb)  # validates before any table is built
-        if L is not None and self._on_gpu():
-            raise ValueError("factored integrals (df, cderi) run on the CPU only: device='cpu'")
         eng = self._engine(norb, nelec)
         # dense: g = 1/2 T (pq|rs), one GEMM; factored: g = (T L)(1/2 L^T), two thinner ones
         V = 0.5 * g4 if L is None else (L, np.ascontiguousarray(0.5 * L.T))
@@ -313,7 +326,7 @@ class GUGASolver(Solver):
                     return on_device(eng._dev(np.asarray(X))).cpu().numpy()
                 return on_device(X)
 
-            matvec_gpu.g4 = g4
+            matvec_gpu.g4, matvec_gpu.V, matvec_gpu.h = g4, V, h
             return eng, matvec_gpu
 
         def matvec(X):
@@ -322,7 +335,7 @@ class GUGASolver(Solver):
                 return eng.contract(X, V, h)
             return np.stack([eng.contract(X[:, k], V, h) for k in range(X.shape[1])], axis=1)
 
-        matvec.g4 = g4
+        matvec.g4, matvec.V, matvec.h = g4, V, h
         return eng, matvec
 
     def energy(self, h1e, eri, fcivec, norb: int, nelec) -> float:
@@ -396,6 +409,7 @@ class GUGASolver(Solver):
             eng, matvec = self._hop(h1e, eri, norb, nelec)
         finally:
             self._call_max_memory = None
+        op_vh = (matvec.V, matvec.h)  # the operator of the sigma, for the P space
         h1 = np.asarray(h1e, dtype=np.float64)
         hdiag = eng.diagonal_device(h1, matvec.g4) if gpu else eng.diagonal(h1, matvec.g4)
         # wfnsym: the CSFs of that irrep only (H does not couple irreps; PySCF's casci_symm
@@ -419,13 +433,21 @@ class GUGASolver(Solver):
             from cuscikit.linalg.davidson import davidson
 
             resid = self.conv_tol_residual or math.sqrt(tol)
+            pre = None
+            if self.precond not in ("pspace", "diagonal"):
+                raise ValueError(f"precond must be 'pspace' or 'diagonal', got {self.precond!r}")
+            if self.precond == "pspace" and 0 < max(pspace_size, nroots) < n:
+                pre = self._pspace(eng, op_vh, hdiag, sub, max(pspace_size, nroots))
             if guess is None and gpu:
-                guess = _device_guess(hdiag, n, nroots)
+                guess = _device_guess(hdiag, n, nroots, pre)
             elif guess is None:
-                k0 = min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
-                order = np.argsort(hdiag, kind="stable")[:k0]
-                guess = np.zeros((n, k0))
-                guess[order, np.arange(k0)] = 1.0
+                k0 = _start_count(n, nroots)
+                if pre is not None:
+                    guess = pre.guess(k0)
+                else:
+                    order = np.argsort(hdiag, kind="stable")[:k0]
+                    guess = np.zeros((n, k0))
+                    guess[order, np.arange(k0)] = 1.0
                 guess += 1e-5 * np.random.default_rng(1).standard_normal(guess.shape)
             res = davidson(
                 matvec,
@@ -436,6 +458,7 @@ class GUGASolver(Solver):
                 max_iter=max_cycle,
                 max_space=max(max_space + 4 * (nroots - 1), 2 * nroots + 2),
                 guess=guess,
+                precond=pre,
             )
             e, vecs = res.energies, res.vectors
             if gpu:
@@ -459,6 +482,25 @@ class GUGASolver(Solver):
         self.eci = self.e_tot
         log.info("GUGASolver: %d CSFs (2S = %d), E = %s", n, self._twos(nelec)[1], self.e_tot)
         return self.e_tot, self.ci
+
+    def _pspace(self, eng, op_vh, hdiag, sub, size: int):
+        """The P-space start vectors and preconditioner over the `size` CSFs of lowest
+        diagonal (indices into hdiag, which covers `sub` when that is set)."""
+        from cuscikit.guga.pspace import PSpacePreconditioner, pspace_hamiltonian
+
+        if isinstance(hdiag, np.ndarray):
+            idx = np.argsort(hdiag, kind="stable")[:size]
+            d = hdiag[idx]
+        else:
+            import torch
+
+            idx_t = torch.argsort(hdiag, stable=True)[:size]
+            idx, d = idx_t.cpu().numpy(), hdiag[idx_t].cpu().numpy()
+        csfs = idx if sub is None else np.asarray(sub)[idx]
+        H = pspace_hamiltonian(eng.drt, csfs, *op_vh, diag=d)
+        pre = PSpacePreconditioner(hdiag, idx, H)
+        pre.shift = float(self.level_shift)
+        return pre
 
     def _irrep_subspace(self, eng: Engine, norb: int, orbsym, wfnsym):
         """Indices of the CSFs of irrep `wfnsym` (None: no restriction)."""

@@ -32,6 +32,9 @@ class _NumpyOps:
         return np.argsort(a, kind="stable")[:k]
 
     def qr(self, a):
+        if a.shape[1] == 1:  # one column: a norm, no factorisation (see _TorchOps.qr)
+            r = np.linalg.norm(a)
+            return a / r, np.full((1, 1), r)
         return np.linalg.qr(a)
 
     def colnorms(self, a) -> np.ndarray:
@@ -73,6 +76,11 @@ class _TorchOps(_NumpyOps):
         return self.torch.argsort(a, stable=True)[:k]
 
     def qr(self, a):
+        # One column (every step of a one-root solve): a norm instead of the dense solver's
+        # QR, whose first call in a process initialises cuSOLVER.
+        if a.shape[1] == 1:
+            r = self.torch.linalg.vector_norm(a)
+            return a / r, r.reshape(1, 1)
         return self.torch.linalg.qr(a)
 
     def colnorms(self, a):
@@ -114,6 +122,7 @@ def davidson(
     max_space: int | None = None,
     guess: np.ndarray | None = None,
     callback: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+    precond: Callable | None = None,
 ) -> DavidsonResult:
     """Lowest `nroots` eigenpairs of a symmetric operator with a diagonal preconditioner.
 
@@ -130,6 +139,9 @@ def davidson(
         guess: optional (n, k) starting vectors; default unit vectors on the lowest diagonals
             plus a little seeded noise, so that every symmetry block is reached.
         callback: called as callback(iteration, energies, residual_norms) every iteration.
+        precond: corrections from residuals, called as precond(R, theta, X) with the residuals
+            R, Ritz values theta and Ritz vectors X of the unconverged roots (one column
+            each); default R / (diag - theta).
 
     Example:
         >>> import numpy as np
@@ -184,8 +196,11 @@ def davidson(
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
-        denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
-        T = R[:, ops.dev(todo)] / denom
+        if precond is None:
+            denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
+            T = R[:, ops.dev(todo)] / denom
+        else:
+            T = precond(R[:, ops.dev(todo)], theta_w[todo], X[:, ops.dev(todo)])
         if m + T.shape[1] > max_space:
             # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
             # its image follows by linearity: no extra matvec.

@@ -72,6 +72,8 @@ def test_rows_sigma_matches_cpu_engine(space, split):
     ref = eng.contract(c, V, h)
     npair = n * (n + 1) // 2
     T = _core.guga_rows.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split)
+    args = (rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, split, None, True)
+    assert np.array_equal(_core.guga_rows.gather(*args), T)  # one slot per pair: the same bits
     G = np.ascontiguousarray(T @ np.vstack([V, h[None]]))
     whole = _core.guga_rows.sigma(rows, 0, drt.n_csf, pair_index(n), G, 0, split)
     assert _rel(whole, ref) < 1e-13
@@ -111,6 +113,8 @@ def test_rows_reject_bad_input():
         _core.guga_rows.gather(rows, 0, drt.n_csf + 1, pair_index(6), 21, 22, c)
     with pytest.raises(ValueError, match="colmap entries"):
         _core.guga_rows.gather(rows, 0, 4, pair_index(6), 10, 22, c)
+    with pytest.raises(ValueError, match="not symmetric"):
+        _core.guga_rows.gather(rows, 0, 4, generator_map(6), 36, 36, c, False, None, True)
 
 
 class _HostKernels:
@@ -123,17 +127,23 @@ class _HostKernels:
     def Drt(norb, head, up, down, b, y, seg, ncsf):
         return _core.guga_rows.Drt(norb, head, up.numpy(), down.numpy(), b.numpy(), y.numpy(), ncsf)
 
-    def gather(self, core, k0, colmap, ncol, c, T, split, stream):
-        out = self.R.gather(
-            core, k0, T.shape[0], colmap.numpy(), ncol, T.shape[1], c.numpy(), split
-        )
+    @staticmethod
+    def _np(order):
+        return None if order is None else order.numpy()
+
+    def gather(self, core, k0, colmap, ncol, c, T, split, order, symmetric, stream):
+        cm, o, ld = colmap.numpy(), self._np(order), T.shape[1]
+        out = self.R.gather(core, k0, T.shape[0], cm, ncol, ld, c.numpy(), split, o, symmetric)
         T.copy_(torch.from_numpy(out))
 
-    def sigma(self, core, m0, symmap, G, g0, out, accumulate, split, stream):
-        s = torch.from_numpy(
-            self.R.sigma(core, m0, out.shape[0], symmap.numpy(), G.contiguous().numpy(), g0, split)
-        )
+    def sigma(self, core, m0, symmap, G, g0, out, accumulate, split, order, stream):
+        G = G.contiguous().numpy()
+        s = self.R.sigma(core, m0, out.shape[0], symmap.numpy(), G, g0, split, self._np(order))
+        s = torch.from_numpy(s)
         out.copy_(out + s if accumulate else s)
+
+    def coupling_counts(self, core, k0, out, stream):
+        out.copy_(torch.from_numpy(self.R.coupling_counts(core, k0, out.shape[0])))
 
     def diagonal(self, core, k0, hp, J, K, out, stream):
         out.copy_(
@@ -160,6 +170,43 @@ def test_engine_tiles_and_chunks_on_host_twin(space, split):
     d1, M = gpu.generator_products(c, c)
     d1r, Mr = Engine(drt).generator_products(c, c)
     assert _rel(M, Mr) < 1e-13 and _rel(d1, d1r) < 1e-13
+
+
+def test_balanced_order_and_factored_operator_on_host_twin():
+    """The work-sorted order of the CSFs changes no bit of sigma; a factored operator (A, B)
+    gives the CPU engine's factored sigma; the order and the factors are checked."""
+    drt = DRT(9, 9, 1)
+    n, npair = 9, 45
+    V, h = _operator(n, 22)
+    c = np.random.default_rng(23).standard_normal(drt.n_csf)
+    plain = GpuEngine(drt, "cpu", tile_rows=150, kernels=_HostKernels())
+    plain.balance = False
+    sorted_ = GpuEngine(drt, "cpu", tile_rows=150, kernels=_HostKernels())
+    sorted_.balance = True
+    # chunks of G, tiles that do not divide them
+    plain.g_rows = sorted_.g_rows = 2 * 150 + 7
+    order = sorted_.order().numpy()
+    assert sorted(order) == list(range(drt.n_csf)) and not np.array_equal(order, np.sort(order))
+    counts = _core.guga_rows.coupling_counts(_rows_drt(drt), 0, drt.n_csf)
+    for _, _, tiles in sorted_._tiles():  # every tile keeps its CSFs, most couplings first
+        for t0, tc in tiles:
+            assert sorted(order[t0 : t0 + tc]) == list(range(t0, t0 + tc))
+            assert np.all(np.diff(counts[order[t0 : t0 + tc]]) <= 0)
+    assert np.array_equal(sorted_.contract(c, V, h), plain.contract(c, V, h))
+    rng = np.random.default_rng(24)
+    A, B = rng.standard_normal((npair, 30)), rng.standard_normal((30, npair))
+    ref = Engine(drt).contract(c, (A, B), h)
+    assert _rel(sorted_.contract(c, (A, B), h), ref) < 1e-13
+    assert _rel(sorted_.contract(c, (A, B)), Engine(drt).contract(c, (A, B))) < 1e-13
+    with pytest.raises(ValueError, match="factors must be"):
+        sorted_.operator((A, B[:, :-1]))
+    with pytest.raises(ValueError, match="V must be"):
+        sorted_.operator(V[:-1])
+    rows = _rows_drt(drt)
+    bad = np.arange(drt.n_csf, dtype=np.int32)
+    bad[[0, 5]] = bad[[5, 0]]  # swaps CSFs of two different ranges
+    with pytest.raises(ValueError, match="order must permute"):
+        _core.guga_rows.gather(rows, 0, 4, pair_index(n), npair, npair + 1, c, False, bad)
 
 
 def test_davidson_on_tensors_matches_numpy():
@@ -229,6 +276,37 @@ def test_gpu_sigma_is_bitwise_reproducible():
     first = gpu.sigma(c, Vh)
     for _ in range(3):
         assert torch.equal(gpu.sigma(c, Vh), first)
+    ordered = GpuEngine(drt, "cuda", tile_rows=4096)  # the order of the threads changes no bit
+    ordered.balance = True
+    assert torch.equal(ordered.sigma(c, ordered.operator(*_operator(10, 15))), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("space", [(8, 7, 1), (10, 10, 0)])
+def test_gpu_factored_sigma_and_energies_match_cpu(space):
+    """Factored integrals (A, B) on the device: sigma to 1e-12 against the CPU engine's
+    factored sigma; a Cholesky (df) solve to 1e-10 against the CPU df solve."""
+    from cuscikit.guga.df import cholesky_pairs
+
+    drt = DRT(*space)
+    n, npair = drt.norb, drt.norb * (drt.norb + 1) // 2
+    rng = np.random.default_rng(25)
+    A, B = rng.standard_normal((npair, 2 * n)), rng.standard_normal((2 * n, npair))
+    h = rng.standard_normal(npair)
+    gpu, eng = GpuEngine(drt, "cuda", tile_rows=500), Engine(drt)
+    for seed in (26, 27):
+        c = np.random.default_rng(seed).standard_normal(drt.n_csf)
+        assert _rel(gpu.contract(c, (A, B), h), eng.contract(c, (A, B), h)) < 1e-12
+    h1, _, _ = _integrals(n, 28)
+    Z = 0.1 * rng.standard_normal((npair, 2 * n))
+    g4 = Z @ Z.T  # positive semidefinite of rank 2 n: a Cholesky factor of 2 n columns
+    L = cholesky_pairs(g4, 1e-12)
+    twos = space[2]
+    nelec = ((space[1] + twos) // 2, (space[1] - twos) // 2)
+    opts = dict(conv_tol=1e-12, davidson_only=True, max_cycle=200, df=True, df_tol=1e-12)
+    e_cpu, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
+    e_gpu, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, n, nelec)
+    assert L.shape[1] < npair and abs(e_gpu - e_cpu) < 1e-10
 
 
 @pytest.mark.gpu

@@ -4,8 +4,10 @@
 // on machines without a GPU.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,6 +69,22 @@ void check_range(const RowsDrt& d, std::int64_t k0, std::int64_t count) {
     throw std::invalid_argument("CSF range outside 0.." + std::to_string(d.view.ncsf));
 }
 
+// The order's pointer (null without one): a permutation of 0 .. ncsf - 1 that maps the range
+// k0 .. k0 + count - 1 onto itself (checked).
+const std::int32_t* order_of(const RowsDrt& d, const std::optional<HostVector<std::int32_t>>& o,
+                             std::int64_t k0, std::int64_t count) {
+  if (!o) return nullptr;
+  need(o->size(), static_cast<size_t>(d.view.ncsf), "order");
+  std::vector<char> seen(static_cast<size_t>(count), 0);
+  for (std::int64_t j = 0; j < count; ++j) {
+    const std::int64_t k = o->data()[k0 + j] - k0;
+    if (k < 0 || k >= count || seen[k])
+      throw std::invalid_argument("order must permute the CSFs of the range");
+    seen[k] = 1;
+  }
+  return o->data();
+}
+
 }  // namespace
 
 void bind_guga_rows(nb::module_& m) {
@@ -100,8 +118,10 @@ void bind_guga_rows(nb::module_& m) {
   m.def(
       "gather",
       [](const RowsDrt& d, std::int64_t k0, std::int64_t count, HostVector<std::int32_t> colmap,
-         int ncol, int ld, HostVector<double> c, bool split) {
+         int ncol, int ld, HostVector<double> c, bool split,
+         std::optional<HostVector<std::int32_t>> order, bool symmetric) {
         check_range(d, k0, count);
+        const std::int32_t* ord = order_of(d, order, k0, count);
         const int n = d.view.norb;
         need(colmap.size(), static_cast<size_t>(n) * n, "colmap");
         need(c.size(), static_cast<size_t>(d.view.ncsf), "c");
@@ -109,30 +129,38 @@ void bind_guga_rows(nb::module_& m) {
         for (size_t i = 0; i < colmap.size(); ++i)
           if (colmap.data()[i] < 0 || colmap.data()[i] >= ncol)
             throw std::invalid_argument("colmap entries must lie in 0..ncol - 1");
+        for (int p = 0; symmetric && p < n; ++p)
+          for (int q = 0; q < n; ++q)
+            if (colmap.data()[p * n + q] != colmap.data()[q * n + p])
+              throw std::invalid_argument("symmetric: colmap is not symmetric in (p, q)");
         std::vector<double> T(static_cast<size_t>(count) * ld);
         {
           nb::gil_scoped_release rel;
-          std::vector<double> scratch;
-          for (std::int64_t k = 0; k < count; ++k) {
+          std::vector<double> scratch, acc(2 * static_cast<size_t>(n));
+          for (std::int64_t j = 0; j < count; ++j) {
+            const std::int64_t k = ord ? ord[k0 + j] - k0 : j;
             if (split)
               gather_split(d.view, k0 + k, colmap.data(), ncol, ld, c.data(), T.data() + k * ld,
                            scratch);
             else
               csk::guga::gather_row<kMaxOrb>(d.view, k0 + k, colmap.data(), ncol, ld, c.data(),
-                                             T.data() + k * ld);
+                                             T.data() + k * ld, acc.data(), 1, symmetric);
           }
         }
         return to_numpy(std::move(T), {static_cast<size_t>(count), static_cast<size_t>(ld)});
       },
       "drt"_a, "k0"_a, "count"_a, "colmap"_a, "ncol"_a, "ld"_a, "c"_a, "split"_a = false,
-      "T (count, ld): row k is gather_row of CSF k0 + k (split: as the GPU's warps run it).");
+      "order"_a = nb::none(), "symmetric"_a = false,
+      "T (count, ld): row k is gather_row of CSF k0 + k (split: as the GPU's warps run it; "
+      "order: in the GPU threads' order; symmetric: one slot per pair, checked).");
 
   m.def(
       "sigma",
       [](const RowsDrt& d, std::int64_t m0, std::int64_t count, HostVector<std::int32_t> symmap,
          nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> G, std::int64_t g0,
-         bool split) {
+         bool split, std::optional<HostVector<std::int32_t>> order) {
         check_range(d, m0, count);
+        const std::int32_t* ord = order_of(d, order, m0, count);
         const int n = d.view.norb;
         need(symmap.size(), static_cast<size_t>(n) * n, "symmap");
         const std::int64_t gcount = static_cast<std::int64_t>(G.shape(0));
@@ -144,15 +172,63 @@ void bind_guga_rows(nb::module_& m) {
         std::vector<double> out(static_cast<size_t>(count));
         {
           nb::gil_scoped_release rel;
-          for (std::int64_t k = 0; k < count; ++k)
+          for (std::int64_t j = 0; j < count; ++j) {
+            const std::int64_t k = ord ? ord[m0 + j] - m0 : j;
             out[k] = split ? sigma_split(d.view, m0 + k, symmap.data(), G.data(), ldg, g0, gcount)
                            : csk::guga::sigma_row<kMaxOrb>(d.view, m0 + k, symmap.data(), G.data(),
                                                            ldg, g0, gcount);
+          }
         }
         return to_numpy(std::move(out), {static_cast<size_t>(count)});
       },
       "drt"_a, "m0"_a, "count"_a, "symmap"_a, "G"_a, "g0"_a, "split"_a = false,
+      "order"_a = nb::none(),
       "sigma_row of CSFs m0 .. m0 + count - 1 over the rows g0 .. g0 + len(G) - 1 of G.");
+
+  m.def(
+      "couplings",
+      [](const RowsDrt& d, HostVector<std::int64_t> kets) {
+        std::vector<std::int32_t> src, code;
+        std::vector<std::int64_t> bra;
+        std::vector<double> w;
+        {
+          nb::gil_scoped_release rel;
+          const int n = d.view.norb;
+          for (size_t j = 0; j < kets.size(); ++j) {
+            const std::int64_t k = kets.data()[j];
+            if (k < 0 || k >= d.view.ncsf)
+              throw std::invalid_argument("kets must lie in 0..ncsf - 1");
+            int steps[kMaxOrb], verts[kMaxOrb + 1];
+            csk::guga::unrank_csf(d.view, k, steps, verts);
+            auto emit = [&](std::int64_t m, int c, double v) {
+              src.push_back(static_cast<std::int32_t>(j));
+              bra.push_back(m);
+              code.push_back(c);
+              w.push_back(v);
+            };
+            for (int r = 0; r < n; ++r)
+              if (steps[r] != 0) emit(k, r * n + r, csk::guga::step_occupation(steps[r]));
+            csk::guga::for_each_coupling<kMaxOrb>(d.view, steps, verts, k, emit);
+          }
+        }
+        const size_t nnz = w.size();
+        return nb::make_tuple(to_numpy(std::move(src), {nnz}), to_numpy(std::move(bra), {nnz}),
+                              to_numpy(std::move(code), {nnz}), to_numpy(std::move(w), {nnz}));
+      },
+      "drt"_a, "kets"_a,
+      "Every <m|E_pq|k> != 0 of the kets k (the diagonal E_rr = n_r first, then the loops): "
+      "(index into kets, m, p * norb + q, value).");
+
+  m.def(
+      "coupling_counts",
+      [](const RowsDrt& d, std::int64_t k0, std::int64_t count) {
+        check_range(d, k0, count);
+        std::vector<std::int32_t> out(static_cast<size_t>(count));
+        for (std::int64_t k = 0; k < count; ++k)
+          out[k] = csk::guga::coupling_count<kMaxOrb>(d.view, k0 + k);
+        return to_numpy(std::move(out), {static_cast<size_t>(count)});
+      },
+      "drt"_a, "k0"_a, "count"_a, "coupling_count of CSFs k0 .. k0 + count - 1.");
 
   m.def(
       "diagonal",

@@ -16,13 +16,21 @@ void upload_segments(double* seg, int bmax);
 
 // T[k, :] = gather_row(k0 + k) for k < count (T rows of ld doubles). split: one CSF per warp
 // (its searches over the lanes), else one per thread; the same terms, summed in another order.
+// order (or null): thread j takes CSF order[k0 + j] (the order must map k0 .. k0 + count - 1
+// onto itself; per thread only, the split variant ignores it). symmetric: colmap is symmetric in
+// (p, q) (the pair map; see gather_row).
 void gather(const DrtView& d, i64 k0, i64 count, const std::int32_t* colmap, int ncol, int ld,
-            const double* c, double* T, bool split, void* stream);
+            const double* c, double* T, bool split, const std::int32_t* order, bool symmetric,
+            void* stream);
 
-// out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + gcount - 1 of G (stride ldg); split as
-// for gather.
+// out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + gcount - 1 of G (stride ldg); split and
+// order as for gather.
 void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, const double* G,
-           int ldg, i64 g0, i64 gcount, double* out, bool accumulate, bool split, void* stream);
+           int ldg, i64 g0, i64 gcount, double* out, bool accumulate, bool split,
+           const std::int32_t* order, void* stream);
+
+// out[j] = coupling_count(k0 + j).
+void coupling_counts(const DrtView& d, i64 k0, i64 count, std::int32_t* out, void* stream);
 
 // out[j] = diagonal_row(k0 + j).
 void diagonal(const DrtView& d, i64 k0, i64 count, const double* hp, const double* J,

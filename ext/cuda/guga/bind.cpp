@@ -3,8 +3,10 @@
 // here, the kernels run on the caller's stream. Python (cuscikit.guga.gpu) builds the DRT, the
 // column maps and every buffer.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "../arrays.hpp"
@@ -35,6 +37,15 @@ struct PyDrt {
 void check_range(const PyDrt& d, i64 k0, i64 count, const char* what) {
   require(k0 >= 0 && count >= 0 && k0 + count <= d.view.ncsf,
           std::string(what) + ": CSF range outside 0.." + std::to_string(d.view.ncsf));
+}
+
+// The order's pointer (null without one) after checking its size.
+const std::int32_t* order_of(const PyDrt& d,
+                             const std::optional<DeviceVector<const std::int32_t>>& o) {
+  if (!o) return nullptr;
+  require(o->shape(0) == static_cast<size_t>(d.view.ncsf), "order must hold ncsf entries");
+  require(d.view.ncsf < (i64{1} << 31), "order needs fewer than 2^31 CSFs");
+  return o->data();
 }
 
 void check_map(const PyDrt& d, const DeviceVector<const std::int32_t>& map, const char* what) {
@@ -79,24 +90,31 @@ void bind_guga(nb::module_& m) {
   m.def(
       "gather",
       [](const PyDrt& d, i64 k0, DeviceVector<const std::int32_t> colmap, int ncol,
-         DeviceVector<const double> c, DeviceMatrix<double> T, bool split, std::uintptr_t stream) {
+         DeviceVector<const double> c, DeviceMatrix<double> T, bool split,
+         std::optional<DeviceVector<const std::int32_t>> order, bool symmetric,
+         std::uintptr_t stream) {
         const i64 count = static_cast<i64>(T.shape(0));
         check_range(d, k0, count, "gather");
         check_map(d, colmap, "colmap");
         require(c.shape(0) == static_cast<size_t>(d.view.ncsf), "c must hold ncsf entries");
         require(ncol >= 1 && T.shape(1) >= static_cast<size_t>(ncol), "T needs >= ncol columns");
         common_device("gather", colmap, c, T, d.seg);
+        const std::int32_t* ord = order_of(d, order);
+        if (ord) common_device("gather", *order, T);
         nb::gil_scoped_release release;
         csk::gpu::guga::gather(d.view, k0, count, colmap.data(), ncol, static_cast<int>(T.shape(1)),
-                               c.data(), T.data(), split, stream_of(stream));
+                               c.data(), T.data(), split, ord, symmetric, stream_of(stream));
       },
-      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "split"_a, "stream"_a,
-      "T[k] = gather_row(k0 + k) for every row of T (split: one CSF per warp).");
+      "drt"_a, "k0"_a, "colmap"_a, "ncol"_a, "c"_a, "T"_a, "split"_a, "order"_a.none(),
+      "symmetric"_a, "stream"_a,
+      "T[k] = gather_row(k0 + k) for every row of T (split: one CSF per warp; order: thread j "
+      "takes CSF order[k0 + j], a permutation of the tile; symmetric: colmap is symmetric in "
+      "(p, q), as the pair map is).");
   m.def(
       "sigma",
       [](const PyDrt& d, i64 m0, DeviceVector<const std::int32_t> symmap,
          DeviceMatrix<const double> G, i64 g0, DeviceVector<double> out, bool accumulate,
-         bool split, std::uintptr_t stream) {
+         bool split, std::optional<DeviceVector<const std::int32_t>> order, std::uintptr_t stream) {
         const i64 count = static_cast<i64>(out.shape(0));
         const i64 gcount = static_cast<i64>(G.shape(0));
         check_range(d, m0, count, "sigma");
@@ -105,14 +123,27 @@ void bind_guga(nb::module_& m) {
         const size_t npair = static_cast<size_t>(d.view.norb) * (d.view.norb + 1) / 2;
         require(G.shape(1) >= npair, "G needs norb (norb + 1) / 2 columns");
         common_device("sigma", symmap, G, out, d.seg);
+        const std::int32_t* ord = order_of(d, order);
+        if (ord) common_device("sigma", *order, out);
         nb::gil_scoped_release release;
         csk::gpu::guga::sigma(d.view, m0, count, symmap.data(), G.data(),
                               static_cast<int>(G.shape(1)), g0, gcount, out.data(), accumulate,
-                              split, stream_of(stream));
+                              split, ord, stream_of(stream));
       },
-      "drt"_a, "m0"_a, "symmap"_a, "G"_a, "g0"_a, "out"_a, "accumulate"_a, "split"_a, "stream"_a,
+      "drt"_a, "m0"_a, "symmap"_a, "G"_a, "g0"_a, "out"_a, "accumulate"_a, "split"_a,
+      "order"_a.none(), "stream"_a,
       "out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + len(G) - 1 (split: one CSF per "
       "warp).");
+  m.def(
+      "coupling_counts",
+      [](const PyDrt& d, i64 k0, DeviceVector<std::int32_t> out, std::uintptr_t stream) {
+        const i64 count = static_cast<i64>(out.shape(0));
+        check_range(d, k0, count, "coupling_counts");
+        common_device("coupling_counts", out, d.seg);
+        nb::gil_scoped_release release;
+        csk::gpu::guga::coupling_counts(d.view, k0, count, out.data(), stream_of(stream));
+      },
+      "drt"_a, "k0"_a, "out"_a, "stream"_a, "out[j] = the number of couplings of CSF k0 + j.");
   m.def(
       "diagonal",
       [](const PyDrt& d, i64 k0, DeviceVector<const double> hp, DeviceVector<const double> J,

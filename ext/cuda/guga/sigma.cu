@@ -1,9 +1,12 @@
-// GUGA CI on the GPU through the row functions of cuscikit/guga_loops.hpp. The gather of E c and
-// the gather of sigma run one CSF per warp: lane l takes the searches l, l + 32, ... (start
-// orbital and direction), the gather keeps its two direction rows in shared memory (the lanes'
-// columns never collide), sigma sums the lanes with a fixed shuffle tree. The exact diagonal
-// runs one CSF per thread. Every output has one owner and a fixed order of summation: runs are
-// reproducible bit for bit.
+// GUGA CI on the GPU through the row functions of cuscikit/guga_loops.hpp. By default one CSF
+// per thread: the gather sums the columns of one start orbital in the thread's slots of shared
+// memory and stores each column of T once; sigma sums in a register. An optional order (a
+// permutation of the CSFs that keeps every tile in place) gives the threads of a warp CSFs of
+// similar work. The split variants run one CSF per warp: lane l takes the searches l, l + 32,
+// ... (start orbital and direction), the gather keeps its two direction rows in shared memory
+// (the lanes' columns never collide), sigma sums the lanes with a fixed shuffle tree. The exact
+// diagonal runs one CSF per thread. Every output has one owner and a fixed order of summation:
+// runs are reproducible bit for bit.
 #include <vector>
 
 #include "api.hpp"
@@ -70,24 +73,45 @@ __global__ void __launch_bounds__(kBlock)
   if (lane == 0) out[j] = accumulate ? out[j] + s : s;
 }
 
-template <int MaxOrb>
-__global__ void __launch_bounds__(kBlock)
-    gather_kernel(DrtView d, i64 k0, i64 count, const std::int32_t* __restrict__ colmap, int ncol,
-                  int ld, const double* __restrict__ c, double* __restrict__ T) {
-  const i64 k = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= count) return;
-  csk::guga::gather_row<MaxOrb>(d, k0 + k, colmap, ncol, ld, c, T + k * ld);
+// Threads per block of the per-thread gather: norb slots of shared memory each (2 norb for a
+// map that is not symmetric), within the default 48 KiB (128 up to norb 24, 32 at norb 64).
+int gather_threads(int slots) {
+  const std::size_t per_thread = sizeof(double) * static_cast<std::size_t>(slots);
+  const int t = static_cast<int>(kMaxShared / per_thread) / 32 * 32;
+  return t < kBlock ? t : kBlock;
 }
 
 template <int MaxOrb>
 __global__ void __launch_bounds__(kBlock)
-    sigma_kernel(DrtView d, i64 m0, i64 count, const std::int32_t* __restrict__ symmap,
-                 const double* __restrict__ G, int ldg, i64 g0, i64 gcount,
-                 double* __restrict__ out, bool accumulate) {
+    gather_kernel(DrtView d, i64 k0, i64 count, const std::int32_t* __restrict__ order,
+                  const std::int32_t* __restrict__ colmap, int ncol, int ld,
+                  const double* __restrict__ c, double* __restrict__ T, bool symmetric) {
+  extern __shared__ double acc[];
   const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= count) return;
-  const double s = csk::guga::sigma_row<MaxOrb>(d, m0 + j, symmap, G, ldg, g0, gcount);
-  out[j] = accumulate ? out[j] + s : s;
+  const i64 k = order ? static_cast<i64>(order[k0 + j]) : k0 + j;
+  csk::guga::gather_row<MaxOrb>(d, k, colmap, ncol, ld, c, T + (k - k0) * ld, acc + threadIdx.x,
+                                blockDim.x, symmetric);
+}
+
+template <int MaxOrb>
+__global__ void __launch_bounds__(kBlock)
+    sigma_kernel(DrtView d, i64 m0, i64 count, const std::int32_t* __restrict__ order,
+                 const std::int32_t* __restrict__ symmap, const double* __restrict__ G, int ldg,
+                 i64 g0, i64 gcount, double* __restrict__ out, bool accumulate) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  const i64 m = order ? static_cast<i64>(order[m0 + j]) : m0 + j;
+  const double s = csk::guga::sigma_row<MaxOrb>(d, m, symmap, G, ldg, g0, gcount);
+  out[m - m0] = accumulate ? out[m - m0] + s : s;
+}
+
+template <int MaxOrb>
+__global__ void __launch_bounds__(kBlock)
+    count_kernel(DrtView d, i64 k0, i64 count, std::int32_t* __restrict__ out) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  out[j] = csk::guga::coupling_count<MaxOrb>(d, k0 + j);
 }
 
 template <int MaxOrb>
@@ -115,7 +139,8 @@ void upload_segments(double* seg, int bmax) {
 }
 
 void gather(const DrtView& d, i64 k0, i64 count, const std::int32_t* colmap, int ncol, int ld,
-            const double* c, double* T, bool split, void* stream) {
+            const double* c, double* T, bool split, const std::int32_t* order, bool symmetric,
+            void* stream) {
   if (count <= 0) return;
   const int warps = split ? gather_warps(ld) : 0;
   const cudaStream_t st = as_stream(stream);
@@ -127,24 +152,32 @@ void gather(const DrtView& d, i64 k0, i64 count, const std::int32_t* colmap, int
     else
       gather_warp_kernel<64><<<warp_blocks_for(count, warps), 32 * warps, shared, st>>>(
           d, k0, count, colmap, ncol, ld, c, T);
-  } else if (d.norb <= 32) {  // one CSF per thread (also where rows do not fit shared memory)
-    gather_kernel<32><<<blocks_for(count), kBlock, 0, st>>>(d, k0, count, colmap, ncol, ld, c, T);
-  } else {
-    gather_kernel<64><<<blocks_for(count), kBlock, 0, st>>>(d, k0, count, colmap, ncol, ld, c, T);
+  } else {  // one CSF per thread (also where a warp's rows do not fit shared memory)
+    const int slots = symmetric ? d.norb : 2 * d.norb;
+    const int threads = gather_threads(slots);
+    const unsigned grid = static_cast<unsigned>((count + threads - 1) / threads);
+    const std::size_t shared = sizeof(double) * static_cast<std::size_t>(slots) * threads;
+    if (d.norb <= 32)
+      gather_kernel<32>
+          <<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T, symmetric);
+    else
+      gather_kernel<64>
+          <<<grid, threads, shared, st>>>(d, k0, count, order, colmap, ncol, ld, c, T, symmetric);
   }
   CSK_CUDA_LAUNCHED();
 }
 
 void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, const double* G,
-           int ldg, i64 g0, i64 gcount, double* out, bool accumulate, bool split, void* stream) {
+           int ldg, i64 g0, i64 gcount, double* out, bool accumulate, bool split,
+           const std::int32_t* order, void* stream) {
   if (count <= 0) return;
   if (!split) {
     if (d.norb <= 32)
       sigma_kernel<32><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(
-          d, m0, count, symmap, G, ldg, g0, gcount, out, accumulate);
+          d, m0, count, order, symmap, G, ldg, g0, gcount, out, accumulate);
     else
       sigma_kernel<64><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(
-          d, m0, count, symmap, G, ldg, g0, gcount, out, accumulate);
+          d, m0, count, order, symmap, G, ldg, g0, gcount, out, accumulate);
     CSK_CUDA_LAUNCHED();
     return;
   }
@@ -155,6 +188,15 @@ void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, cons
   else
     sigma_warp_kernel<64><<<grid, kBlock, 0, as_stream(stream)>>>(d, m0, count, symmap, G, ldg, g0,
                                                                   gcount, out, accumulate);
+  CSK_CUDA_LAUNCHED();
+}
+
+void coupling_counts(const DrtView& d, i64 k0, i64 count, std::int32_t* out, void* stream) {
+  if (count <= 0) return;
+  if (d.norb <= 32)
+    count_kernel<32><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(d, k0, count, out);
+  else
+    count_kernel<64><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(d, k0, count, out);
   CSK_CUDA_LAUNCHED();
 }
 

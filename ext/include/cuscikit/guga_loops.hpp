@@ -314,23 +314,61 @@ CSK_HD double warp_tree_sum(double* v) {
 }
 
 // Row k of the gather T = E c (T has ld >= ncol columns): T[colmap[r * n + r]] = n_r(k) c_k,
-// T[colmap[p * n + q]] += <m|E_pq|k> c_m over the couplings of ket k, and T[ncol] = c_k when
-// ld > ncol (the column that carries a one-body term through the GEMM). With colmap the packed
-// pair index this is T[k, P] = ((E_pq + E_qp) c)_k; with colmap[p * n + q] = q * n + p it is
-// t[k, r * n + s] = (E_rs c)_k.
+// T[colmap[p * n + q]] = sum of <m|E_pq|k> c_m over the couplings of ket k, and T[ncol] = c_k
+// when ld > ncol (the column that carries a one-body term through the GEMM). With colmap the
+// packed pair index this is T[k, P] = ((E_pq + E_qp) c)_k; with colmap[p * n + q] = q * n + p
+// it is t[k, r * n + s] = (E_rs c)_k. colmap must reach every column 0 .. ncol - 1 (both maps
+// do): each column of the row is stored exactly once, never read back. The searches from one
+// start orbital lo (lowering, then raising) touch only the columns of the pairs (lo, hi), so
+// they sum into acc (2 norb slots, `astride` doubles apart: a thread's column of shared memory on
+// the GPU, a small array on the host), and the columns of lo are stored when both are done.
+// symmetric: colmap[p * n + q] == colmap[q * n + p] for all p, q (the pair map; the caller
+// vouches): both directions share one slot per hi, norb slots suffice and no column is looked up
+// per coupling. The terms of every column are summed in the order of the search.
 template <int MaxOrb>
 CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol,
-                       int ld, const double* c, double* row) {
+                       int ld, const double* c, double* row, double* acc, int astride,
+                       bool symmetric) {
   int steps[MaxOrb], verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   const int n = d.norb;
-  for (int j = 0; j < ld; ++j) row[j] = 0.0;
   const double ck = c[k];
+  for (int j = ncol + 1; j < ld; ++j) row[j] = 0.0;
   if (ld > ncol) row[ncol] = ck;
-  for (int r = 0; r < n; ++r) row[colmap[r * n + r]] += step_occupation(steps[r]) * ck;
-  for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t m, int code, double w) {
-    row[colmap[code]] += w * c[m];
-  });
+  for (int r = 0; r < n; ++r) row[colmap[r * n + r]] = step_occupation(steps[r]) * ck;
+  for (int s = 0; s < (symmetric ? n : 2 * n); ++s) acc[s * astride] = 0.0;
+  for (int lo = 0; lo + 1 < n; ++lo) {
+    for (int raising = 0; raising < 2; ++raising)
+      for_each_coupling_from<MaxOrb>(
+          d, steps, verts, k, lo, raising, [&](std::int64_t m, int code, double w) {
+            // lowering E_{hi,lo}: code hi * n + lo; raising E_{lo,hi}: code lo * n + hi
+            const int hi = raising ? code - lo * n : code / n;
+            const bool own = !symmetric && raising && colmap[code] != colmap[hi * n + lo];
+            acc[(own ? n + hi : hi) * astride] += w * c[m];
+          });
+    for (int hi = lo + 1; hi < n; ++hi) {
+      const int cl = colmap[hi * n + lo];
+      row[cl] = acc[hi * astride];
+      acc[hi * astride] = 0.0;
+      if (symmetric) continue;
+      const int cr = colmap[lo * n + hi];
+      if (cr != cl) {
+        row[cr] = acc[(n + hi) * astride];
+        acc[(n + hi) * astride] = 0.0;
+      }
+    }
+  }
+}
+
+// The number of couplings <m|E_pq|k> != 0 (p != q) of ket k: the work of its rows (the GPU
+// sorts the CSFs of a tile by it, so that the threads of a warp get similar work).
+template <int MaxOrb>
+CSK_HD int coupling_count(const DrtView& d, std::int64_t k) {
+  int steps[MaxOrb], verts[MaxOrb + 1];
+  unrank_csf(d, k, steps, verts);
+  int count = 0;
+  for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t, int, double) { ++count; });
+  return count;
 }
 
 // sigma_m's share from the rows g0 .. g0 + gcount - 1 of G (row stride ldg):

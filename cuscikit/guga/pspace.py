@@ -1,0 +1,232 @@
+"""The Hamiltonian in a few hundred CSFs (a "P space"), for the Davidson start and preconditioner.
+
+PySCF's FCI solvers diagonalise H exactly in the few hundred determinants of lowest diagonal
+energy: the lowest eigenvectors there are the start vectors, and the preconditioner inverts
+(H_PP - e) on those determinants and (H_mm - e) elsewhere, with Olsen's correction
+(J. Olsen, P. Jørgensen, J. Simons, "Passing the one-billion limit in full configuration-
+interaction (FCI) calculations", Chem. Phys. Lett. 169, 463 (1990), doi:10.1016/0009-
+2614(90)85633-N). Here the same in CSFs.
+
+H_PP comes from the couplings of each CSF j of the space as a ket (the loop search of
+cuscikit/guga_loops.hpp on the host, `_core.guga_rows.couplings`): with
+A[m, P, j] = <m|E^sym_P|j> (E_rr = n_r on the diagonal),
+
+    H_ij = sum_m sum_PQ A[m, P, i] V[P, Q] A[m, Q, j] + sum_P h[P] A[i, P, j],
+
+the same operator as the sigma (`Engine.contract`): sigma(e_j)_i = H_ij. The sum over m runs
+over the CSFs that couple to the space, grouped by how many CSFs of the space they couple to.
+
+Example:
+    >>> import numpy as np
+    >>> from cuscikit.guga.drt import DRT
+    >>> from cuscikit.guga.sigma import Engine
+    >>> drt = DRT(4, 4, 0)
+    >>> rng = np.random.default_rng(0)
+    >>> V = rng.standard_normal((10, 10)); V = V + V.T; h = rng.standard_normal(10)
+    >>> csfs = np.array([0, 3, 7])
+    >>> H = pspace_hamiltonian(drt, csfs, V, h)
+    >>> ref = Engine(drt).contract(np.eye(drt.n_csf)[:, 3], V, h)[csfs]
+    >>> bool(np.allclose(H[:, 1], ref))
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cuscikit.guga.drt import DRT
+from cuscikit.guga.sigma import pair_index
+
+__all__ = ["pspace_hamiltonian", "PSpacePreconditioner"]
+
+
+def _rows_drt(drt: DRT):
+    from cuscikit import _core
+
+    return _core.guga_rows.Drt(
+        drt.norb,
+        drt.head,
+        np.ascontiguousarray(drt.up, dtype=np.int32).reshape(-1),
+        np.ascontiguousarray(drt.down, dtype=np.int32).reshape(-1),
+        np.ascontiguousarray(drt.b, dtype=np.int32),
+        np.ascontiguousarray(drt.y, dtype=np.int64).reshape(-1),
+        int(drt.n_csf),
+    )
+
+
+def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1 << 16):
+    """H[i, j] = <csfs[i]|H|csfs[j]> for H = sum_PQ V[P,Q] E^sym_P E^sym_Q + sum_P h[P] E^sym_P.
+
+    Args:
+        drt: the table.
+        csfs: distinct CSF indices (the space).
+        V: (npair, npair) symmetric, or a factored pair (A, B) meaning V = A B.
+        h: (npair,) or None.
+        diag: the diagonal <m|H|m> of the space when known (the solver's exact diagonal); then
+            the CSFs m that couple to one CSF of the space only (they reach the diagonal only,
+            most of them) are skipped.
+        chunk_rows: (CSF, ket) rows of A held at once (memory: chunk_rows * npair doubles).
+
+    Returns:
+        (len(csfs), len(csfs)) float64.
+
+    Raises:
+        ValueError: repeated or out-of-range CSFs, or operators of the wrong shape.
+    """
+    from cuscikit import _core
+
+    csfs = np.asarray(csfs, dtype=np.int64).reshape(-1)
+    p, n = len(csfs), drt.norb
+    npair = n * (n + 1) // 2
+    if p == 0 or len(np.unique(csfs)) != p:
+        raise ValueError("csfs must be a non-empty list of distinct CSF indices")
+    if diag is not None:
+        diag = np.asarray(diag, dtype=np.float64).reshape(-1)
+        if diag.shape != (p,):
+            raise ValueError("diag must hold one entry per CSF of the space")
+    if isinstance(V, tuple):
+        A, B = (np.asarray(x, dtype=np.float64) for x in V)
+        if A.shape[0] != npair or B.shape != (A.shape[1], npair):
+            raise ValueError(f"factors must be (npair, naux) and (naux, npair), npair={npair}")
+
+        def times_v(R):
+            return (R @ A) @ B
+    else:
+        V = np.asarray(V, dtype=np.float64)
+        if V.shape != (npair, npair):
+            raise ValueError(f"V must be (npair, npair) = ({npair}, {npair})")
+
+        def times_v(R):
+            return R @ V
+
+    src, bra, code, w = _core.guga_rows.couplings(_rows_drt(drt), csfs)
+    P = pair_index(n)[code]
+    H = np.zeros(p * p)
+    if h is not None:  # one-body: the couplings that land in the space
+        h = np.asarray(h, dtype=np.float64).reshape(-1)
+        if h.shape != (npair,):
+            raise ValueError(f"h must hold npair = {npair} entries")
+        order = np.argsort(csfs)
+        loc = np.minimum(np.searchsorted(csfs[order], bra), p - 1)
+        inside = csfs[order][loc] == bra
+        flat = order[loc[inside]] * p + src[inside]
+        H += np.bincount(flat, h[P[inside]] * w[inside], minlength=p * p)
+    # rows (m, j) of A, sorted by m: each m's rows are contiguous
+    ukey, row_of = np.unique(bra * p + src, return_inverse=True)
+    row_m, row_j = np.divmod(ukey, p)
+    starts = np.flatnonzero(np.r_[True, row_m[1:] != row_m[:-1]])  # first row of each m
+    sizes = np.diff(np.r_[starts, len(ukey)])
+    if diag is not None:  # only the m that couple to two CSFs of the space or more
+        keep = np.repeat(sizes >= 2, sizes)
+        new_row = np.cumsum(keep) - 1
+        mask = keep[row_of]
+        row_of, P, w = new_row[row_of[mask]], P[mask], w[mask]
+        row_j = row_j[keep]
+        starts, sizes = (new_row[starts[sizes >= 2]], sizes[sizes >= 2])
+    nrows = len(row_j)
+    e_order = np.argsort(row_of, kind="stable")
+    row_of, P, w = row_of[e_order], P[e_order], w[e_order]
+    e_start = np.searchsorted(row_of, np.arange(nrows + 1))
+    g0 = 0
+    while g0 < len(starts):  # chunks of whole m groups, about chunk_rows rows each
+        g1 = max(g0 + 1, int(np.searchsorted(starts, starts[g0] + chunk_rows)))
+        r0 = starts[g0]
+        r1 = starts[g1] if g1 < len(starts) else nrows
+        e0, e1 = e_start[r0], e_start[r1]
+        flat = (row_of[e0:e1] - r0) * npair + P[e0:e1]
+        R = np.bincount(flat, w[e0:e1], minlength=(r1 - r0) * npair).reshape(r1 - r0, npair)
+        RV = times_v(R)
+        gs, gsz = starts[g0:g1] - r0, sizes[g0:g1]
+        for g in np.unique(gsz):
+            first = gs[gsz == g]
+            idx = first[:, None] + np.arange(g)[None, :]  # (groups, g) rows
+            M = np.matmul(RV[idx], R[idx].transpose(0, 2, 1))  # (groups, g, g)
+            J = row_j[r0 + idx]
+            H += np.bincount((J[:, :, None] * p + J[:, None, :]).ravel(), M.ravel(), p * p)
+        g0 = g1
+    H = H.reshape(p, p)
+    if diag is not None:
+        H[np.diag_indices(p)] = diag
+    return H
+
+
+class PSpacePreconditioner:
+    """The start vectors and the preconditioner of a Davidson solve from H in a P space.
+
+    Args:
+        hdiag: the diagonal of H (numpy, or a torch tensor whose device the vectors live on).
+        csfs: the CSFs of the space (indices into hdiag).
+        H: their Hamiltonian (`pspace_hamiltonian`).
+
+    ``guess(k)`` gives the k lowest eigenvectors of H embedded in the full space; calling the
+    object as ``precond(R, theta, X)`` gives the corrections of `cuscikit.linalg.davidson`
+    (residuals R, Ritz values theta, Ritz vectors X, one column each): Olsen's correction
+    t = M^-1 (r - e x) with e = (x M^-1 r) / (x M^-1 x), M = (H_PP - theta + shift) on the
+    space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3).
+
+    Example:
+        >>> import numpy as np
+        >>> hdiag = np.array([0.0, 1.0, 2.0, 3.0])
+        >>> pre = PSpacePreconditioner(hdiag, [0, 1], np.array([[0.0, 0.5], [0.5, 1.0]]))
+        >>> pre.guess(1)[:, 0].round(4)  # the ground state of H_PP, zero outside
+        array([-0.9239,  0.3827,  0.    ,  0.    ])
+        >>> t = pre(np.ones((4, 1)), np.array([-0.2]), pre.guess(1))
+        >>> t[:, 0].round(4)
+        array([0.3551, 0.8573, 0.4543, 0.3124])
+    """
+
+    shift = 1e-3
+
+    def __init__(self, hdiag, csfs, H):
+        self.hdiag = hdiag
+        self.csfs = np.asarray(csfs, dtype=np.int64)
+        self.H = 0.5 * (np.asarray(H) + np.asarray(H).T)
+        self.torch = None
+        from cuscikit.backends.keys import is_tensor
+
+        if is_tensor(hdiag):
+            import torch
+
+            self.torch = torch
+            self._idx = torch.as_tensor(self.csfs, device=hdiag.device)
+        else:
+            self._idx = self.csfs
+        self._w, self._U = np.linalg.eigh(self.H)  # (H - t)^-1 = U (w - t)^-1 U^T for any t
+
+    def _dev(self, a):
+        if self.torch is None:
+            return a
+        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.hdiag.device)
+
+    def _host(self, a):
+        return a.cpu().numpy() if self.torch is not None else np.asarray(a)
+
+    def guess(self, k: int):
+        """(n, k) the k lowest eigenvectors of H_PP, zero outside the space."""
+        v = self._U
+        n = len(self.hdiag)
+        if self.torch is None:
+            G = np.zeros((n, k))
+        else:
+            G = self.torch.zeros((n, k), dtype=self.torch.float64, device=self.hdiag.device)
+        G[self._idx] = self._dev(v[:, :k])
+        return G
+
+    def _apply(self, Y, thetas):
+        """M^-1 Y column by column."""
+        d = self.hdiag[:, None] - self._dev(np.asarray(thetas))[None, :]
+        if self.torch is None:
+            Z = Y / np.where(np.abs(d) < 1e-8, 1e-8, d)
+        else:
+            Z = Y / self.torch.where(self.torch.abs(d) < 1e-8, 1e-8, d)
+        ys = self._U.T @ self._host(Y[self._idx])
+        dw = self._w[:, None] - thetas[None, :]
+        dw = np.where(np.abs(dw) < 1e-8, 1e-8, dw)
+        Z[self._idx] = self._dev(self._U @ (ys / dw))
+        return Z
+
+    def __call__(self, R, thetas, X):
+        thetas = np.asarray(thetas, dtype=np.float64).reshape(-1) - self.shift
+        MR, MX = self._apply(R, thetas), self._apply(X, thetas)
+        e = (X * MR).sum(0) / (X * MX).sum(0)
+        return self._apply(R - X * e[None, :], thetas)

@@ -1,0 +1,100 @@
+"""The P-space Hamiltonian equals the sigma's matrix elements; the P-space start and Olsen
+preconditioner give the energies of the diagonal preconditioner, on numpy and on tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cuscikit.guga import DRT, GUGASolver
+from cuscikit.guga.pspace import PSpacePreconditioner, pspace_hamiltonian
+from cuscikit.guga.sigma import Engine
+
+
+def _operator(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    npair = n * (n + 1) // 2
+    V = rng.standard_normal((npair, npair))
+    return 0.5 * (V + V.T), rng.standard_normal(npair)
+
+
+def _integrals(n: int, seed: int):
+    from cuscikit.chem.integrals import restore_eri
+
+    rng = np.random.default_rng(seed)
+    h1 = rng.standard_normal((n, n))
+    h1 = 0.5 * (h1 + h1.T)
+    g = 0.1 * rng.standard_normal((n,) * 4)
+    g = g + g.transpose(1, 0, 2, 3)
+    g = g + g.transpose(0, 1, 3, 2)
+    g = g + g.transpose(2, 3, 0, 1)
+    return h1, np.ascontiguousarray(restore_eri(g, n, 4))
+
+
+@pytest.mark.parametrize("space", [(6, 6, 0), (7, 6, 2), (8, 7, 1), (9, 11, 3)])
+def test_pspace_hamiltonian_equals_sigma_elements(space):
+    drt = DRT(*space)
+    n, npair = drt.norb, drt.norb * (drt.norb + 1) // 2
+    V, h = _operator(n, 1)
+    eng = Engine(drt)
+    rng = np.random.default_rng(2)
+    csfs = rng.choice(drt.n_csf, size=min(50, drt.n_csf), replace=False)
+    E = np.zeros((drt.n_csf, len(csfs)))
+    E[csfs, np.arange(len(csfs))] = 1.0
+    ref = np.stack([eng.contract(E[:, j], V, h) for j in range(len(csfs))], axis=1)[csfs]
+    scale = np.abs(ref).max()
+    assert np.abs(pspace_hamiltonian(drt, csfs, V, h, chunk_rows=40) - ref).max() < 1e-13 * scale
+    H = pspace_hamiltonian(drt, csfs, V, h, diag=np.diag(ref), chunk_rows=7)
+    assert np.abs(H - ref).max() < 1e-13 * scale
+    A = rng.standard_normal((npair, 6))
+    ref2 = np.stack([eng.contract(E[:, j], (A, A.T)) for j in range(len(csfs))], 1)[csfs]
+    H2 = pspace_hamiltonian(drt, csfs, (A, A.T))
+    assert np.abs(H2 - ref2).max() < 1e-13 * np.abs(ref2).max()
+
+
+def test_pspace_rejects_bad_input():
+    drt = DRT(6, 6, 0)
+    V, h = _operator(6, 3)
+    with pytest.raises(ValueError, match="distinct"):
+        pspace_hamiltonian(drt, [1, 1], V, h)
+    with pytest.raises(ValueError, match="kets must lie"):
+        pspace_hamiltonian(drt, [drt.n_csf], V, h)
+    with pytest.raises(ValueError, match="V must be"):
+        pspace_hamiltonian(drt, [0, 1], V[:-1], h)
+    with pytest.raises(ValueError, match="diag must"):
+        pspace_hamiltonian(drt, [0, 1], V, h, diag=[0.0])
+    with pytest.raises(ValueError, match="precond must be"):
+        h1, g4 = _integrals(6, 4)
+        GUGASolver(precond="olsen", pspace_size=10).kernel(h1, g4, 6, (3, 3))
+
+
+def test_preconditioner_on_tensors_equals_numpy():
+    rng = np.random.default_rng(5)
+    n, p = 300, 20
+    hdiag = np.sort(rng.standard_normal(n))
+    csfs = np.arange(p)
+    H = rng.standard_normal((p, p))
+    H = 0.5 * (H + H.T) + np.diag(hdiag[:p])
+    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    host = PSpacePreconditioner(hdiag, csfs, H)
+    dev = PSpacePreconditioner(torch.as_tensor(hdiag), csfs, H)
+    thetas = np.array([-2.5, -1.7])
+    a = host(R, thetas, X)
+    b = dev(torch.as_tensor(R), thetas, torch.as_tensor(X)).numpy()
+    assert np.abs(a - b).max() < 1e-12 * np.abs(a).max()
+    assert np.array_equal(host.guess(2), dev.guess(2).numpy())
+    g = host.guess(2)  # the lowest eigenvectors of H, zero outside the space
+    assert np.abs(g[p:]).max() == 0.0
+    np.testing.assert_allclose(H @ g[:p], g[:p] * np.linalg.eigvalsh(H)[:2], atol=1e-12)
+
+
+@pytest.mark.parametrize("space,nroots", [((8, 8, 0), 2), ((9, 8, 2), 1)])
+def test_pspace_solve_equals_diagonal_solve(space, nroots):
+    n, N, twos = space
+    h1, g4 = _integrals(n, 6)
+    nelec = ((N + twos) // 2, (N - twos) // 2)
+    opts = dict(nroots=nroots, conv_tol=1e-12, davidson_only=True, max_cycle=200, pspace_size=40)
+    e_d, _ = GUGASolver(precond="diagonal", **opts).kernel(h1, g4, n, nelec)
+    e_p, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
+    assert np.abs(np.asarray(e_p) - np.asarray(e_d)).max() < 1e-10
