@@ -42,6 +42,10 @@ struct GpuWorkers {
   std::vector<svc::Job> held;  // resident: the job of each ring slot
   std::atomic<bool> feeder_done{false};
   std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0};  // resident: device time
+  // resident, host side: receipt to submit (the queue and the feeder), and receipt to the
+  // reply (the whole residence); the rest of a residence, less the device's solve, is the wait
+  // for the kernel to pick the request up and for a collector to find it done.
+  std::atomic<std::uint64_t> fed{0}, feed_wait_ns{0}, reply_ns{0};
 
   GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
     if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
@@ -95,6 +99,9 @@ struct GpuWorkers {
           const gi::Task task = task_of(job);
           std::int64_t slot;
           while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+          feed_wait_ns.fetch_add(std::uint64_t(svc::now_ns() - job.t_recv),
+                                 std::memory_order_relaxed);
+          fed.fetch_add(1, std::memory_order_relaxed);
           held[std::size_t(slot)] = std::move(job);
           resident->submit(task);
         }
@@ -114,6 +121,7 @@ struct GpuWorkers {
         for (const gi::Done& d : done) {
           svc::Job& job = held[d.slot];
           s.reply_ok(job, d.energy, d.signs, out);
+          reply_ns.fetch_add(std::uint64_t(svc::now_ns() - job.t_recv), std::memory_order_relaxed);
           solved++;
           solve_ns += d.solve_ns;
           std::uint64_t m = solve_max_ns.load();
@@ -139,6 +147,9 @@ struct GpuWorkers {
     st["device_solved"] = solved.load();
     st["device_solve_ns"] = solve_ns.load();
     st["device_solve_max_ns"] = solve_max_ns.load();
+    st["fed"] = fed.load();
+    st["feed_wait_ns"] = feed_wait_ns.load();
+    st["reply_ns"] = reply_ns.load();
   }
 
   std::string info() {
