@@ -276,6 +276,28 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode):
             assert st["device_solved"] >= 3000 and st["device_solve_ns"] > 0
 
 
+@pytest.mark.gpu
+def test_gpu_resident_service_with_offload_and_pinning():
+    # the resident kernel behind receivers and collectors that read and send runs (UDP_GRO /
+    # UDP_SEGMENT), pinned: every sampled reply right, nothing lost, runs in and out, and the
+    # host-side timings counted for every request
+    models = {1: random_model(64, "binary", seed=21), 2: random_model(512, "ternary", seed=22)}
+    with IsingServer(port=0, device="cuda", receivers=2, spin_us=20, offload=True,
+                     pin=True) as s:  # fmt: skip
+        for i, m in models.items():
+            s.load_model(i, m)
+        for i, n, count in ((1, 64, 4000), (2, 512, 1000)):
+            rep = load_test(i, n, 40, seed=60, count=count, in_flight=256, senders=2,
+                            port=s.port, offload=True, spin=True)  # fmt: skip
+            assert (rep.completed, rep.lost, rep.errors) == (count, 0, 0)
+            for k in range(0, count, 331):
+                assert rep.energies[k] == reference(models[i], 40, 1, 0.5, 60 + k)[0]
+        st = s.stats()
+    assert st["runs_in"] > 0 and st["runs_out"] > 0
+    assert st["fed"] == st["device_solved"] == 5000
+    assert st["feed_wait_ns"] > 0 and st["reply_ns"] > st["device_solve_ns"]
+
+
 def test_echo_answers_without_solving():
     with IsingServer(port=0, workers=1, mode="echo", tcp_port=-1, spin_us=10) as s:
         s.load_model(1, random_model(40, "binary", seed=1))
