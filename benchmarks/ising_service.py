@@ -92,6 +92,31 @@ def server_stats(proc) -> dict:
     return json.loads(line[len("stats ") :])
 
 
+def steal_ms() -> float:
+    """CPU time the hypervisor took from this machine's CPUs so far (all CPUs, ms; 0 if the
+    kernel does not say)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def preempted(pid: int) -> int:
+    """Involuntary context switches of a process's threads so far."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as fh:
+                for line in fh:
+                    if line.startswith("nonvoluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+    except OSError:
+        pass
+    return total
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["resident", "launch", "cpu"],
@@ -141,7 +166,7 @@ def main(argv=None) -> int:
     head = (
         f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
         f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'dev':>6} "
-        f"{'wait':>5} {'rest':>5} {'checked':>8}"
+        f"{'wait':>5} {'rest':>5} {'steal':>5} {'preempt':>7} {'checked':>7}"
     )
     print(head)
     rows = []
@@ -155,11 +180,14 @@ def main(argv=None) -> int:
                 for rate in args.rates:
                     count = max(1, int(rate * args.duration))
                     before = server_stats(proc)
+                    steal0, nvcsw0 = steal_ms(), preempted(proc.pid)
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
                                     senders=args.senders, spin=True, offload=args.offload,
                                     pin=args.pin)  # fmt: skip
                     after = server_stats(proc)
+                    steal = steal_ms() - steal0
+                    nvcsw = preempted(proc.pid) - nvcsw0
                     solved = after.get("device_solved", 0) - before.get("device_solved", 0)
                     dev_us = wait_us = rest_us = None
                     if solved > 0:
@@ -183,7 +211,11 @@ def main(argv=None) -> int:
                            **rep.row(), "device_solve_mean_us": dev_us, "checked": checked,
                            "feed_wait_mean_us": wait_us, "pickup_collect_mean_us": rest_us,
                            "runs_in": after["runs_in"] - before["runs_in"],
-                           "runs_out": after["runs_out"] - before["runs_out"]}  # fmt: skip
+                           "runs_out": after["runs_out"] - before["runs_out"],
+                           "steal_ms": steal, "server_preempted": nvcsw,
+                           "received_by_receiver": [
+                               after[k] - before[k] for k in sorted(after)
+                               if k.startswith("received_udp")]}  # fmt: skip
                     rows.append(row)
 
                     def f(v):
@@ -194,7 +226,8 @@ def main(argv=None) -> int:
                         f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
                         f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
                         f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
-                        f"{f(dev_us):>6} {f(wait_us):>5} {f(rest_us):>5} {checked:>8}",
+                        f"{f(dev_us):>6} {f(wait_us):>5} {f(rest_us):>5} {steal:>5.0f} "
+                        f"{nvcsw:>7} {checked:>7}",
                         flush=True,
                     )
                     time.sleep(0.2)  # let the queue drain between rates
@@ -203,7 +236,9 @@ def main(argv=None) -> int:
             proc.wait(timeout=30)
     print("(times in microseconds; busy = BUSY replies, lost = no reply; resident: dev = mean "
           "device solve, wait = mean receipt to submit, rest = mean residence less both: the "
-          "kernel picking the request up and a collector finding it done)")  # fmt: skip
+          "kernel picking the request up and a collector finding it done; steal = ms of CPU "
+          "time the hypervisor took during the row, all CPUs; preempt = involuntary context "
+          "switches of the server's threads)")  # fmt: skip
     if args.json_out:
         setup = vars(args) | {"server_cores": sorted(server_cores)}
         setup["client_cores"] = sorted(client_cores)

@@ -322,6 +322,14 @@ def test_several_receivers_and_senders():
     assert open_loop.completed + open_loop.busy == 300 and open_loop.lost == 0
     for i in (0, 1, 2, 301, 599):  # every socket's requests, right seeds
         assert rep.energies[i] == reference(model, 20, 1, 0.5, 40 + i)[0]
+    with IsingServer(port=0, workers=2, receivers=3, tcp_port=-1) as s:
+        s.load_model(1, model)
+        one = load_test(1, n, 5, count=300, in_flight=8, port=s.port)  # one socket
+        stats = s.stats()
+    # spread by request id, not by the sender's address: one socket's requests reach all three
+    assert one.completed == 300 and stats["spread_by_id"] == 1
+    expect = np.bincount((np.arange(300) & 0xFF) % 3)  # the id's low byte modulo 3
+    assert [stats[f"received_udp{r}"] for r in range(3)] == expect.tolist()
     with pytest.raises(ValueError, match="receivers"):
         IsingServer(port=0, receivers=0)
 

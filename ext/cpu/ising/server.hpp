@@ -11,6 +11,7 @@
 // cuscikit/dsb_protocol.hpp. Linux only.
 #pragma once
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <netinet/udp.h>
@@ -405,6 +406,26 @@ struct UdpBatch {
   }
 };
 
+#ifndef SO_ATTACH_REUSEPORT_CBPF
+#define SO_ATTACH_REUSEPORT_CBPF 51
+#endif
+
+// Spreads the datagrams reaching a group of `count` SO_REUSEPORT sockets (fd one of them) over
+// the sockets by the low byte of the request id (payload byte 8) modulo count, instead of by
+// the hash of the sender's address and port: with few clients, the hash can put most of them
+// on one receiver. Consecutive request ids go round robin; a run read with UDP_GRO goes where
+// its first datagram's id says; a datagram too short for the id goes to the first socket.
+// Returns false when the kernel refuses the filter (then the hash spreads them).
+inline bool spread_by_request_id(int fd, int count) {
+  sock_filter code[] = {
+      {BPF_LD | BPF_B | BPF_ABS, 0, 0, 8},                      // A = payload[8]
+      {BPF_ALU | BPF_MOD | BPF_K, 0, 0, std::uint32_t(count)},  // A %= count
+      {BPF_RET | BPF_A, 0, 0, 0},                               // the socket's index in the group
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(code) / sizeof(code[0])), code};
+  return ::setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof(prog)) == 0;
+}
+
 // The CPUs this process may run on, in order.
 inline std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
@@ -488,7 +509,7 @@ class Server {
   // receivers: UDP sockets bound to the same port (SO_REUSEPORT), each with its own receiver
   // thread; the kernel spreads the clients' flows over them.
   Server(const std::string& host, int udp_port, int tcp_port, std::size_t depth, int receivers = 1)
-      : queue_(depth) {
+      : queue_(depth), per_receiver_(std::size_t(std::max(receivers, 1))) {
     if (receivers < 1) throw std::invalid_argument("receivers must be >= 1");
     if (depth < 1) throw std::invalid_argument("depth must be >= 1");
     sockaddr_in a{};
@@ -499,6 +520,8 @@ class Server {
     udp_fds_.push_back(udp_);
     for (int r = 1; r < receivers; ++r)
       udp_fds_.push_back(open_socket(SOCK_DGRAM, a, port_of(udp_), true));
+    for (auto& c : per_receiver_) c.store(0);
+    if (receivers > 1) spread_ = spread_by_request_id(udp_, receivers);
     if (tcp_port >= 0) {
       tcp_ = open_socket(SOCK_STREAM, a, tcp_port, false);
       if (::listen(tcp_, 64) != 0) fail("listen");
@@ -523,11 +546,11 @@ class Server {
     const std::vector<int> cpus = pin_ ? allowed_cpus() : std::vector<int>{};
     std::size_t next_cpu = 0;
     auto cpu = [&]() { return cpus.empty() ? -1 : cpus[next_cpu++ % cpus.size()]; };
-    for (int fd : udp_fds_) {
-      const int c = cpu();
-      threads_.emplace_back([this, fd, c] {
+    for (std::size_t r = 0; r < udp_fds_.size(); ++r) {
+      const int c = cpu(), fd = udp_fds_[r];
+      threads_.emplace_back([this, fd, r, c] {
         if (c >= 0) pin_to(c);
-        udp_loop(fd);
+        udp_loop(fd, per_receiver_[r]);
       });
     }
     if (tcp_ >= 0) threads_.emplace_back([this] { tcp_accept_loop(); });
@@ -606,6 +629,9 @@ class Server {
                                              "bad_length", "too_large", "bad_param", "no_model"};
     for (int i = 0; i < wire::kStatusCount; ++i) s[names[i]] = replies_[i].load();
     s["received"] = received_.load();
+    for (std::size_t r = 0; r < per_receiver_.size(); ++r)  // datagrams each UDP receiver read
+      s["received_udp" + std::to_string(r)] = per_receiver_[r].load();
+    s["spread_by_id"] = spread_ ? 1 : 0;
     s["loads"] = loads_.load();
     s["runs_in"] = runs_in_.load();    // reads that held a run of datagrams (UDP_GRO)
     s["runs_out"] = runs_out_.load();  // sends of a run of replies (UDP_SEGMENT)
@@ -696,7 +722,7 @@ class Server {
     return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
   }
 
-  void udp_loop(int fd) {
+  void udp_loop(int fd, std::atomic<std::uint64_t>& mine) {
     constexpr int kBatch = 64;
     constexpr std::size_t kBuf = 65536;  // a datagram, or a run of them (UDP_GRO)
     std::vector<std::vector<std::uint8_t>> bufs(kBatch, std::vector<std::uint8_t>(kBuf));
@@ -738,6 +764,7 @@ class Server {
         const std::size_t seg = offload_ ? gro_segment(msgs[i].msg_hdr) : 0;
         const std::size_t step = seg > 0 && seg < len ? seg : len;
         if (step < len) runs_in_++;
+        mine.fetch_add(step > 0 ? (len + step - 1) / step : 1, std::memory_order_relaxed);
         for (std::size_t off = 0; off < len || off == 0; off += step) {
           const std::size_t piece = std::min(step, len - off);
           if (admit(bufs[i].data() + off, piece, truncated, jobs, reply)) jobs.back().addr = peer;
@@ -832,6 +859,8 @@ class Server {
   std::function<void(Model&)> prepare_;
   std::atomic<std::uint64_t> replies_[wire::kStatusCount] = {};
   std::atomic<std::uint64_t> received_{0}, loads_{0}, runs_in_{0}, runs_out_{0};
+  std::vector<std::atomic<std::uint64_t>> per_receiver_;
+  bool spread_ = false;
 };
 
 }  // namespace csk::dsb::service
