@@ -682,24 +682,13 @@ std::uint64_t Resident::submit(const Task& t) {
 
 int Resident::poll(std::vector<Done>& out, int part, int parts) {
   Impl& r = *impl_;
-  const int total = 2 * r.nslots;
-  const int start = int(std::int64_t(part) * total / std::max(parts, 1));
   int got = 0;
-  for (int m = 0; m < total; ++m) {
-    const int j = start + m < total ? start + m : start + m - total;
+  for (int j = part; j < 2 * r.nslots; j += parts) {
     const int k = j / r.nslots, i = j - k * r.nslots;
-    Impl::Ring& g = r.ring[k];
-    if (g.busy[i].load(std::memory_order_acquire) != 1) continue;  // free, or claimed
+    const Impl::Ring& g = r.ring[k];
+    if (!g.busy[i].load(std::memory_order_acquire)) continue;
     const Slot& s = g.host[i];
     if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != g.ticket[i] + 1) continue;
-    int expect = 1;
-    if (!g.busy[i].compare_exchange_strong(expect, 2, std::memory_order_acq_rel)) continue;
-    // Claimed: the slot cannot be refilled now. Check again that the reply is this ticket's
-    // (the slot may have been collected, released and refilled since the looks above).
-    if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != g.ticket[i] + 1) {
-      g.busy[i].store(1, std::memory_order_release);
-      continue;
-    }
     out.push_back(Done{std::uint64_t(j), s.energy, s.signs, s.solve_ns});
     ++got;
   }

@@ -72,11 +72,8 @@ class Resident {
   std::int64_t free_slot(const Task& t) const;
   // Publishes a task in its ring's next slot (free_slot(t) must not be -1); returns the slot.
   std::uint64_t submit(const Task& t);
-  // Appends finished requests to `out` and returns how many: every slot is looked at, from
-  // slot part * slots() / parts on, and a finished one is claimed (an atomic exchange of its
-  // state), so that several collectors can poll at once, each claiming different slots, and a
-  // collector that stalls delays only the replies it has claimed. A claimed slot stays out of
-  // every poll and in use until release(slot).
+  // Appends the finished requests of slots part, part + parts, ... to `out`; returns how many.
+  // Each stays reported until release(slot). Several collectors may poll disjoint parts.
   int poll(std::vector<Done>& out, int part = 0, int parts = 1);
   void release(std::uint64_t slot);
   std::uint64_t in_flight() const;

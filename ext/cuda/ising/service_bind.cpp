@@ -50,7 +50,7 @@ struct GpuWorkers {
   GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
     if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
     if (mode == "resident") {
-      resident = std::make_unique<gi::Resident>(2048, param);
+      resident = std::make_unique<gi::Resident>(1024, param);
       held.resize(std::size_t(resident->slots()));
     } else if (mode == "launch") {
       if (param < 1) throw std::invalid_argument("streams must be >= 1");
