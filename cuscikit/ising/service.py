@@ -221,7 +221,8 @@ class IsingServer:
         depth: queue depth.
         device, mode, blocks, streams: the backend (above).
         receivers: UDP sockets on the same port (SO_REUSEPORT), each with a receiver thread;
-            the kernel spreads the clients' flows (source ports) over them.
+            a datagram goes to receiver (low byte of its request id) mod `receivers` (where
+            the kernel refuses that filter: by the hash of the client's address).
         collectors: resident GPU mode: threads that scan the rings for finished requests and
             send their replies.
         spin_us: receivers and workers waiting for work spin this many microseconds before
