@@ -320,6 +320,7 @@ struct UdpBatch {
   std::vector<iovec> iov;
   std::vector<std::uint32_t> order;
   std::vector<std::array<char, CMSG_SPACE(sizeof(std::uint16_t))>> ctrl;
+  std::uint64_t ok = 0;  // OK replies gathered (the server counts them once a flush)
 
   std::uint8_t* next(std::size_t bytes, const sockaddr_in& to) {
     if (used == bufs.size()) {
@@ -587,11 +588,17 @@ class Server {
     } else {
       std::uint8_t* b = out.next(wire::reply_bytes(wire::kOk, n), job.addr);
       wire::write_reply(b, wire::kOk, job.req.request_id, energy, residence(job.t_recv), n, signs);
+      out.ok++;  // counted by flush(): one atomic add a batch, not a reply
+      return;
     }
     replies_[wire::kOk]++;
   }
   // Sends the batched UDP replies, through receiver socket `via` (any: all share the port).
   void flush(UdpBatch& out, std::size_t via = 0) {
+    if (out.ok > 0) {
+      replies_[wire::kOk].fetch_add(out.ok, std::memory_order_relaxed);
+      out.ok = 0;
+    }
     const std::size_t runs = out.flush(udp_fds_[via % udp_fds_.size()], offload_);
     if (runs > 0) runs_out_ += runs;
   }
@@ -667,11 +674,10 @@ class Server {
   }
 
   // Parses one request; answers errors and loads at once (into `now`), queues good solves.
-  // Returns true when a job was added to `jobs`.
+  // Returns true when a job was added to `jobs`. The caller counts it received.
   template <typename Reply>
   bool admit(const std::uint8_t* p, std::size_t len, bool truncated, std::vector<Job>& jobs,
              Reply reply) {
-    received_++;
     const std::int64_t t = now_ns();
     wire::Request r{};
     wire::Status st = wire::parse(p, len, r);
@@ -749,6 +755,7 @@ class Server {
       if (got <= 0) continue;
       last = now_ns();
       jobs.clear();
+      std::uint64_t pieces = 0;  // requests read (a run counts each of its datagrams)
       for (int i = 0; i < got; ++i) {
         const bool truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
         const sockaddr_in peer = from[i];
@@ -764,20 +771,22 @@ class Server {
         const std::size_t seg = offload_ ? gro_segment(msgs[i].msg_hdr) : 0;
         const std::size_t step = seg > 0 && seg < len ? seg : len;
         if (step < len) runs_in_++;
-        mine.fetch_add(step > 0 ? (len + step - 1) / step : 1, std::memory_order_relaxed);
         for (std::size_t off = 0; off < len || off == 0; off += step) {
           const std::size_t piece = std::min(step, len - off);
+          ++pieces;
           if (admit(bufs[i].data() + off, piece, truncated, jobs, reply)) jobs.back().addr = peer;
           if (step == 0) break;
         }
       }
+      received_.fetch_add(pieces, std::memory_order_relaxed);
+      mine.fetch_add(pieces, std::memory_order_relaxed);
       const std::size_t taken = queue_.push(jobs);
       for (std::size_t i = taken; i < jobs.size(); ++i) {  // the queue is full: BUSY, not silence
         std::uint8_t* b = out.next(wire::kReplyHeader, jobs[i].addr);
         wire::write_reply(b, wire::kBusy, jobs[i].req.request_id, 0, residence(jobs[i].t_recv), 0,
                           nullptr);
-        replies_[wire::kBusy]++;
       }
+      if (taken < jobs.size()) replies_[wire::kBusy].fetch_add(jobs.size() - taken);
       const std::size_t runs = out.flush(fd, offload_);
       if (runs > 0) runs_out_ += runs;
     }
@@ -834,6 +843,7 @@ class Server {
       }
       buf.resize(len);
       if (!read_exact(*conn, buf.data(), len)) break;
+      received_++;
       jobs.clear();
       if (admit(buf.data(), len, false, jobs, reply)) {
         jobs.back().tcp = conn;
