@@ -7,10 +7,15 @@ no work behind them, so its table is the ceiling of everything but the solver.
 The server runs in a child process pinned to --server-cores, the C++ load generator in this
 process pinned to --client-cores. Every --check-th completed request's energy is compared with
 the library's CPU reference for the same request (a mismatch fails the run; not for echo). For
-the resident kernel the column "dev" is the mean time a request's solver spent on the GPU.
-Server threads (2 receivers, the feeder, 4 collectors) and the generator's receiving threads spin
-for work instead of sleeping (--spin-us): keep the spinning threads of each side at or below
-its cores.
+the resident kernel the column "dev" is the mean time a request's solver spent on the GPU,
+"wait" the mean time from receipt to its submission to the kernel's ring, "rest" the mean of
+the residence less both.
+Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
+socket, sending and receiving) spin for work instead of sleeping (--spin-us) and are pinned to
+one core each (--no-pin: not); keep the spinning threads of each side below its cores. With
+--offload (default; --no-offload: off) both sides use UDP segmentation offload: requests due at
+once and the replies of a batch to one socket leave as one UDP_SEGMENT send, read in one piece
+(UDP_GRO).
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -54,6 +59,8 @@ def start_server(backend: str, sizes, kind: str, server_cores, args):
     cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--port", "0", "--depth",
            str(args.depth), "--receivers", str(args.receivers), "--spin-us", str(args.spin_us),
            "--collectors", str(args.collectors), "--blocks", str(args.blocks)]  # fmt: skip
+    cmd += ["--offload"] if args.offload else []
+    cmd += ["--pin"] if args.pin else []
     for n in sizes:
         cmd += ["--random", f"{n}:{kind}"]
     if backend == "cpu":
@@ -85,6 +92,31 @@ def server_stats(proc) -> dict:
     return json.loads(line[len("stats ") :])
 
 
+def steal_ms() -> float:
+    """CPU time the hypervisor took from this machine's CPUs so far (all CPUs, ms; 0 if the
+    kernel does not say)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+        return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def preempted(pid: int) -> int:
+    """Involuntary context switches of a process's threads so far."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/status") as fh:
+                for line in fh:
+                    if line.startswith("nonvoluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+    except OSError:
+        pass
+    return total
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["resident", "launch", "cpu"],
@@ -98,11 +130,23 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
     p.add_argument("--receivers", type=int, default=2, help="server UDP receiver threads")
-    p.add_argument("--senders", type=int, default=4, help="load generator sockets")
+    p.add_argument("--senders", type=int, default=6, help="load generator sockets (threads)")
     p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
     p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
     p.add_argument("--spin-us", type=float, default=50.0,
                    help="server receivers and workers spin this long before blocking")  # fmt: skip
+    p.add_argument(
+        "--offload",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="UDP segmentation offload on both sides (UDP_SEGMENT / UDP_GRO)",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin server and generator threads to one core each",
+    )
     p.add_argument("--label", default="", help="a name for this configuration in the output")
     p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
     n_cpu = os.cpu_count() or 2
@@ -122,7 +166,7 @@ def main(argv=None) -> int:
     head = (
         f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
         f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'dev':>6} "
-        f"{'checked':>8}"
+        f"{'wait':>5} {'rest':>5} {'steal':>5} {'preempt':>7} {'checked':>7}"
     )
     print(head)
     rows = []
@@ -136,15 +180,25 @@ def main(argv=None) -> int:
                 for rate in args.rates:
                     count = max(1, int(rate * args.duration))
                     before = server_stats(proc)
+                    steal0, nvcsw0 = steal_ms(), preempted(proc.pid)
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
-                                    senders=args.senders, spin=True)  # fmt: skip
+                                    senders=args.senders, spin=True, offload=args.offload,
+                                    pin=args.pin)  # fmt: skip
                     after = server_stats(proc)
+                    steal = steal_ms() - steal0
+                    nvcsw = preempted(proc.pid) - nvcsw0
                     solved = after.get("device_solved", 0) - before.get("device_solved", 0)
-                    dev_us = None
+                    dev_us = wait_us = rest_us = None
                     if solved > 0:
                         dev_ns = after["device_solve_ns"] - before["device_solve_ns"]
                         dev_us = dev_ns / solved / 1e3
+                        fed = after["fed"] - before["fed"]
+                        wait_ns = after["feed_wait_ns"] - before["feed_wait_ns"]
+                        wait_us = wait_ns / fed / 1e3 if fed else None
+                        reply_ns = after["reply_ns"] - before["reply_ns"]
+                        if wait_us is not None:  # pickup by the kernel + finding it done
+                            rest_us = (reply_ns - dev_ns) / solved / 1e3 - wait_us
                     ok = np.flatnonzero(rep.energies != np.iinfo(np.int64).max)
                     checked = 0
                     for i in ok[:: args.check][:50] if backend != "echo" else []:
@@ -154,8 +208,14 @@ def main(argv=None) -> int:
                         if e != rep.energies[i]:
                             bad += 1
                     row = {"backend": backend, "label": args.label, "info": info, "n": n,
-                           **rep.row(), "device_solve_mean_us": dev_us,
-                           "checked": checked}  # fmt: skip
+                           **rep.row(), "device_solve_mean_us": dev_us, "checked": checked,
+                           "feed_wait_mean_us": wait_us, "pickup_collect_mean_us": rest_us,
+                           "runs_in": after["runs_in"] - before["runs_in"],
+                           "runs_out": after["runs_out"] - before["runs_out"],
+                           "steal_ms": steal, "server_preempted": nvcsw,
+                           "received_by_receiver": [
+                               after[k] - before[k] for k in sorted(after)
+                               if k.startswith("received_udp")]}  # fmt: skip
                     rows.append(row)
 
                     def f(v):
@@ -166,15 +226,19 @@ def main(argv=None) -> int:
                         f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
                         f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
                         f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
-                        f"{f(dev_us):>6} {checked:>8}",
+                        f"{f(dev_us):>6} {f(wait_us):>5} {f(rest_us):>5} {steal:>5.0f} "
+                        f"{nvcsw:>7} {checked:>7}",
                         flush=True,
                     )
                     time.sleep(0.2)  # let the queue drain between rates
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    print("(times in microseconds; busy = BUSY replies, lost = no reply; dev = mean device "
-          "solve time)")  # fmt: skip
+    print("(times in microseconds; busy = BUSY replies, lost = no reply; resident: dev = mean "
+          "device solve, wait = mean receipt to submit, rest = mean residence less both: the "
+          "kernel picking the request up and a collector finding it done; steal = ms of CPU "
+          "time the hypervisor took during the row, all CPUs; preempt = involuntary context "
+          "switches of the server's threads)")  # fmt: skip
     if args.json_out:
         setup = vars(args) | {"server_cores": sorted(server_cores)}
         setup["client_cores"] = sorted(client_cores)

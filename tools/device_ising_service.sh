@@ -8,8 +8,9 @@
 # cuscikit/ when present (tools/prebuild_py312.sh), else builds. Logs and JSON go to $OUT; the
 # merged table to $OUT/ising_service_h200.json (the layout of benchmarks/results/).
 # Env: RATES (resident offered rates), ECHO_RATES, SIZES, DURATION, VARIANTS (benchmark options
-# of each variant run at n = 64, separated by ';'; empty: none), TESTS (a pytest -k filter;
-# "none": no tests), BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
+# of each variant run at n = 64, separated by ';'; empty: none), ECHO_VARIANTS (the same for the
+# echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
+# BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -58,9 +59,15 @@ run() {  # name, timeout, benchmark options
   grep -v "^anchor\|^server cores" "$OUT/$name.log"
 }
 run echo 40 --backends echo --n 64 --rates ${ECHO_RATES:-$RATES 1500000}
+k=0
+IFS=';' read -ra evariants <<< "${ECHO_VARIANTS---no-offload;--no-offload --no-pin}"
+for v in "${evariants[@]}"; do
+  k=$((k + 1))
+  run "echo_variant$k" 30 --backends echo --n 64 --rates ${ECHO_VARIANT_RATES:-1000000} $v
+done
 run resident 100 --backends resident --n $SIZES --rates $RATES
 k=0
-IFS=';' read -ra variants <<< "${VARIANTS---collectors 2;--spin-us 0}"
+IFS=';' read -ra variants <<< "${VARIANTS---no-offload;--no-offload --no-pin}"
 for v in "${variants[@]}"; do
   k=$((k + 1))
   run "variant$k" 30 --backends resident --n 64 --rates 400000 1000000 $v
@@ -74,7 +81,8 @@ python3 - "$OUT" <<'PYEOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 merged = {"machine": (out / "machine.txt").read_text().strip(), "script": "benchmarks/ising_service.py"}
-for name in ["echo", "resident"] + sorted(p.stem for p in out.glob("variant*.json")) + ["launch", "cpu"]:
+variants = sorted(p.stem for p in out.glob("*variant*.json"))
+for name in ["echo", "resident"] + variants + ["launch", "cpu"]:
     p = out / f"{name}.json"
     if p.is_file():
         d = json.loads(p.read_text())

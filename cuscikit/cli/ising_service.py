@@ -105,6 +105,12 @@ def register(sub) -> None:
         "--spin-us", type=finite_float, default=0.0,
         help="receivers and workers spin this long for work before blocking (0: block at once)",
     )  # fmt: skip
+    s.add_argument(
+        "--offload", action="store_true",
+        help="UDP segmentation offload: replies to one client leave as one UDP_SEGMENT send, "
+        "runs of requests are read in one piece (UDP_GRO)",
+    )  # fmt: skip
+    s.add_argument("--pin", action="store_true", help="pin receivers and workers to one CPU each")
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -143,8 +149,13 @@ def register(sub) -> None:
     g.add_argument("--senders", type=positive_int, default=1, help="sending sockets and threads")
     g.add_argument(
         "--spin", action="store_true",
-        help="the receiving threads spin instead of sleeping (a core each; no wake-up latency)",
+        help="the threads spin instead of sleeping (a core each; no wake-up latency)",
     )  # fmt: skip
+    g.add_argument(
+        "--offload", action="store_true",
+        help="requests due together leave as one UDP_SEGMENT send; replies read with UDP_GRO",
+    )  # fmt: skip
+    g.add_argument("--pin", action="store_true", help="pin each sending thread to one CPU")
     add_json(g)
     g.set_defaults(func=run_load)
 
@@ -175,7 +186,7 @@ def run_serve(args) -> int:
         args.host, args.port, workers=args.workers, depth=args.depth, device=args.device,
         mode=args.mode if args.mode == "echo" or args.device != "cpu" else None,
         blocks=args.blocks, streams=args.streams, receivers=args.receivers,
-        collectors=args.collectors, spin_us=args.spin_us,
+        collectors=args.collectors, spin_us=args.spin_us, offload=args.offload, pin=args.pin,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     asked = []  # SIGUSR1: print the counters so far as one JSON line
@@ -235,7 +246,8 @@ def run_load(args) -> int:
         rep = load_test(
             args.model_id, args.n, args.steps, args.replicas, args.dt, args.seed,
             count=count, rate=rate, in_flight=in_flight, host=args.host, port=args.port,
-            drain_s=args.drain, senders=args.senders, spin=args.spin,
+            drain_s=args.drain, senders=args.senders, spin=args.spin, offload=args.offload,
+            pin=args.pin,
         )  # fmt: skip
         rows.append(rep.row())
     head = (

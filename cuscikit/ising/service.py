@@ -221,11 +221,18 @@ class IsingServer:
         depth: queue depth.
         device, mode, blocks, streams: the backend (above).
         receivers: UDP sockets on the same port (SO_REUSEPORT), each with a receiver thread;
-            the kernel spreads the clients' flows (source ports) over them.
+            a datagram goes to receiver (low byte of its request id) mod `receivers` (where
+            the kernel refuses that filter: by the hash of the client's address).
         collectors: resident GPU mode: threads that scan the rings for finished requests and
             send their replies.
         spin_us: receivers and workers waiting for work spin this many microseconds before
             they block (no wake-up latency under load, a core each; 0: block at once).
+        offload: UDP segmentation offload: the replies of one batch to one client leave as one
+            UDP_SEGMENT send (the client still receives separate datagrams), and a run of
+            requests a client sent that way is read in one piece (UDP_GRO). Falls back to
+            datagram by datagram where the kernel refuses it.
+        pin: pin each receiver and worker thread to its own CPU (of those the process may use,
+            in order: receivers, then workers).
 
     Use it as a context manager, or call `start` and `close`. While a resident GPU server runs,
     its kernel occupies the GPU: other CUDA work of the process must use non-default streams.
@@ -245,6 +252,8 @@ class IsingServer:
         receivers: int = 1,
         collectors: int = 4,
         spin_us: float = 0.0,
+        offload: bool = False,
+        pin: bool = False,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
@@ -276,7 +285,7 @@ class IsingServer:
         tcp = port if tcp_port is None else tcp_port
         try:
             self._server = ext.Server(host, port, tcp, depth, mode, param, receivers, collectors,
-                                      float(spin_us))  # fmt: skip
+                                      float(spin_us), bool(offload), bool(pin))  # fmt: skip
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
@@ -457,14 +466,26 @@ def load_test(
     drain_s: float = 1.0,
     senders: int = 1,
     spin: bool = False,
+    offload: bool = False,
+    pin: bool = False,
 ) -> LoadReport:
     """Load a server with `count` requests (request i has seed ``seed + i``) from a C++ sender
     and receiver: open loop with Poisson arrivals at `rate` per second, or closed loop with
-    `in_flight` requests outstanding, from `senders` sockets (each with a sending and a
-    receiving thread; request i on socket i % senders). A request still without a reply once
-    nothing has been sent or received for `drain_s` seconds is lost. Completed = OK replies;
-    BUSY and error replies are counted apart. spin: the receiving threads spin on
-    non-blocking reads instead of sleeping (a core each; no wake-up latency in the round trip).
+    `in_flight` requests outstanding, from `senders` sockets (each with one thread that sends
+    and receives; request i on socket i % senders). A request still without a reply once
+    nothing has been sent or received on its socket for `drain_s` seconds is lost. Completed =
+    OK replies; BUSY and error replies are counted apart. spin: the threads spin on
+    non-blocking reads instead of sleeping between sends (a core each; no wake-up latency in
+    the round trip). offload: the requests due at once leave as one UDP_SEGMENT send, and
+    replies sent that way are read in one piece (UDP_GRO). pin: each thread on its own CPU.
+
+    Example (closed loop against a CPU server):
+        >>> m = IsingModel.from_edges(3, [(0, 1, 1), (1, 2, 1)])
+        >>> with IsingServer(port=0, workers=1, tcp_port=-1) as s:
+        ...     s.load_model(1, m)
+        ...     rep = load_test(1, 3, steps=10, count=50, in_flight=4, port=s.port)
+        >>> rep.completed, rep.lost
+        (50, 0)
 
     Raises:
         ValueError: neither or both of rate and in_flight, or bad request fields.
@@ -482,7 +503,7 @@ def load_test(
     request = encode_request(model_id, n, steps, replicas, dt, seed, h)
     sent, rtt, status, residence, energy, send_s = _core_ising().loadgen(
         host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed,
-        senders, bool(spin),
+        senders, bool(spin), bool(offload), bool(pin),
     )  # fmt: skip
     answered = rtt >= 0
     ok = answered & (status == 0)

@@ -276,6 +276,28 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode):
             assert st["device_solved"] >= 3000 and st["device_solve_ns"] > 0
 
 
+@pytest.mark.gpu
+def test_gpu_resident_service_with_offload_and_pinning():
+    # the resident kernel behind receivers and collectors that read and send runs (UDP_GRO /
+    # UDP_SEGMENT), pinned: every sampled reply right, nothing lost, runs in and out, and the
+    # host-side timings counted for every request
+    models = {1: random_model(64, "binary", seed=21), 2: random_model(512, "ternary", seed=22)}
+    with IsingServer(port=0, device="cuda", receivers=2, spin_us=20, offload=True,
+                     pin=True) as s:  # fmt: skip
+        for i, m in models.items():
+            s.load_model(i, m)
+        for i, n, count in ((1, 64, 4000), (2, 512, 1000)):
+            rep = load_test(i, n, 40, seed=60, count=count, in_flight=256, senders=2,
+                            port=s.port, offload=True, spin=True)  # fmt: skip
+            assert (rep.completed, rep.lost, rep.errors) == (count, 0, 0)
+            for k in range(0, count, 331):
+                assert rep.energies[k] == reference(models[i], 40, 1, 0.5, 60 + k)[0]
+        st = s.stats()
+    assert st["runs_in"] > 0 and st["runs_out"] > 0
+    assert st["fed"] == st["device_solved"] == 5000
+    assert st["feed_wait_ns"] > 0 and st["reply_ns"] > st["device_solve_ns"]
+
+
 def test_echo_answers_without_solving():
     with IsingServer(port=0, workers=1, mode="echo", tcp_port=-1, spin_us=10) as s:
         s.load_model(1, random_model(40, "binary", seed=1))
@@ -300,5 +322,94 @@ def test_several_receivers_and_senders():
     assert open_loop.completed + open_loop.busy == 300 and open_loop.lost == 0
     for i in (0, 1, 2, 301, 599):  # every socket's requests, right seeds
         assert rep.energies[i] == reference(model, 20, 1, 0.5, 40 + i)[0]
+    with IsingServer(port=0, workers=2, receivers=3, tcp_port=-1) as s:
+        s.load_model(1, model)
+        one = load_test(1, n, 5, count=300, in_flight=8, port=s.port)  # one socket
+        stats = s.stats()
+    # spread by request id, not by the sender's address: one socket's requests reach all three
+    assert one.completed == 300 and stats["spread_by_id"] == 1
+    expect = np.bincount((np.arange(300) & 0xFF) % 3)  # the id's low byte modulo 3
+    assert [stats[f"received_udp{r}"] for r in range(3)] == expect.tolist()
     with pytest.raises(ValueError, match="receivers"):
         IsingServer(port=0, receivers=0)
+
+
+SOL_UDP, UDP_SEGMENT = 17, 103
+
+
+def _send_run(sock, payloads, addr):
+    """One UDP_SEGMENT send of equal-sized datagrams (the receiver sees them one by one, or as
+    one run with UDP_GRO)."""
+    size = len(payloads[0])
+    assert all(len(p) == size for p in payloads)
+    sock.sendmsg([b"".join(payloads)], [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))], 0, addr)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_run_of_requests_is_answered_one_by_one(offload):
+    # A client's run of datagrams (one UDP_SEGMENT send) reaches a server with offload as one
+    # piece (UDP_GRO) and one without as separate datagrams: either way every request gets its
+    # own reply, the malformed one its error status.
+    n, steps = 40, 25
+    model = random_model(n, "binary", seed=3)
+    reqs = [encode_request(1, n, steps, 2, 0.5, 70 + i, request_id=i) for i in range(5)]
+    bad = bytearray(reqs[2])
+    bad[0] ^= 0xFF  # magic
+    reqs[2] = bytes(bad)
+    with IsingServer(port=0, workers=2, tcp_port=-1, offload=offload) as s:
+        s.load_model(1, model)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(10)
+            _send_run(c, reqs, ("127.0.0.1", s.port))
+            replies = {}
+            while len(replies) < 5:  # one datagram a reply (this socket has no UDP_GRO)
+                r = decode_reply(c.recv(65536))
+                replies[r.request_id] = r
+        stats = s.stats()
+    assert stats["runs_in"] == (1 if offload else 0)  # read as one run, or five datagrams
+    assert replies[2].status == "BAD_MAGIC" and stats["bad_magic"] == 1
+    for i in (0, 1, 3, 4):
+        assert replies[i].status == "OK"
+        assert replies[i].energy == reference(model, steps, 2, 0.5, 70 + i)[0]
+    assert stats["received"] == 5 and stats["ok"] == 4
+
+
+@pytest.mark.parametrize(("server_offload", "client_offload"), [(True, True), (True, False),
+                                                                (False, True)])  # fmt: skip
+def test_offload_on_either_side_loses_nothing(server_offload, client_offload):
+    # Replies sent as runs reach a client with or without UDP_GRO; requests sent as runs reach
+    # a server with or without it; the load generator's sockets and the server's receivers and
+    # workers pinned to CPUs; every sampled energy is the library's.
+    n, steps = 64, 20
+    model = random_model(n, "ternary", seed=8)
+    with IsingServer(port=0, workers=2, receivers=2, tcp_port=-1, spin_us=20,
+                     offload=server_offload, pin=True) as s:  # fmt: skip
+        s.load_model(1, model)
+        closed = load_test(1, n, steps, seed=5, count=400, in_flight=32, senders=2, port=s.port,
+                           offload=client_offload, pin=True)  # fmt: skip
+        opened = load_test(1, n, steps, seed=5, count=400, rate=20000.0, senders=2, port=s.port,
+                           offload=client_offload, spin=True)  # fmt: skip
+        stats = s.stats()
+    assert (closed.completed, closed.lost, closed.errors) == (400, 0, 0)
+    assert opened.completed + opened.busy == 400 and opened.lost == 0 and opened.errors == 0
+    assert stats["received"] == 800
+    if client_offload and server_offload:
+        assert stats["runs_in"] > 0  # some of the closed loop's requests came as runs
+    if server_offload:
+        assert stats["runs_out"] > 0  # and some replies left as runs
+    for i in (0, 1, 77, 398, 399):
+        assert closed.energies[i] == reference(model, steps, 1, 0.5, 5 + i)[0]
+
+
+def test_overload_with_offload_answers_busy_for_every_request_of_a_run():
+    # A queue of depth 2 behind one slow worker: the requests of a run beyond the room get
+    # BUSY, each its own; busy + completed = sent, nothing lost.
+    n = 256
+    with IsingServer(port=0, workers=1, depth=2, tcp_port=-1, offload=True) as s:
+        s.load_model(1, random_model(n, seed=1))
+        rep = load_test(1, n, steps=400, replicas=8, count=300, rate=1e6, port=s.port,
+                        offload=True)  # fmt: skip
+        stats = s.stats()
+    assert rep.lost == 0 and rep.busy > 0 and rep.completed > 0
+    assert rep.busy + rep.completed == rep.sent == 300
+    assert stats["busy"] == rep.busy and stats["queue_peak"] <= 2

@@ -1,20 +1,28 @@
 // The front end of the dSB request service, written once for every backend (the CPU workers
-// in service.cpp, the GPU ones in ext/cuda/ising): models in slots by id, one UDP receiver thread
-// (recvmmsg batches) and a TCP listener (u32 length-prefixed frames, one thread per connection)
-// that parse requests, answer bad ones at once with their error status (counted), and queue good
-// ones in a bounded queue; a full queue answers BUSY at once instead of dropping. The backend's
-// worker threads take queued requests in batches and answer through reply_ok() / flush()
-// (sendmmsg batches). A LOAD request or load_model() replaces a slot; requests already queued
-// keep the model they were given. Wire format: cuscikit/dsb_protocol.hpp. Linux only.
+// in service.cpp, the GPU ones in ext/cuda/ising): models in slots by id, UDP receiver threads
+// (one socket each on the same port, recvmmsg batches) and a TCP listener (u32 length-prefixed
+// frames, one thread per connection) that parse requests, answer bad ones at once with their
+// error status (counted), and queue good ones in a bounded lock-free queue; a full queue answers
+// BUSY at once instead of dropping. The backend's worker threads take queued requests in batches
+// and answer through reply_ok() / flush() (sendmmsg batches). A LOAD request or load_model()
+// replaces a slot; requests already queued keep the model they were given. Optionally the UDP
+// sockets use segmentation offload (UDP_SEGMENT for the replies to one peer, UDP_GRO for
+// requests a client sent the same way) and the threads are pinned to one CPU each. Wire format:
+// cuscikit/dsb_protocol.hpp. Linux only.
 #pragma once
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <netinet/udp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -144,49 +152,115 @@ struct Job {
   std::shared_ptr<TcpConn> tcp;  // or the TCP connection
 };
 
+// The bounded queue between the receivers and the workers: D. Vyukov's bounded multi-producer
+// multi-consumer array queue (a sequence number per cell; a push or pop is one compare-and-swap
+// on the tail or head counter, no lock). A consumer finding it empty spins up to spin_ns, then
+// sleeps on a condition variable; producers take the mutex to wake it only when someone sleeps
+// (the sleeper registers, then looks at the queue again: no wake-up is lost).
 class Queue {
  public:
-  explicit Queue(std::size_t depth) : depth_(depth) {}
+  explicit Queue(std::size_t depth) : depth_(depth), cells_(new Cell[depth]) {
+    for (std::size_t i = 0; i < depth; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+  }
   // Moves jobs[i] in while there is room; returns how many went in.
   std::size_t push(std::vector<Job>& jobs) {
     std::size_t taken = 0;
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      while (taken < jobs.size() && q_.size() < depth_) q_.push_back(std::move(jobs[taken++]));
-      peak_ = std::max(peak_, q_.size());
-      size_.store(q_.size(), std::memory_order_release);
+    while (taken < jobs.size() && try_push(jobs[taken])) ++taken;
+    if (taken > 0) {
+      const std::size_t tail = tail_.load(std::memory_order_relaxed);
+      const std::size_t head = head_.load(std::memory_order_relaxed);
+      const std::size_t size = std::min(depth_, tail > head ? tail - head : std::size_t(0));
+      std::size_t peak = peak_.load(std::memory_order_relaxed);
+      while (size > peak && !peak_.compare_exchange_weak(peak, size)) {
+      }
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // the pushes before the look below
+      if (sleepers_.load(std::memory_order_relaxed) > 0) {
+        std::lock_guard<std::mutex> lock(m_);
+        cv_.notify_all();
+      }
     }
-    if (taken > 0) cv_.notify_all();
     return taken;
   }
-  // Waits for work (or stop), first spinning up to spin_ns without sleeping; takes up to `most`
-  // jobs.
+  // Takes up to `most` jobs; waits for work (or stop), first spinning up to spin_ns without
+  // sleeping, then sleeping (50 ms at most, so that stop is seen).
   bool pop(std::vector<Job>& out, std::size_t most, const std::atomic<bool>& stop,
            std::int64_t spin_ns = 0) {
-    if (spin_ns > 0 && size_.load(std::memory_order_acquire) == 0) {
+    if (take(out, most) > 0) return true;
+    if (spin_ns > 0) {
       const std::int64_t until = now_ns() + spin_ns;
-      while (size_.load(std::memory_order_acquire) == 0 && !stop && now_ns() < until) {
+      while (!stop && now_ns() < until) {
+        if (take(out, most) > 0) return true;
       }
     }
     std::unique_lock<std::mutex> lock(m_);
-    cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !q_.empty() || stop; });
-    while (!q_.empty() && out.size() < most) {
-      out.push_back(std::move(q_.front()));
-      q_.pop_front();
-    }
-    size_.store(q_.size(), std::memory_order_release);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (take(out, most) == 0 && !stop) cv_.wait_for(lock, std::chrono::milliseconds(50));
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    lock.unlock();
+    take(out, most);
     return !out.empty();
   }
-  void wake() { cv_.notify_all(); }
-  std::size_t peak() {
+  void wake() {
     std::lock_guard<std::mutex> lock(m_);
-    return peak_;
+    cv_.notify_all();
   }
+  std::size_t peak() const { return peak_.load(); }
 
  private:
-  std::size_t depth_, peak_ = 0;
-  std::atomic<std::size_t> size_{0};
-  std::deque<Job> q_;
+  struct alignas(64) Cell {
+    std::atomic<std::size_t> seq{0};
+    Job job;
+  };
+  bool try_push(Job& job) {
+    std::size_t pos = tail_.load(std::memory_order_relaxed);
+    while (true) {
+      Cell& c = cells_[pos % depth_];
+      const std::size_t seq = c.seq.load(std::memory_order_acquire);
+      const std::ptrdiff_t dif = std::ptrdiff_t(seq - pos);
+      if (dif == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          c.job = std::move(job);
+          c.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (dif < 0) {
+        return false;  // full
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  std::size_t take(std::vector<Job>& out, std::size_t most) {
+    std::size_t got = 0;
+    while (out.size() < most) {
+      std::size_t pos = head_.load(std::memory_order_relaxed);
+      Cell* c = nullptr;
+      while (true) {
+        c = &cells_[pos % depth_];
+        const std::size_t seq = c->seq.load(std::memory_order_acquire);
+        const std::ptrdiff_t dif = std::ptrdiff_t(seq - (pos + 1));
+        if (dif == 0) {
+          if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) break;
+        } else if (dif < 0) {
+          return got;  // empty
+        } else {
+          pos = head_.load(std::memory_order_relaxed);
+        }
+      }
+      out.push_back(std::move(c->job));
+      c->seq.store(pos + depth_, std::memory_order_release);
+      ++got;
+    }
+    return got;
+  }
+
+  const std::size_t depth_;
+  std::unique_ptr<Cell[]> cells_;
+  alignas(64) std::atomic<std::size_t> tail_{0};
+  alignas(64) std::atomic<std::size_t> head_{0};
+  alignas(64) std::atomic<std::size_t> peak_{0};
+  std::atomic<int> sleepers_{0};
   std::mutex m_;
   std::condition_variable cv_;
 };
@@ -204,11 +278,50 @@ inline void point_msg(mmsghdr& m, iovec& iov, std::uint8_t* buf, std::size_t len
   m.msg_hdr.msg_iovlen = 1;
 }
 
-// Replies gathered for one sendmmsg call.
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+// Segmentation offload (UDP_SEGMENT) works until the kernel refuses it once; then every sender
+// of the process sends datagram by datagram.
+inline std::atomic<bool>& gso_usable() {
+  static std::atomic<bool> ok{true};
+  return ok;
+}
+
+// Sends msgs[0..count) with sendmmsg, retrying on EAGAIN / EINTR / ENOBUFS; returns how many went
+// out (fewer: the peer is gone, or errno says why).
+inline std::size_t send_all_msgs(int fd, mmsghdr* msgs, std::size_t count) {
+  std::size_t done = 0;
+  while (done < count) {
+    const int k = ::sendmmsg(fd, msgs + done, unsigned(count - done), 0);
+    if (k <= 0) {
+      if (k < 0 && (errno == EAGAIN || errno == EINTR || errno == ENOBUFS)) continue;
+      break;
+    }
+    done += std::size_t(k);
+  }
+  return done;
+}
+
+// Datagrams gathered for one send: sendmmsg, or with `gso` the datagrams of equal size to one
+// peer (a run of up to kMaxSegments) as one UDP_SEGMENT message each: the kernel's loopback
+// path then runs once per run instead of once per datagram, and the peer still receives
+// separate datagrams (or, with UDP_GRO, the run in one read).
 struct UdpBatch {
+  static constexpr std::size_t kMaxSegments = 64, kMaxBytes = 60000;
   std::vector<std::vector<std::uint8_t>> bufs;
   std::vector<sockaddr_in> addrs;
   std::size_t used = 0;
+  std::vector<mmsghdr> msgs;
+  std::vector<iovec> iov;
+  std::vector<std::uint32_t> order;
+  std::vector<std::array<char, CMSG_SPACE(sizeof(std::uint16_t))>> ctrl;
+  std::uint64_t ok = 0;  // OK replies gathered (the server counts them once a flush)
+
   std::uint8_t* next(std::size_t bytes, const sockaddr_in& to) {
     if (used == bufs.size()) {
       bufs.emplace_back();
@@ -218,23 +331,149 @@ struct UdpBatch {
     addrs[used] = to;
     return bufs[used++].data();
   }
-  void flush(int fd) {
-    std::size_t done = 0;
-    std::vector<mmsghdr> msgs(used);
-    std::vector<iovec> iov(used);
+  // Sends the gathered datagrams; returns how many runs of several left as one message.
+  std::size_t flush(int fd, bool gso = false) {
+    if (used == 0) return 0;
+    msgs.assign(used, mmsghdr{});
+    iov.resize(used);
+    std::size_t runs = 0;
+    if (gso && used > 1 && gso_usable().load(std::memory_order_relaxed) &&
+        flush_segmented(fd, runs)) {
+      used = 0;
+      return runs;
+    }
     for (std::size_t i = 0; i < used; ++i)
       point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &addrs[i]);
-    while (done < used) {
-      const int k = ::sendmmsg(fd, msgs.data() + done, unsigned(used - done), 0);
-      if (k <= 0) {
-        if (k < 0 && (errno == EAGAIN || errno == EINTR || errno == ENOBUFS)) continue;
-        break;  // the peer is gone: its replies are lost (counted by the client)
-      }
-      done += std::size_t(k);
-    }
+    send_all_msgs(fd, msgs.data(), used);  // short: the peer is gone (counted by the client)
     used = 0;
+    return 0;
+  }
+
+ private:
+  static bool same_peer(const sockaddr_in& a, const sockaddr_in& b) {
+    return a.sin_addr.s_addr == b.sin_addr.s_addr && a.sin_port == b.sin_port;
+  }
+  // False when the kernel refused segmentation (nothing of the batch was sent).
+  bool flush_segmented(int fd, std::size_t& runs) {
+    order.resize(used);
+    for (std::size_t i = 0; i < used; ++i) order[i] = std::uint32_t(i);
+    std::stable_sort(order.begin(), order.end(), [this](std::uint32_t a, std::uint32_t b) {
+      const sockaddr_in &x = addrs[a], &y = addrs[b];
+      if (x.sin_addr.s_addr != y.sin_addr.s_addr) return x.sin_addr.s_addr < y.sin_addr.s_addr;
+      if (x.sin_port != y.sin_port) return x.sin_port < y.sin_port;
+      return bufs[a].size() < bufs[b].size();
+    });
+    ctrl.resize(used);
+    std::size_t nmsg = 0;
+    for (std::size_t i = 0; i < used;) {  // one message per run of equal peer and size
+      const std::uint32_t first = order[i];
+      const std::size_t size = bufs[first].size();
+      std::size_t j = i;
+      while (j < used && j - i < kMaxSegments && (j - i + 1) * size <= kMaxBytes &&
+             same_peer(addrs[order[j]], addrs[first]) && bufs[order[j]].size() == size)
+        ++j;
+      if (j == i) j = i + 1;  // a datagram above kMaxBytes: alone
+      mmsghdr& m = msgs[nmsg];
+      std::memset(&m, 0, sizeof(mmsghdr));
+      for (std::size_t k = i; k < j; ++k) iov[k] = iovec{bufs[order[k]].data(), size};
+      m.msg_hdr.msg_name = &addrs[first];
+      m.msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      m.msg_hdr.msg_iov = &iov[i];
+      m.msg_hdr.msg_iovlen = j - i;
+      if (j - i > 1) {
+        ++runs;
+        m.msg_hdr.msg_control = ctrl[nmsg].data();
+        m.msg_hdr.msg_controllen = ctrl[nmsg].size();
+        cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+        const std::uint16_t seg = std::uint16_t(size);
+        std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+      }
+      ++nmsg;
+      i = j;
+    }
+    const std::size_t done = send_all_msgs(fd, msgs.data(), nmsg);
+    if (done == 0 && nmsg > 0 &&
+        (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP || errno == ENOPROTOOPT ||
+         errno == EMSGSIZE)) {
+      gso_usable().store(false);  // this kernel does not segment: datagram by datagram from now
+      msgs.assign(used, mmsghdr{});
+      runs = 0;
+      return false;
+    }
+    return true;
   }
 };
+
+#ifndef SO_ATTACH_REUSEPORT_CBPF
+#define SO_ATTACH_REUSEPORT_CBPF 51
+#endif
+
+// Spreads the datagrams reaching a group of `count` SO_REUSEPORT sockets (fd one of them) over
+// the sockets by the low byte of the request id (payload byte 8) modulo count, instead of by
+// the hash of the sender's address and port: with few clients, the hash can put most of them
+// on one receiver. Consecutive request ids go round robin; a run read with UDP_GRO goes where
+// its first datagram's id says; a datagram too short for the id goes to the first socket.
+// Returns false when the kernel refuses the filter (then the hash spreads them).
+inline bool spread_by_request_id(int fd, int count) {
+  sock_filter code[] = {
+      {BPF_LD | BPF_B | BPF_ABS, 0, 0, 8},                      // A = payload[8]
+      {BPF_ALU | BPF_MOD | BPF_K, 0, 0, std::uint32_t(count)},  // A %= count
+      {BPF_RET | BPF_A, 0, 0, 0},                               // the socket's index in the group
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(code) / sizeof(code[0])), code};
+  return ::setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof(prog)) == 0;
+}
+
+// The CPUs this process may run on, in order.
+inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+// Pins the calling thread to one CPU (best effort: a refusal leaves it where it was).
+inline void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set);
+}
+
+// Sets a UDP socket's buffers to `bytes`: SO_*BUFFORCE where allowed (CAP_NET_ADMIN), else as
+// much as net.core.[rw]mem_max allows.
+inline void size_udp_buffers(int fd, int bytes) {
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof(bytes)) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
+// Asks the kernel to hand a run of datagrams sent with UDP_SEGMENT to this socket in one read
+// (the segment size in a UDP_GRO control message); false when it cannot.
+inline bool enable_gro(int fd) {
+  int one = 1;
+  return ::setsockopt(fd, IPPROTO_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+}
+
+// The segment size of a datagram read with UDP_GRO on (0: a single datagram).
+inline std::size_t gro_segment(const msghdr& h) {
+  for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+      int seg = 0;
+      std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
+      return seg > 0 ? std::size_t(seg) : 0;
+    }
+  }
+  return 0;
+}
 
 // A model from the arrays of IsingModel.coupling_arrays() (sizes checked by the caller: plus and
 // minus n W words, degree and h n values, j8 n 32 W bytes, as the kind needs).
@@ -271,7 +510,7 @@ class Server {
   // receivers: UDP sockets bound to the same port (SO_REUSEPORT), each with its own receiver
   // thread; the kernel spreads the clients' flows over them.
   Server(const std::string& host, int udp_port, int tcp_port, std::size_t depth, int receivers = 1)
-      : queue_(depth) {
+      : queue_(depth), per_receiver_(std::size_t(std::max(receivers, 1))) {
     if (receivers < 1) throw std::invalid_argument("receivers must be >= 1");
     if (depth < 1) throw std::invalid_argument("depth must be >= 1");
     sockaddr_in a{};
@@ -282,6 +521,8 @@ class Server {
     udp_fds_.push_back(udp_);
     for (int r = 1; r < receivers; ++r)
       udp_fds_.push_back(open_socket(SOCK_DGRAM, a, port_of(udp_), true));
+    for (auto& c : per_receiver_) c.store(0);
+    if (receivers > 1) spread_ = spread_by_request_id(udp_, receivers);
     if (tcp_port >= 0) {
       tcp_ = open_socket(SOCK_STREAM, a, tcp_port, false);
       if (::listen(tcp_, 64) != 0) fail("listen");
@@ -299,9 +540,28 @@ class Server {
     if (running_) return;
     running_ = true;
     stop_ = false;
-    for (int fd : udp_fds_) threads_.emplace_back([this, fd] { udp_loop(fd); });
+    if (offload_)
+      for (int fd : udp_fds_) enable_gro(fd);  // refused: runs arrive as single datagrams
+    // With pin_: receivers and workers on one CPU each, in this order, over the CPUs the process
+    // may use (wrapping around when there are more threads than CPUs).
+    const std::vector<int> cpus = pin_ ? allowed_cpus() : std::vector<int>{};
+    std::size_t next_cpu = 0;
+    auto cpu = [&]() { return cpus.empty() ? -1 : cpus[next_cpu++ % cpus.size()]; };
+    for (std::size_t r = 0; r < udp_fds_.size(); ++r) {
+      const int c = cpu(), fd = udp_fds_[r];
+      threads_.emplace_back([this, fd, r, c] {
+        if (c >= 0) pin_to(c);
+        udp_loop(fd, per_receiver_[r]);
+      });
+    }
     if (tcp_ >= 0) threads_.emplace_back([this] { tcp_accept_loop(); });
-    for (auto& w : workers) threads_.emplace_back([this, w] { w(*this); });
+    for (auto& w : workers) {
+      const int c = cpu();
+      threads_.emplace_back([this, w, c] {
+        if (c >= 0) pin_to(c);
+        w(*this);
+      });
+    }
   }
 
   bool pop(std::vector<Job>& jobs, std::size_t most) {
@@ -310,6 +570,11 @@ class Server {
   // Receivers and workers waiting for work spin this long (no sleep, no wake-up latency) before
   // they block; 0: block at once.
   void set_spin(std::int64_t ns) { spin_ns_ = ns; }
+  // Segmentation offload (before start): replies to one peer leave as UDP_SEGMENT runs, and
+  // the receive sockets take runs a client sent that way in one read (UDP_GRO).
+  void set_offload(bool on) { offload_ = on; }
+  // Pin the receivers and workers to one CPU each (before start).
+  void set_pin(bool on) { pin_ = on; }
   bool stopping() const { return stop_; }
 
   // Answers a solved request (UDP replies go into `out`, sent by flush()).
@@ -323,11 +588,20 @@ class Server {
     } else {
       std::uint8_t* b = out.next(wire::reply_bytes(wire::kOk, n), job.addr);
       wire::write_reply(b, wire::kOk, job.req.request_id, energy, residence(job.t_recv), n, signs);
+      out.ok++;  // counted by flush(): one atomic add a batch, not a reply
+      return;
     }
     replies_[wire::kOk]++;
   }
   // Sends the batched UDP replies, through receiver socket `via` (any: all share the port).
-  void flush(UdpBatch& out, std::size_t via = 0) { out.flush(udp_fds_[via % udp_fds_.size()]); }
+  void flush(UdpBatch& out, std::size_t via = 0) {
+    if (out.ok > 0) {
+      replies_[wire::kOk].fetch_add(out.ok, std::memory_order_relaxed);
+      out.ok = 0;
+    }
+    const std::size_t runs = out.flush(udp_fds_[via % udp_fds_.size()], offload_);
+    if (runs > 0) runs_out_ += runs;
+  }
 
   void stop() {
     if (!running_) return;
@@ -362,7 +636,12 @@ class Server {
                                              "bad_length", "too_large", "bad_param", "no_model"};
     for (int i = 0; i < wire::kStatusCount; ++i) s[names[i]] = replies_[i].load();
     s["received"] = received_.load();
+    for (std::size_t r = 0; r < per_receiver_.size(); ++r)  // datagrams each UDP receiver read
+      s["received_udp" + std::to_string(r)] = per_receiver_[r].load();
+    s["spread_by_id"] = spread_ ? 1 : 0;
     s["loads"] = loads_.load();
+    s["runs_in"] = runs_in_.load();    // reads that held a run of datagrams (UDP_GRO)
+    s["runs_out"] = runs_out_.load();  // sends of a run of replies (UDP_SEGMENT)
     s["queue_peak"] = queue_.peak();
     return s;
   }
@@ -385,11 +664,7 @@ class Server {
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (reuse_port) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    if (type == SOCK_DGRAM) {
-      int buf = 64 << 20;  // as much as the kernel allows (net.core.rmem_max caps it)
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-    }
+    if (type == SOCK_DGRAM) size_udp_buffers(fd, 64 << 20);
     a.sin_port = htons(std::uint16_t(port));
     if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
       ::close(fd);
@@ -399,11 +674,10 @@ class Server {
   }
 
   // Parses one request; answers errors and loads at once (into `now`), queues good solves.
-  // Returns true when a job was added to `jobs`.
+  // Returns true when a job was added to `jobs`. The caller counts it received.
   template <typename Reply>
   bool admit(const std::uint8_t* p, std::size_t len, bool truncated, std::vector<Job>& jobs,
              Reply reply) {
-    received_++;
     const std::int64_t t = now_ns();
     wire::Request r{};
     wire::Status st = wire::parse(p, len, r);
@@ -454,13 +728,14 @@ class Server {
     return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
   }
 
-  void udp_loop(int fd) {
+  void udp_loop(int fd, std::atomic<std::uint64_t>& mine) {
     constexpr int kBatch = 64;
-    std::vector<std::vector<std::uint8_t>> bufs(kBatch,
-                                                std::vector<std::uint8_t>(wire::kMaxDatagram));
+    constexpr std::size_t kBuf = 65536;  // a datagram, or a run of them (UDP_GRO)
+    std::vector<std::vector<std::uint8_t>> bufs(kBatch, std::vector<std::uint8_t>(kBuf));
     std::vector<sockaddr_in> from(kBatch);
     std::vector<iovec> iov(kBatch);
     std::vector<mmsghdr> msgs(kBatch);
+    std::vector<std::array<char, 64>> ctrl(kBatch);
     UdpBatch out;
     std::vector<Job> jobs;
     std::int64_t last = 0;  // the last datagram
@@ -469,12 +744,18 @@ class Server {
         pollfd pfd{fd, POLLIN, 0};
         if (::poll(&pfd, 1, 50) <= 0) continue;
       }
-      for (int i = 0; i < kBatch; ++i)
+      for (int i = 0; i < kBatch; ++i) {
         point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &from[i]);
+        if (offload_) {
+          msgs[i].msg_hdr.msg_control = ctrl[i].data();
+          msgs[i].msg_hdr.msg_controllen = ctrl[i].size();
+        }
+      }
       const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (got <= 0) continue;
       last = now_ns();
       jobs.clear();
+      std::uint64_t pieces = 0;  // requests read (a run counts each of its datagrams)
       for (int i = 0; i < got; ++i) {
         const bool truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
         const sockaddr_in peer = from[i];
@@ -484,18 +765,30 @@ class Server {
           wire::write_reply(b, st, id, e, residence(t), n, s);
           replies_[st]++;
         };
-        if (admit(bufs[i].data(), msgs[i].msg_len, truncated, jobs, reply)) {
-          jobs.back().addr = peer;
+        // A run read in one piece (UDP_GRO) holds datagrams of `seg` bytes, the last one maybe
+        // shorter.
+        const std::size_t len = msgs[i].msg_len;
+        const std::size_t seg = offload_ ? gro_segment(msgs[i].msg_hdr) : 0;
+        const std::size_t step = seg > 0 && seg < len ? seg : len;
+        if (step < len) runs_in_++;
+        for (std::size_t off = 0; off < len || off == 0; off += step) {
+          const std::size_t piece = std::min(step, len - off);
+          ++pieces;
+          if (admit(bufs[i].data() + off, piece, truncated, jobs, reply)) jobs.back().addr = peer;
+          if (step == 0) break;
         }
       }
+      received_.fetch_add(pieces, std::memory_order_relaxed);
+      mine.fetch_add(pieces, std::memory_order_relaxed);
       const std::size_t taken = queue_.push(jobs);
       for (std::size_t i = taken; i < jobs.size(); ++i) {  // the queue is full: BUSY, not silence
         std::uint8_t* b = out.next(wire::kReplyHeader, jobs[i].addr);
         wire::write_reply(b, wire::kBusy, jobs[i].req.request_id, 0, residence(jobs[i].t_recv), 0,
                           nullptr);
-        replies_[wire::kBusy]++;
       }
-      out.flush(fd);
+      if (taken < jobs.size()) replies_[wire::kBusy].fetch_add(jobs.size() - taken);
+      const std::size_t runs = out.flush(fd, offload_);
+      if (runs > 0) runs_out_ += runs;
     }
   }
 
@@ -550,6 +843,7 @@ class Server {
       }
       buf.resize(len);
       if (!read_exact(*conn, buf.data(), len)) break;
+      received_++;
       jobs.clear();
       if (admit(buf.data(), len, false, jobs, reply)) {
         jobs.back().tcp = conn;
@@ -566,6 +860,7 @@ class Server {
   std::vector<int> udp_fds_;
   std::atomic<bool> stop_{false}, running_{false};
   std::int64_t spin_ns_ = 0;
+  bool offload_ = false, pin_ = false;
   std::vector<std::thread> threads_;
   std::mutex conns_m_;
   std::vector<std::thread> conn_threads_;
@@ -573,7 +868,9 @@ class Server {
   std::map<std::uint32_t, std::shared_ptr<const Model>> models_;
   std::function<void(Model&)> prepare_;
   std::atomic<std::uint64_t> replies_[wire::kStatusCount] = {};
-  std::atomic<std::uint64_t> received_{0}, loads_{0};
+  std::atomic<std::uint64_t> received_{0}, loads_{0}, runs_in_{0}, runs_out_{0};
+  std::vector<std::atomic<std::uint64_t>> per_receiver_;
+  bool spread_ = false;
 };
 
 }  // namespace csk::dsb::service

@@ -23,11 +23,14 @@ struct Service {
   Server server;
   Backend backend;
   Service(const std::string& host, int udp_port, int tcp_port, std::size_t depth,
-          const std::string& mode, int param, int receivers, int collectors, double spin_us)
+          const std::string& mode, int param, int receivers, int collectors, double spin_us,
+          bool offload, bool pin)
       : server(host, udp_port, tcp_port, depth, receivers), backend(mode, param, collectors) {
     if (!(spin_us >= 0.0 && spin_us <= 1e6))
       throw std::invalid_argument("spin_us must be in [0, 1e6]");
     server.set_spin(std::int64_t(spin_us * 1000.0));
+    server.set_offload(offload);
+    server.set_pin(pin);
     server.set_prepare([this](Model& m) { backend.prepare(m); });
   }
   ~Service() { stop(); }
@@ -45,9 +48,9 @@ void bind_service(nanobind::module_& m, const char* doc) {
   using S = Service<Backend>;
   nb::class_<S>(m, "Server", doc)
       .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int, int, int,
-                    double>(),
+                    double, bool, bool>(),
            "host"_a, "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a, "receivers"_a,
-           "collectors"_a, "spin_us"_a)
+           "collectors"_a, "spin_us"_a, "offload"_a = false, "pin"_a = false)
       .def("start", &S::start)
       .def("stop", &S::stop, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("udp_port", [](S& s) { return s.server.udp_port(); })

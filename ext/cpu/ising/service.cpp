@@ -83,12 +83,14 @@ void cpu_worker(svc::Server& s, bool echo) {
 }
 
 // Sends `count` copies of `request` (request_id = i, seed = seed0 + i) to host:port from
-// `senders` sockets, each with a sending and a receiving thread (request i goes out on socket
-// i % senders): open loop (Poisson arrivals at `rate` per second in all) or closed loop
+// `senders` sockets, each with one thread that both sends and receives (request i goes out on
+// socket i % senders): open loop (Poisson arrivals at `rate` per second in all) or closed loop
 // (`in_flight` outstanding in all). Records per request its send time, round trip (-1: no reply
 // came before every socket was silent for drain_s), status, residence and energy. spin: the
-// receiving threads spin on non-blocking reads instead of sleeping in poll() (a core each, no
-// wake-up latency in the measured round trip).
+// threads spin on non-blocking reads instead of sleeping in poll() between sends (a core each,
+// no wake-up latency in the measured round trip). offload: requests due together leave as one
+// UDP_SEGMENT run, and replies the server sent that way are read as one run (UDP_GRO). pin: the
+// threads are pinned to one CPU each (of those this process may use).
 struct LoadResult {
   std::vector<std::int64_t> sent_ns, recv_ns;
   std::vector<std::int32_t> status;
@@ -98,94 +100,164 @@ struct LoadResult {
 };
 
 void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, double rate,
-              int in_flight, double drain_s, bool spin, std::uint64_t rng_seed,
+              int in_flight, double drain_s, bool spin, bool offload, std::uint64_t rng_seed,
               const std::vector<std::uint8_t>& request, std::int64_t t0, LoadResult& res) {
-  std::atomic<std::size_t> received{0};
-  std::atomic<bool> sending{true};
-  std::atomic<std::int64_t> last_activity{t0};  // the last send or reply
   const std::uint64_t seed0 = wire::load<std::uint64_t>(request.data() + 36);
-  std::size_t mine = first < count ? (count - first + stride - 1) / stride : 0;
-  std::thread rx([&] {
-    constexpr int kBatch = 64;
-    std::vector<std::vector<std::uint8_t>> bufs(kBatch, std::vector<std::uint8_t>(2048));
-    std::vector<iovec> iov(kBatch);
-    std::vector<mmsghdr> msgs(kBatch);
-    while (received < mine) {
-      if (!sending && now_ns() - last_activity > std::int64_t(drain_s * 1e9)) break;
-      if (!spin) {
-        pollfd pfd{fd, POLLIN, 0};
-        if (::poll(&pfd, 1, 20) <= 0) continue;
-      }
-      for (int i = 0; i < kBatch; ++i)
-        svc::point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size());
-      const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
-      const std::int64_t t = now_ns();
-      for (int i = 0; i < got; ++i) {
-        const std::uint8_t* p = bufs[i].data();
-        if (msgs[i].msg_len < wire::kReplyHeader) continue;
-        const std::uint64_t id = wire::load<std::uint64_t>(p + 8);
-        if (id >= count || id % stride != first || res.recv_ns[id] >= 0) continue;
-        res.recv_ns[id] = t;
-        res.status[id] = wire::load<std::uint16_t>(p + 6);
-        res.energy[id] = wire::load<std::int64_t>(p + 16);
-        res.residence_ns[id] = wire::load<std::uint32_t>(p + 24);
-        received++;
-        last_activity = t;
+  const std::size_t mine = first < count ? (count - first + stride - 1) / stride : 0;
+  const std::int64_t drain_ns = std::int64_t(drain_s * 1e9);
+  if (offload) svc::enable_gro(fd);
+  // This socket's requests j = 0, 1, ... (request id first + j * stride), recorded here and
+  // copied into `res` at the end (no cache line shared with the other sockets' threads).
+  LoadResult own;
+  own.sent_ns.assign(mine, -1);
+  own.recv_ns.assign(mine, -1);
+  own.status.assign(mine, -1);
+  own.residence_ns.assign(mine, 0);
+  own.energy.assign(mine, 0);
+
+  constexpr int kRecv = 64;
+  const std::size_t rx_bytes = offload ? 65536 : 2048;
+  std::vector<std::vector<std::uint8_t>> rbufs(kRecv, std::vector<std::uint8_t>(rx_bytes));
+  std::vector<iovec> riov(kRecv);
+  std::vector<mmsghdr> rmsgs(kRecv);
+  std::vector<std::array<char, 64>> rctrl(kRecv);
+  std::size_t received = 0;
+  // Reads what has arrived; returns how many replies it took.
+  auto receive = [&]() -> int {
+    for (int i = 0; i < kRecv; ++i) {
+      svc::point_msg(rmsgs[i], riov[i], rbufs[i].data(), rbufs[i].size());
+      if (offload) {
+        rmsgs[i].msg_hdr.msg_control = rctrl[i].data();
+        rmsgs[i].msg_hdr.msg_controllen = rctrl[i].size();
       }
     }
-  });
+    const int got = ::recvmmsg(fd, rmsgs.data(), kRecv, MSG_DONTWAIT, nullptr);
+    const std::int64_t t = now_ns();
+    int took = 0;
+    for (int i = 0; i < got; ++i) {
+      const std::size_t len = rmsgs[i].msg_len;
+      const std::size_t seg = offload ? svc::gro_segment(rmsgs[i].msg_hdr) : 0;
+      const std::size_t step = seg > 0 && seg < len ? seg : len;
+      for (std::size_t off = 0; step > 0 && off < len; off += step) {
+        const std::uint8_t* p = rbufs[i].data() + off;
+        if (std::min(step, len - off) < wire::kReplyHeader) continue;
+        const std::uint64_t id = wire::load<std::uint64_t>(p + 8);
+        if (id >= count || id % stride != first) continue;
+        const std::size_t j = (id - first) / stride;
+        if (own.recv_ns[j] >= 0) continue;
+        own.recv_ns[j] = t;
+        own.status[j] = wire::load<std::uint16_t>(p + 6);
+        own.energy[j] = wire::load<std::int64_t>(p + 16);
+        own.residence_ns[j] = wire::load<std::uint32_t>(p + 24);
+        ++received;
+        ++took;
+      }
+    }
+    return took;
+  };
 
   std::mt19937_64 rng(rng_seed);
   std::exponential_distribution<double> gap(rate > 0 ? rate : 1.0);
-  constexpr std::size_t kBatch = 32;
-  std::vector<std::vector<std::uint8_t>> bufs(kBatch, request);
-  std::vector<iovec> iov(kBatch);
-  std::vector<mmsghdr> msgs(kBatch);
-  double due = gap(rng);  // seconds after t0 at which the next request is due (open loop)
+  constexpr std::size_t kBatch = 64;
+  const std::size_t L = request.size();
+  // offload: a run of up to `per_run` requests per message (one UDP_SEGMENT send)
+  const std::size_t per_run =
+      offload ? std::min(kBatch, std::max<std::size_t>(1, svc::UdpBatch::kMaxBytes / L)) : 1;
+  std::vector<std::uint8_t> sbuf(L * kBatch);
+  for (std::size_t j = 0; j < kBatch; ++j) std::memcpy(sbuf.data() + L * j, request.data(), L);
+  std::vector<iovec> siov(kBatch);
+  std::vector<mmsghdr> smsgs(kBatch);
+  std::vector<std::array<char, CMSG_SPACE(sizeof(std::uint16_t))>> sctrl(kBatch);
+  std::int64_t due_ns = t0 + std::int64_t(gap(rng) * 1e9);  // the next arrival (open loop)
   std::size_t sent = 0;
-  while (sent < mine) {
+  std::int64_t last_activity = t0;  // the last send or reply
+  while (received < mine) {
+    std::int64_t now = now_ns();
     std::size_t k = 0;
-    if (in_flight > 0) {
-      while (sent + k < mine && k < kBatch && (sent + k) - received.load() < std::size_t(in_flight))
-        ++k;
-    } else {
-      const double now = double(now_ns() - t0) * 1e-9;
-      while (sent + k < mine && k < kBatch && due <= now) {
-        due += gap(rng);
-        ++k;
+    if (sent < mine) {
+      if (in_flight > 0) {
+        while (sent + k < mine && k < kBatch && (sent + k) - received < std::size_t(in_flight)) ++k;
+      } else {
+        while (sent + k < mine && k < kBatch && due_ns <= now) {
+          due_ns += std::int64_t(gap(rng) * 1e9);
+          ++k;
+        }
       }
     }
-    if (k == 0) {  // wait for replies (closed loop) or for the next arrival (open loop)
-      if (in_flight > 0) std::this_thread::yield();
+    if (k > 0) {
+      for (std::size_t j = 0; j < k; ++j) {
+        const std::uint64_t id = first + (sent + j) * stride;
+        wire::store<std::uint64_t>(sbuf.data() + L * j + 8, id);
+        wire::store<std::uint64_t>(sbuf.data() + L * j + 36, seed0 + id);
+      }
+      const std::int64_t t = now_ns();
+      for (std::size_t j = 0; j < k; ++j) own.sent_ns[sent + j] = t;
+      bool segmented = per_run > 1 && k > 1 && svc::gso_usable().load(std::memory_order_relaxed);
+      std::size_t nmsg = 0;
+      for (std::size_t j = 0; j < k; j += segmented ? per_run : 1, ++nmsg) {
+        const std::size_t len = segmented ? std::min(per_run, k - j) : 1;
+        svc::point_msg(smsgs[nmsg], siov[nmsg], sbuf.data() + L * j, L * len);
+        if (len > 1) {
+          mmsghdr& m = smsgs[nmsg];
+          m.msg_hdr.msg_control = sctrl[nmsg].data();
+          m.msg_hdr.msg_controllen = sctrl[nmsg].size();
+          cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr);
+          c->cmsg_level = SOL_UDP;
+          c->cmsg_type = UDP_SEGMENT;
+          c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+          const std::uint16_t seg = std::uint16_t(L);
+          std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+        }
+      }
+      std::size_t done = 0;
+      while (done < nmsg) {
+        const int r = ::sendmmsg(fd, smsgs.data() + done, unsigned(nmsg - done), 0);
+        if (r > 0) {
+          done += std::size_t(r);
+        } else if (segmented && done == 0 &&
+                   (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP ||
+                    errno == ENOPROTOOPT)) {
+          svc::gso_usable().store(false);  // the kernel does not segment: datagram by datagram
+          segmented = false;
+          nmsg = k;
+          for (std::size_t j = 0; j < k; ++j)
+            svc::point_msg(smsgs[j], siov[j], sbuf.data() + L * j, L);
+        } else if (errno != EAGAIN && errno != EINTR && errno != ENOBUFS && errno != ECONNREFUSED) {
+          break;
+        }
+      }
+      sent += k;
+      now = now_ns();
+      last_activity = now;
+    }
+    if (receive() > 0) {
+      last_activity = now_ns();
       continue;
     }
-    for (std::size_t j = 0; j < k; ++j) {
-      const std::uint64_t id = first + (sent + j) * stride;
-      wire::store<std::uint64_t>(bufs[j].data() + 8, id);
-      wire::store<std::uint64_t>(bufs[j].data() + 36, seed0 + id);
-      svc::point_msg(msgs[j], iov[j], bufs[j].data(), bufs[j].size());
-    }
-    const std::int64_t t = now_ns();
-    for (std::size_t j = 0; j < k; ++j) res.sent_ns[first + (sent + j) * stride] = t;
-    std::size_t done = 0;
-    while (done < k) {
-      const int r = ::sendmmsg(fd, msgs.data() + done, unsigned(k - done), 0);
-      if (r > 0) {
-        done += std::size_t(r);
-      } else if (errno != EAGAIN && errno != EINTR && errno != ENOBUFS && errno != ECONNREFUSED) {
-        break;
+    if (sent == mine && now - last_activity > drain_ns) break;  // the rest is lost
+    if (!spin && k == 0) {  // sleep until a reply comes or the next request is due
+      std::int64_t wait_ns = 20'000'000;
+      if (in_flight == 0 && sent < mine) wait_ns = std::min(wait_ns, due_ns - now);
+      if (wait_ns > 0) {
+        pollfd pfd{fd, POLLIN, 0};
+        const timespec ts{time_t(wait_ns / 1'000'000'000), long(wait_ns % 1'000'000'000)};
+        ::ppoll(&pfd, 1, &ts, nullptr);
       }
     }
-    last_activity = now_ns();
-    sent += k;
   }
-  sending = false;
-  rx.join();
+  for (std::size_t j = 0; j < mine; ++j) {
+    const std::size_t id = first + j * stride;
+    res.sent_ns[id] = own.sent_ns[j];
+    res.recv_ns[id] = own.recv_ns[j];
+    res.status[id] = own.status[j];
+    res.residence_ns[id] = own.residence_ns[j];
+    res.energy[id] = own.energy[j];
+  }
 }
 
 LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t> request,
                     std::size_t count, double rate, int in_flight, double drain_s,
-                    std::uint64_t rng_seed, int senders, bool spin) {
+                    std::uint64_t rng_seed, int senders, bool spin, bool offload, bool pin) {
   if (request.size() < wire::kRequestHeader) throw std::invalid_argument("request too short");
   if (senders < 1) throw std::invalid_argument("senders must be >= 1");
   sockaddr_in to{};
@@ -197,9 +269,7 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   for (int k = 0; k < senders; ++k) {
     const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
     if (fd < 0) throw std::runtime_error("socket failed");
-    int buf = 64 << 20;
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    svc::size_udp_buffers(fd, 64 << 20);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
       for (int f : fds) ::close(f);
       ::close(fd);
@@ -216,10 +286,12 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   const std::int64_t t0 = now_ns();
   std::vector<std::thread> threads;
   const int flight = in_flight > 0 ? std::max(1, in_flight / senders) : 0;
+  const std::vector<int> cpus = pin ? svc::allowed_cpus() : std::vector<int>{};
   for (int k = 0; k < senders; ++k)
     threads.emplace_back([&, k] {
+      if (!cpus.empty()) svc::pin_to(cpus[std::size_t(k) % cpus.size()]);
       load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               spin, rng_seed + std::uint64_t(k), request, t0, res);
+               spin, offload, rng_seed + std::uint64_t(k), request, t0, res);
     });
   for (auto& t : threads) t.join();
   for (int f : fds) ::close(f);
@@ -267,7 +339,8 @@ void bind_ising_service(nb::module_& m) {
   m.def(
       "loadgen",
       [](const std::string& host, int port, nb::bytes request, std::size_t count, double rate,
-         int in_flight, double drain_s, std::uint64_t rng_seed, int senders, bool spin) {
+         int in_flight, double drain_s, std::uint64_t rng_seed, int senders, bool spin,
+         bool offload, bool pin) {
         std::vector<std::uint8_t> req(
             static_cast<const std::uint8_t*>(request.data()),
             static_cast<const std::uint8_t*>(request.data()) + request.size());
@@ -275,7 +348,7 @@ void bind_ising_service(nb::module_& m) {
         {
           nb::gil_scoped_release release;
           r = run_load(host, port, std::move(req), count, rate, in_flight, drain_s, rng_seed,
-                       senders, spin);
+                       senders, spin, offload, pin);
         }
         return nb::make_tuple(csk::to_numpy(std::move(r.sent_ns), {count}),
                               csk::to_numpy(std::move(r.recv_ns), {count}),
@@ -284,7 +357,7 @@ void bind_ising_service(nb::module_& m) {
                               csk::to_numpy(std::move(r.energy), {count}), r.send_s);
       },
       "host"_a, "port"_a, "request"_a, "count"_a, "rate"_a, "in_flight"_a, "drain_s"_a,
-      "rng_seed"_a, "senders"_a, "spin"_a = false,
+      "rng_seed"_a, "senders"_a, "spin"_a = false, "offload"_a = false, "pin"_a = false,
       "Send `count` copies of a request (ids 0.., seeds seed+i) from `senders` sockets, open loop "
       "at `rate`/s (Poisson) "
       "or closed loop with `in_flight` outstanding: (sent_ns, rtt_ns, status, residence_ns, "

@@ -695,11 +695,15 @@ int Resident::poll(std::vector<Done>& out, int part, int parts) {
   return got;
 }
 
-void Resident::release(std::uint64_t slot) {
+void Resident::release(std::uint64_t slot) { release(&slot, 1); }
+
+void Resident::release(const std::uint64_t* slots, int count) {
   Impl& r = *impl_;
-  const int k = int(slot / r.nslots), i = int(slot % r.nslots);
-  r.ring[k].busy[i].store(0, std::memory_order_release);
-  r.inflight--;
+  for (int j = 0; j < count; ++j) {
+    const int k = int(slots[j] / r.nslots), i = int(slots[j] % r.nslots);
+    r.ring[k].busy[i].store(0, std::memory_order_release);
+  }
+  r.inflight.fetch_sub(std::uint64_t(count));  // one shared update for the lot
 }
 
 // ---- one launch per request -----------------------------------------------------------------

@@ -76,6 +76,7 @@ class Resident {
   // Each stays reported until release(slot). Several collectors may poll disjoint parts.
   int poll(std::vector<Done>& out, int part = 0, int parts = 1);
   void release(std::uint64_t slot);
+  void release(const std::uint64_t* slots, int count);  // several at once
   std::uint64_t in_flight() const;
 
  private:

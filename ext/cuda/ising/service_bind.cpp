@@ -7,6 +7,7 @@
 #ifdef __linux__
 #include <nanobind/nanobind.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -41,7 +42,17 @@ struct GpuWorkers {
   std::unique_ptr<gi::Resident> resident;
   std::vector<svc::Job> held;  // resident: the job of each ring slot
   std::atomic<bool> feeder_done{false};
-  std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0};  // resident: device time
+  // Resident counters, each thread adding its sums once a batch, the feeder's and the
+  // collectors' on cache lines of their own: the device time of the solves, receipt to the
+  // reply (the whole residence), and receipt to submission (the queue and the feeder); a
+  // residence less both is the wait for the kernel to pick the request up and for a collector
+  // to find it done.
+  struct alignas(64) {
+    std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0}, reply_ns{0};
+  } done_stats;
+  struct alignas(64) {
+    std::atomic<std::uint64_t> fed{0}, wait_ns{0};
+  } feed_stats;
 
   GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
     if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
@@ -95,6 +106,10 @@ struct GpuWorkers {
           const gi::Task task = task_of(job);
           std::int64_t slot;
           while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+          // counted before the submit (a line only this thread writes): fed >= solved always
+          feed_stats.wait_ns.fetch_add(std::uint64_t(svc::now_ns() - job.t_recv),
+                                       std::memory_order_relaxed);
+          feed_stats.fed.fetch_add(1, std::memory_order_relaxed);
           held[std::size_t(slot)] = std::move(job);
           resident->submit(task);
         }
@@ -103,6 +118,7 @@ struct GpuWorkers {
     };
     auto collector = [this](svc::Server& s, int part) {
       std::vector<gi::Done> done;
+      std::vector<std::uint64_t> slots;
       svc::UdpBatch out;
       while (true) {
         done.clear();
@@ -111,18 +127,26 @@ struct GpuWorkers {
           std::this_thread::yield();
           continue;
         }
+        std::uint64_t dev_ns = 0, dev_max = 0, res_ns = 0;
+        slots.clear();
         for (const gi::Done& d : done) {
           svc::Job& job = held[d.slot];
-          s.reply_ok(job, d.energy, d.signs, out);
-          solved++;
-          solve_ns += d.solve_ns;
-          std::uint64_t m = solve_max_ns.load();
-          while (d.solve_ns > m && !solve_max_ns.compare_exchange_weak(m, d.solve_ns)) {
-          }
+          s.reply_ok(job, d.energy, d.signs, out);  // copies the spins out of the slot
+          res_ns += std::uint64_t(svc::now_ns() - job.t_recv);
+          dev_ns += d.solve_ns;
+          dev_max = std::max<std::uint64_t>(dev_max, d.solve_ns);
           job.model.reset();
           job.tcp.reset();
-          resident->release(d.slot);
+          slots.push_back(d.slot);
         }
+        resident->release(slots.data(), int(slots.size()));
+        auto& st = done_stats;
+        st.solve_ns.fetch_add(dev_ns, std::memory_order_relaxed);
+        st.reply_ns.fetch_add(res_ns, std::memory_order_relaxed);
+        std::uint64_t m = st.solve_max_ns.load();
+        while (dev_max > m && !st.solve_max_ns.compare_exchange_weak(m, dev_max)) {
+        }
+        st.solved.fetch_add(done.size());  // last: a reader seeing it sees the sums
         s.flush(out, std::size_t(part));
       }
     };
@@ -136,9 +160,12 @@ struct GpuWorkers {
 
   void add_stats(std::map<std::string, std::uint64_t>& st) {
     if (mode != "resident") return;
-    st["device_solved"] = solved.load();
-    st["device_solve_ns"] = solve_ns.load();
-    st["device_solve_max_ns"] = solve_max_ns.load();
+    st["device_solved"] = done_stats.solved.load();
+    st["device_solve_ns"] = done_stats.solve_ns.load();
+    st["device_solve_max_ns"] = done_stats.solve_max_ns.load();
+    st["reply_ns"] = done_stats.reply_ns.load();
+    st["fed"] = feed_stats.fed.load();
+    st["feed_wait_ns"] = feed_stats.wait_ns.load();
   }
 
   std::string info() {
