@@ -8,7 +8,8 @@
 # stops DEADLINE seconds after the start (default 130); CACHE=DIR holds reference energies and
 # integrals made elsewhere (accuracy_small.py --cache); SEEDS (default 0,1,2); ITERS (default:
 # the default iteration count); DEVICE (default cuda, cpu for a dry run). Logs, JSON and
-# histories land in $OUT; GPU use and load are sampled every 10 s into $OUT/gpu.log.
+# histories land in $OUT (JSON beside acc_histories.tgz, which holds the histories, the logs and
+# gpu.log: GPU use and load sampled every 10 s).
 #   usage (device tool): [DEADLINE=S] [CACHE=DIR] bash tools/device_accuracy_set.sh GROUP...
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
@@ -16,7 +17,7 @@ out=${OUT:-out}
 mkdir -p "$out/acc"
 root=$(pwd)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-nproc
+nproc --all
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 mps=0
@@ -52,4 +53,6 @@ for group in "$@"; do
   label=${group%%|*}
   grep -v "^\S* seed [0-9]*:" "$out/acc_$label.log" | tail -40
 done
+# one archive (the device tool returns a limited number of files): histories, logs, GPU samples
+mv "$out"/acc_*.log "$out/gpu.log" "$out/acc/"
 tar czf "$out/acc_histories.tgz" -C "$out" acc && rm -rf "$out/acc"
