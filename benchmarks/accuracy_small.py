@@ -8,13 +8,23 @@ iteration, the first iteration from which both estimators stay within chemical a
 seeds. Histories go to --out (CSV per system and seed).
 
     python benchmarks/accuracy_small.py [--iters 2000] [--seeds 0,1,2] [--device cpu|cuda]
-        [systems...]
+        [--jobs N] [--cache DIR] [--json-out FILE] [systems...]
 
 Systems: the bundled molecules by name; lattices as ``Hubbard-<L>-<chain|ring>-U<U>`` (half
 filling, the default RHF working basis) or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``; and
 ``H6-stretched`` (a linear H6 chain with 2.0 Angstrom bonds in STO-3G, needs PySCF). The
 reference of a system without a bundled one is its FCI energy (`cuscikit.FCI`). ``--set
-lattice`` runs the molecule-and-lattice set, ``--set quick`` its smallest cases (a CPU run).
+lattice`` runs the molecule-and-lattice set (molecules, stretched bonds, Hubbard chains and rings
+at U = 2, 4 and 8, up to 12 sites), ``--set quick`` its smallest cases (a CPU run).
+
+``--jobs N`` runs N (system, seed) pairs at once in separate processes (one thread each unless
+--threads says otherwise): on a GPU, many small runs side by side keep it busier than one after
+another (start the CUDA MPS daemon first, ``nvidia-cuda-mps-control -d``, so that their kernels
+overlap). ``--cache DIR`` keeps each system's reference energy, and the integrals of a system
+that needs PySCF as an FCIDUMP, so a machine without PySCF, or one where the FCI of a 12-site
+lattice would cost minutes, reuses them. ``--deadline S`` stops every run S seconds after the
+script started, so a time-limited call returns all rows; ``--json-out`` writes the rows and the
+per-system summary.
 
 With --checkpoint-dir a run longer than one call (e.g. one 10-minute device call) continues
 where the last call stopped: each system and seed keeps DIR/<slug>_seed<N>.h5 and resumes from
@@ -25,13 +35,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 from cuscikit import FCI, Molecule
 from cuscikit.nnqs import Ansatz, Callback, LearningRateDecay, Runner
@@ -42,16 +55,16 @@ HARD_SET = ["N2-stretched", "H8-chain", "O2-triplet"]
 LATTICE_SET = [
     "LiH",
     "H2O",
-    "H8-chain",
     "N2-stretched",
+    "H8-chain",
     "H6-stretched",
     "Hubbard-6-ring-U2",
     "Hubbard-6-ring-U4",
     "Hubbard-6-ring-U8",
     "Hubbard-8-chain-U4",
+    "Hubbard-8-chain-U8",
     "Hubbard-10-chain-U4",
     "Hubbard-12-ring-U4",
-    "Hubbard-4x3-open-U4",
 ]
 QUICK_SET = [
     "LiH",
@@ -69,37 +82,59 @@ PT2_GOAL = 0.5e-3
 _HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)$")
 
 
-def build_system(name: str):
-    """(molecule, reference energy, slug) of a benchmark system name (see the module doc)."""
+def build_system(name: str, cache: str | None = None):
+    """(molecule, reference energy, slug) of a benchmark system name (see the module doc).
+
+    With `cache`, the reference (and the integrals of a system PySCF builds) are read from that
+    folder when there and written to it when not."""
     m = _HUBBARD.match(name)
+    slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    refs_path = Path(cache) / "references.json" if cache else None
+    refs = json.loads(refs_path.read_text()) if refs_path and refs_path.exists() else {}
     if m:
         lx, ly, bc, u = m.groups()
         shape = int(lx) if ly is None else (int(lx), int(ly))
         mol = Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
     elif name == "H6-stretched":
-        from pyscf import gto
+        dump = Path(cache) / f"{slug}.fcidump" if cache else None
+        if dump is not None and dump.exists():
+            mol = Molecule.from_fcidump(dump, name=name)
+        else:
+            from pyscf import gto
 
-        atoms = [("H", (0.0, 0.0, 2.0 * i)) for i in range(6)]
-        mol = Molecule.from_pyscf(gto.M(atom=atoms, basis="sto-3g", verbose=0), name=name)
+            atoms = [("H", (0.0, 0.0, 2.0 * i)) for i in range(6)]
+            mol = Molecule.from_pyscf(gto.M(atom=atoms, basis="sto-3g", verbose=0), name=name)
+            if dump is not None:
+                dump.parent.mkdir(parents=True, exist_ok=True)
+                mol.to_fcidump(dump)
     else:
         mol = Molecule.load(name)
         return mol, mol.metadata["reference"]["energy"], mol.metadata["slug"]
-    slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
-    return mol, FCI(mol).run().e_tot, slug
+    if name in refs:
+        return mol, float(refs[name]), slug
+    ref = FCI(mol, nroots=1, max_cycle=2000).run().e_tot
+    if refs_path is not None:
+        refs_path.parent.mkdir(parents=True, exist_ok=True)
+        refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
+        refs[name] = ref
+        refs_path.write_text(json.dumps(refs, indent=1) + "\n")
+    return mol, ref, slug
 
 
 class TimeLimit(Callback):
-    """Stop a run after `seconds` of wall time."""
+    """Stop a run after `seconds` of wall time, or at the wall-clock time `stop_at` (epoch s)."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float | None, stop_at: float | None = None):
         self.seconds = seconds
+        self.stop_at = stop_at
         self.t0 = time.perf_counter()
 
     def on_run_start(self, runner) -> None:
         self.t0 = time.perf_counter()
 
     def on_step_end(self, runner, row) -> bool:
-        return time.perf_counter() - self.t0 > self.seconds
+        late = self.stop_at is not None and time.time() > self.stop_at
+        return late or (self.seconds is not None and time.perf_counter() - self.t0 > self.seconds)
 
 
 def first_stable_hit(err_c: np.ndarray, err_v: np.ndarray) -> int | None:
@@ -112,6 +147,7 @@ def first_stable_hit(err_c: np.ndarray, err_v: np.ndarray) -> int | None:
 
 
 def main() -> None:
+    t_start = time.time()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("systems", nargs="*")
     ap.add_argument("--set", choices=sorted(SETS), default="small", help="systems if none given")
@@ -123,8 +159,20 @@ def main() -> None:
         "--max-seconds",
         type=float,
         default=None,
-        help="stop a system's run after this long (the table says how far it got)",
+        help="stop each run after this long (the table says how far it got)",
     )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="stop every run this many seconds after the script started",
+    )
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch threads per run (default: 1 with --jobs)"
+    )
+    ap.add_argument("--cache", default=None, help="folder of reference energies and integrals")
+    ap.add_argument("--json-out", default=None, help="also write the rows to this JSON file")
     ap.add_argument(
         "--compile", action="store_true", help="torch.compile the inference over the unique set"
     )
@@ -157,25 +205,45 @@ def main() -> None:
     args = ap.parse_args()
     systems = args.systems or SETS[args.set]
     seeds = [int(v) for v in args.seeds.split(",")]
-    ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    for name in systems:
+        if not (_HUBBARD.match(name) or name == "H6-stretched"):
+            Molecule.load(name)  # an unknown name fails here, before any run
+    json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    stop_at = None if args.deadline is None else t_start + args.deadline
+    refs = {}
+    for name in systems:  # references once per system, before the runs
+        refs[name] = build_system(name, args.cache)[1]
+    tasks = [(vars(args), name, refs[name], seed, stop_at) for name in systems for seed in seeds]
+    if args.jobs == 1:
+        results = [run_task(*t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(run_task, *t) for t in tasks]
+            results = []
+            for t, f in zip(tasks, futures, strict=True):
+                try:
+                    results.append(f.result())
+                except Exception as exc:  # one failed run must not hide the others
+                    print(f"{t[1]} seed {t[3]}: FAILED: {exc!r}", flush=True)
+    rows = [r["row"] for r in results]
     summary: dict[str, list] = {}
-    for name in systems:
-        mol, ref, slug = build_system(name)
-        for seed in seeds:
-            rows.append(
-                run_one(args, name, mol, ref, f"{slug}_seed{seed}", seed, ansatz_kw, runner_kw, out)
-            )
-            summary.setdefault(name, []).append(rows[-1])
+    for r in results:
+        summary.setdefault(r["system"], []).append(r)
+    ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
     extra = (
         f"{' but ' + args.ansatz if ansatz_kw else ''}{' but ' + args.runner if runner_kw else ''}"
         f"{' but lr decay ' + args.lr_decay if args.lr_decay != default_decay else ''}"
     )
-    print_table(
+    title = (
         f"NNQS-SCI accuracy, default settings{extra}, {args.iters} iterations, "
-        f"on {machine()} ({args.device})",
+        f"on {machine()} ({args.device}, {args.jobs} run(s) at once)"
+    )
+    print_table(
+        title,
         [
             "system",
             "qubits",
@@ -189,15 +257,16 @@ def main() -> None:
             "|S|",
             "run s",
         ],
-        [r[:-1] for r in rows],
+        rows,
     )
     table = []
     for name, runs in summary.items():
-        worst = np.max(np.abs(np.array([r[-1] for r in runs])), axis=0) * 1e3
+        worst = np.max(np.abs(np.array([r["errors"] for r in runs])), axis=0) * 1e3
         table.append(
             [
                 name,
-                ",".join(str(r[3]) for r in runs),
+                ",".join(str(r["seed"]) for r in runs),
+                min(r["iterations"] for r in runs),
                 f"{worst[0]:.3f}",
                 f"{worst[1]:.3f}",
                 f"{worst[2]:.3f}",
@@ -205,16 +274,50 @@ def main() -> None:
                 "yes" if worst[2] < PT2_GOAL * 1e3 else "no",
             ]
         )
+    anchor = f"variational < {CHEMICAL_ACCURACY * 1e3} mHa, PT2-corrected < {PT2_GOAL * 1e3} mHa"
     print_table(
-        f"Largest |error| over the seeds (goals: variational < {CHEMICAL_ACCURACY * 1e3} mHa, "
-        f"PT2-corrected < {PT2_GOAL * 1e3} mHa){extra}",
-        ["system", "seeds", "coupled", "variational", "PT2", "var goal", "PT2 goal"],
+        f"Largest |error| over the seeds (goals: {anchor}){extra}",
+        [
+            "system",
+            "seeds",
+            "fewest iters",
+            "coupled",
+            "variational",
+            "PT2",
+            "var goal",
+            "PT2 goal",
+        ],
         table,
+    )
+    if args.json_out:
+        write_json(
+            args.json_out,
+            "accuracy_small.py",
+            f"every system and seed: {anchor} against FCI at <= {DEFAULT_ITERATIONS} iterations",
+            args,
+            [{k: v for k, v in r.items() if k != "row"} for r in results],
+            note=f"{args.device}, {args.jobs} run(s) at once",
+        )
+
+
+def run_task(opts: dict, name: str, ref: float, seed: int, stop_at: float | None) -> dict:
+    """One run of one system and seed (in this process or a worker); its result."""
+    args = argparse.Namespace(**opts)
+    threads = args.threads or (1 if args.jobs > 1 else None)
+    if threads:
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    mol, _, slug = build_system(name, args.cache)
+    out = Path(args.out)
+    ansatz_kw, runner_kw = json.loads(args.ansatz), json.loads(args.runner)
+    return run_one(
+        args, name, mol, ref, f"{slug}_seed{seed}", seed, ansatz_kw, runner_kw, out, stop_at
     )
 
 
-def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out):
-    """One run of one system and seed; its table row (last item: the three final errors)."""
+def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out, stop_at=None):
+    """One run of one system and seed; its result (``row``: the table row)."""
+    t_wall = time.perf_counter()
     ansatz = Ansatz.for_molecule(mol, seed=seed, device=args.device, **ansatz_kw)
     runner = Runner(
         mol,
@@ -232,7 +335,9 @@ def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out):
         if ckpt.exists():
             runner.load(str(ckpt))
             print(f"{name}: resumed from {ckpt} at iteration {runner.iteration}", flush=True)
-    callbacks = [TimeLimit(args.max_seconds)] if args.max_seconds else []
+    callbacks = []
+    if args.max_seconds or stop_at:
+        callbacks.append(TimeLimit(args.max_seconds, stop_at))
     if args.lr_decay != "none":
         frac, lr_final = (float(v) for v in args.lr_decay.split(","))
         callbacks.append(LearningRateDecay.over_tail(args.iters, frac, lr_final))
@@ -249,13 +354,14 @@ def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out):
     last = h.iloc[-1]
     hit = first_stable_hit(h["error"].to_numpy(), h["error_variational"].to_numpy())
     errs = (float(last["error"]), float(last["error_variational"]), float(last["error_pt2"]))
+    n_space = int(last["n_space_next"])
     print(
         f"{name} seed {seed}: coupled {errs[0] * 1e3:+.3f} mHa, variational "
         f"{errs[1] * 1e3:+.3f}, PT2-corrected {errs[2] * 1e3:+.3f} after {len(h)} iterations, "
-        f"|S| {int(last['n_space_next'])}, {wall:.0f} s",
+        f"|S| {n_space}, {wall:.0f} s",
         flush=True,
     )
-    return [
+    row = [
         name,
         2 * mol.norb,
         f"{ref:.8f}",
@@ -265,10 +371,26 @@ def run_one(args, name, mol, ref, tag, seed, ansatz_kw, runner_kw, out):
         f"{errs[2] * 1e3:+.3f}",
         hit if hit else "-",
         len(h),
-        int(last["n_space_next"]),
+        n_space,
         f"{wall:.0f}",
-        errs,
     ]
+    return {
+        "system": name,
+        "seed": seed,
+        "qubits": 2 * mol.norb,
+        "e_fci": ref,
+        "errors": errs,
+        "error_coupled": errs[0],
+        "error_variational": errs[1],
+        "error_pt2": errs[2],
+        "within_from": hit,
+        "iterations": len(h),
+        "n_space": n_space,
+        "n_space_max": int(h["n_space_next"].max()),
+        "run_s": wall,
+        "wall_s": time.perf_counter() - t_wall,
+        "row": row,
+    }
 
 
 if __name__ == "__main__":

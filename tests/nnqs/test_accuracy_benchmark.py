@@ -1,0 +1,56 @@
+"""benchmarks/accuracy_small.py: the reference cache and runs side by side (--jobs)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuscikit import FCI, Molecule
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def accuracy_small(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import accuracy_small
+
+    return accuracy_small
+
+
+def test_cache_keeps_the_fci_reference(accuracy_small, tmp_path, monkeypatch):
+    mol, ref, slug = accuracy_small.build_system("Hubbard-6-ring-U4", str(tmp_path))
+    assert slug == "hubbard_6_ring_u4"
+    stored = json.loads((tmp_path / "references.json").read_text())
+    assert stored == {"Hubbard-6-ring-U4": ref}
+    exact = FCI(Molecule.hubbard(6, U=4.0, pbc=True), nroots=1).run().e_tot
+    assert abs(ref - exact) < 1e-9
+    # a second build reads the cache instead of solving again
+    monkeypatch.setattr(accuracy_small, "FCI", None)
+    assert accuracy_small.build_system("Hubbard-6-ring-U4", str(tmp_path))[1] == ref
+
+
+def test_unknown_system_fails_before_any_run(accuracy_small, tmp_path, monkeypatch):
+    argv = ["accuracy_small.py", "LiH", "NoSuchMolecule", "--out", str(tmp_path / "h")]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(accuracy_small, "run_task", None)  # a run would fail differently
+    with pytest.raises(Exception, match="NoSuchMolecule"):
+        accuracy_small.main()
+
+
+@pytest.mark.slow
+def test_jobs_give_the_rows_of_one_after_another(tmp_path):
+    """Two processes side by side give the same final errors as one process running both."""
+    rows = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}.json"
+        cmd = [sys.executable, str(BENCH / "accuracy_small.py"), "LiH", "--seeds", "0,1"]
+        cmd += ["--iters", "3", "--device", "cpu", "--threads", "1", "--jobs", str(jobs)]
+        cmd += ["--out", str(tmp_path / f"h{jobs}"), "--json-out", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path, timeout=600)
+        doc = json.loads(out.read_text())
+        rows[jobs] = [(r["seed"], r["iterations"], r["errors"]) for r in doc["rows"]]
+    assert [r[0] for r in rows[1]] == [0, 1]
+    assert rows[1] == rows[2]
