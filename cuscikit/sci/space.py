@@ -170,7 +170,9 @@ class SCISpace:
                 max_iter=max_iter,
                 residual_tol=residual_tol,
             )
-            if not res.converged:
+            # The extra roots only keep the lowest from being missed: a solve whose requested
+            # roots meet the residual tolerance is accepted even if an extra one lags.
+            if not res.converged and not np.all(res.residual_norms[:nroots] < residual_tol):
                 raise RuntimeError(
                     f"Davidson did not converge in {res.iterations} iterations "
                     f"(residuals {res.residual_norms})"

@@ -128,3 +128,31 @@ def test_davidson_finds_lowest_root_behind_a_bad_guess():
     res = davidson(lambda v: a @ v, np.diag(a).copy(), nroots=3, tol=1e-12)
     assert res.converged
     np.testing.assert_allclose(res.energies, np.linalg.eigvalsh(a)[:3], atol=1e-10)
+
+
+@pytest.mark.parametrize("lagging_root, accepted", [(2, True), (0, False)])
+def test_exact_energy_judges_only_the_requested_roots(monkeypatch, lagging_root, accepted):
+    # Davidson solves three roots for one; a lagging extra root must not fail the solve, a
+    # lagging requested root must.
+    import importlib
+
+    dav = importlib.import_module("cuscikit.linalg.davidson")
+
+    real = dav.davidson
+
+    def lagging(*args, **kwargs):
+        res = real(*args, **kwargs)
+        res.residual_norms = np.array(res.residual_norms, dtype=float)
+        res.residual_norms[lagging_root] = 1e-3
+        res.converged = False
+        return res
+
+    monkeypatch.setattr(dav, "davidson", lagging)
+    h1, g, ecore = random_integrals(7, seed=11)
+    space = SCISpace.full(Hamiltonian(h1, g, ecore, nelec=(3, 3)))
+    ref = space.exact_energy(method="dense")
+    if accepted:
+        assert abs(space.exact_energy(method="davidson") - ref) < 1e-9
+    else:
+        with pytest.raises(RuntimeError, match="did not converge"):
+            space.exact_energy(method="davidson")
