@@ -61,6 +61,14 @@ def random_integrals(norb: int, seed: int = 0, scale: float = 0.1):
     return h1, g, 0.7
 
 
+def packed_random_integrals(norb: int, seed: int):
+    """`random_integrals` (scale 0.1) as h1, the 4-fold packed ERIs and the full tensor."""
+    from cuscikit.chem.integrals import restore_eri
+
+    h1, g, _ = random_integrals(norb, seed)
+    return h1, np.ascontiguousarray(restore_eri(g, norb, 4)), g
+
+
 def hubbard_integrals(n: int, u: float):
     """1-D Hubbard ring (periodic): hopping -1 between neighbours, on-site U."""
     h1 = np.zeros((n, n))

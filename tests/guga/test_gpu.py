@@ -17,23 +17,10 @@ from cuscikit import _core
 from cuscikit.guga import DRT, GUGASolver
 from cuscikit.guga.gpu import GpuEngine, generator_map
 from cuscikit.guga.sigma import Engine, pair_index
+from tests.conftest import packed_random_integrals
 
 # (norb, nelec, 2S): closed and open shells, below and above half filling, high spin
 SPACES = [(6, 6, 0), (7, 6, 2), (8, 7, 1), (8, 8, 4), (9, 11, 3), (10, 8, 0)]
-
-
-def _integrals(n: int, seed: int):
-    """Random h1 and 4-fold ERIs with the symmetry of real orbitals."""
-    from cuscikit.chem.integrals import restore_eri
-
-    rng = np.random.default_rng(seed)
-    h1 = rng.standard_normal((n, n))
-    h1 = 0.5 * (h1 + h1.T)
-    g = 0.1 * rng.standard_normal((n,) * 4)
-    g = g + g.transpose(1, 0, 2, 3)
-    g = g + g.transpose(0, 1, 3, 2)
-    g = g + g.transpose(2, 3, 0, 1)
-    return h1, np.ascontiguousarray(restore_eri(g, n, 4)), g
 
 
 def _operator(n: int, seed: int):
@@ -91,7 +78,7 @@ def test_rows_diagonal_and_generators_match_cpu_engine(space):
     drt = DRT(*space)
     n = drt.norb
     rows, eng = _rows_drt(drt), Engine(drt)
-    h1, g4, g = _integrals(n, 3)
+    h1, g4, g = packed_random_integrals(n, 3)
     K = np.einsum("pqqp->pq", g)
     J = np.einsum("ppqq->pq", g)
     hp = np.diag(h1) - 0.5 * K.sum(axis=1)
@@ -165,7 +152,7 @@ def test_engine_tiles_and_chunks_on_host_twin(space, split):
     c = np.random.default_rng(6).standard_normal(drt.n_csf)
     ref = Engine(drt).contract(c, V, h)
     assert _rel(gpu.contract(c, V, h), ref) < 1e-13
-    h1, g4, _ = _integrals(n, 7)
+    h1, g4, _ = packed_random_integrals(n, 7)
     assert np.abs(gpu.diagonal(h1, g4) - Engine(drt).diagonal(h1, g4)).max() < 1e-12
     d1, M = gpu.generator_products(c, c)
     d1r, Mr = Engine(drt).generator_products(c, c)
@@ -229,7 +216,7 @@ def test_cuda_device_without_gpu_is_a_clear_error():
 
     if cuda_available():
         pytest.skip("a GPU is present: the error path cannot be reached")
-    h1, g4, _ = _integrals(4, 0)
+    h1, g4, _ = packed_random_integrals(4, 0)
     with pytest.raises(CudaUnavailableError):
         GUGASolver(device="cuda").kernel(h1, g4, 4, (2, 2))
     with pytest.raises(ValueError, match="device must be"):
@@ -255,7 +242,7 @@ def test_gpu_sigma_matches_cpu(space):
         assert _rel(gpu.contract(c, V, h), ref) < 1e-12
         assert _rel(chunked.contract(c, V, h), ref) < 1e-12
         assert _rel(warps.contract(c, V, h), ref) < 1e-12
-    h1, g4, _ = _integrals(n, 14)
+    h1, g4, _ = packed_random_integrals(n, 14)
     assert np.abs(gpu.diagonal(h1, g4) - eng.diagonal(h1, g4)).max() < 1e-12
     d1r, Mr = eng.generator_products(c, c)
     for e in (gpu, warps):
@@ -297,7 +284,7 @@ def test_gpu_factored_sigma_and_energies_match_cpu(space):
     for seed in (26, 27):
         c = np.random.default_rng(seed).standard_normal(drt.n_csf)
         assert _rel(gpu.contract(c, (A, B), h), eng.contract(c, (A, B), h)) < 1e-12
-    h1, _, _ = _integrals(n, 28)
+    h1, _, _ = packed_random_integrals(n, 28)
     Z = 0.1 * rng.standard_normal((npair, 2 * n))
     g4 = Z @ Z.T  # positive semidefinite of rank 2 n: a Cholesky factor of 2 n columns
     L = cholesky_pairs(g4, 1e-12)
@@ -313,7 +300,7 @@ def test_gpu_factored_sigma_and_energies_match_cpu(space):
 @pytest.mark.parametrize("space,nroots", [((8, 8, 0), 3), ((9, 9, 3), 2), ((10, 10, 2), 1)])
 def test_gpu_solver_energies_match_cpu(space, nroots):
     n, N, twos = space
-    h1, g4, _ = _integrals(n, 17)
+    h1, g4, _ = packed_random_integrals(n, 17)
     nelec = ((N + twos) // 2, (N - twos) // 2)
     opts = dict(nroots=nroots, conv_tol=1e-12, davidson_only=True, max_cycle=200)
     e_cpu, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
@@ -358,7 +345,7 @@ def test_solver_device_flow_on_host_twin(monkeypatch):
         return real(drt, "cpu", None, reserve, tile_rows=200, kernels=_HostKernels())
 
     monkeypatch.setattr(gpu_mod, "GpuEngine", host_engine)
-    h1, g4, _ = _integrals(7, 21)
+    h1, g4, _ = packed_random_integrals(7, 21)
     opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200)
     e_cpu, ci_cpu = GUGASolver(spin=1, **opts).kernel(h1, g4, 7, (4, 3))
     solver = GUGASolver(spin=1, device="cuda", **opts)

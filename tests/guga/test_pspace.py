@@ -10,6 +10,7 @@ import torch
 from cuscikit.guga import DRT, GUGASolver
 from cuscikit.guga.pspace import PSpacePreconditioner, pspace_hamiltonian
 from cuscikit.guga.sigma import Engine
+from tests.conftest import packed_random_integrals
 
 
 def _operator(n: int, seed: int):
@@ -17,19 +18,6 @@ def _operator(n: int, seed: int):
     npair = n * (n + 1) // 2
     V = rng.standard_normal((npair, npair))
     return 0.5 * (V + V.T), rng.standard_normal(npair)
-
-
-def _integrals(n: int, seed: int):
-    from cuscikit.chem.integrals import restore_eri
-
-    rng = np.random.default_rng(seed)
-    h1 = rng.standard_normal((n, n))
-    h1 = 0.5 * (h1 + h1.T)
-    g = 0.1 * rng.standard_normal((n,) * 4)
-    g = g + g.transpose(1, 0, 2, 3)
-    g = g + g.transpose(0, 1, 3, 2)
-    g = g + g.transpose(2, 3, 0, 1)
-    return h1, np.ascontiguousarray(restore_eri(g, n, 4))
 
 
 @pytest.mark.parametrize("space", [(6, 6, 0), (7, 6, 2), (8, 7, 1), (9, 11, 3)])
@@ -65,7 +53,7 @@ def test_pspace_rejects_bad_input():
     with pytest.raises(ValueError, match="diag must"):
         pspace_hamiltonian(drt, [0, 1], V, h, diag=[0.0])
     with pytest.raises(ValueError, match="precond must be"):
-        h1, g4 = _integrals(6, 4)
+        h1, g4, _ = packed_random_integrals(6, 4)
         GUGASolver(precond="olsen", pspace_size=10).kernel(h1, g4, 6, (3, 3))
 
 
@@ -92,7 +80,7 @@ def test_preconditioner_on_tensors_equals_numpy():
 @pytest.mark.parametrize("space,nroots", [((8, 8, 0), 2), ((9, 8, 2), 1)])
 def test_pspace_solve_equals_diagonal_solve(space, nroots):
     n, N, twos = space
-    h1, g4 = _integrals(n, 6)
+    h1, g4, _ = packed_random_integrals(n, 6)
     nelec = ((N + twos) // 2, (N - twos) // 2)
     opts = dict(nroots=nroots, conv_tol=1e-12, davidson_only=True, max_cycle=200, pspace_size=40)
     e_d, _ = GUGASolver(precond="diagonal", **opts).kernel(h1, g4, n, nelec)
