@@ -285,6 +285,19 @@ inline void point_msg(mmsghdr& m, iovec& iov, std::uint8_t* buf, std::size_t len
 #define UDP_GRO 104
 #endif
 
+// Marks message m as a run of equal datagrams of `size` bytes each (UDP segmentation offload:
+// the kernel splits the payload). ctrl holds the control message and must outlive the send.
+template <std::size_t N>
+inline void set_segment_size(mmsghdr& m, std::array<char, N>& ctrl, std::uint16_t size) {
+  m.msg_hdr.msg_control = ctrl.data();
+  m.msg_hdr.msg_controllen = ctrl.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+  std::memcpy(CMSG_DATA(c), &size, sizeof(size));
+}
+
 // Segmentation offload (UDP_SEGMENT) works until the kernel refuses it once; then every sender
 // of the process sends datagram by datagram.
 inline std::atomic<bool>& gso_usable() {
@@ -382,14 +395,7 @@ struct UdpBatch {
       m.msg_hdr.msg_iovlen = j - i;
       if (j - i > 1) {
         ++runs;
-        m.msg_hdr.msg_control = ctrl[nmsg].data();
-        m.msg_hdr.msg_controllen = ctrl[nmsg].size();
-        cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-        const std::uint16_t seg = std::uint16_t(size);
-        std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+        set_segment_size(m, ctrl[nmsg], std::uint16_t(size));
       }
       ++nmsg;
       i = j;

@@ -198,15 +198,7 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
         const std::size_t len = segmented ? std::min(per_run, k - j) : 1;
         svc::point_msg(smsgs[nmsg], siov[nmsg], sbuf.data() + L * j, L * len);
         if (len > 1) {
-          mmsghdr& m = smsgs[nmsg];
-          m.msg_hdr.msg_control = sctrl[nmsg].data();
-          m.msg_hdr.msg_controllen = sctrl[nmsg].size();
-          cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr);
-          c->cmsg_level = SOL_UDP;
-          c->cmsg_type = UDP_SEGMENT;
-          c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-          const std::uint16_t seg = std::uint16_t(L);
-          std::memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+          svc::set_segment_size(smsgs[nmsg], sctrl[nmsg], std::uint16_t(L));
         }
       }
       std::size_t done = 0;
