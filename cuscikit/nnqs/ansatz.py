@@ -334,19 +334,16 @@ class Ansatz(nn.Module):
         )
 
     # ------------------------------------------------------------------ encoding
-    def tokens(self, configs: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Token sequences ``t_k = n_k,alpha + 2 n_k,beta`` of configurations.
+    def config_words(self, configs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Configurations as an int64 tensor (n, words) on the module's device, checked.
 
         Args:
             configs: numpy ``uint64`` (n, words), or a torch ``int64`` tensor holding the same
                 bits (``torch.from_numpy(arr.view(np.int64))``); 1-D is accepted when words == 1.
 
-        Returns:
-            LongTensor (n, norb) on the module's device.
-
         Example:
-            >>> Ansatz(2, (1, 1), seed=0).tokens(np.array([[0b1001]], dtype=np.uint64))
-            tensor([[1, 2]])
+            >>> Ansatz(2, (1, 1), seed=0).config_words(np.array([9], dtype=np.uint64))
+            tensor([[9]])
         """
         if isinstance(configs, torch.Tensor):
             if configs.dtype != torch.int64:
@@ -364,6 +361,23 @@ class Ansatz(nn.Module):
                 f"configurations must have shape (n, {self._words}) for norb={self._norb}, "
                 f"got {tuple(x.shape)}"
             )
+        return x
+
+    def tokens(self, configs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Token sequences ``t_k = n_k,alpha + 2 n_k,beta`` of configurations.
+
+        Args:
+            configs: numpy ``uint64`` (n, words), or a torch ``int64`` tensor holding the same
+                bits (``torch.from_numpy(arr.view(np.int64))``); 1-D is accepted when words == 1.
+
+        Returns:
+            LongTensor (n, norb) on the module's device.
+
+        Example:
+            >>> Ansatz(2, (1, 1), seed=0).tokens(np.array([[0b1001]], dtype=np.uint64))
+            tensor([[1, 2]])
+        """
+        x = self.config_words(configs)
         # >> on int64 is arithmetic (sign-extending), so mask with & 1 after the shift.
         bits = (x[:, self._word_index] >> self._bit_shift) & 1
         return bits[:, 0::2] + 2 * bits[:, 1::2]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 __all__ = ["FusedInference", "unsupported_reason"]
@@ -444,21 +443,7 @@ class FusedInference:
     def __call__(self, configs) -> torch.Tensor:
         """ln psi (complex64, (n,)) of uint64 configurations (numpy) or their int64 tensor."""
         a = self.ansatz
-        if not isinstance(configs, torch.Tensor):
-            arr = np.ascontiguousarray(configs)
-            if arr.dtype != np.uint64:
-                raise ValueError(f"configurations must be a uint64 array, got dtype {arr.dtype}")
-            configs = torch.from_numpy(arr.view(np.int64))
-        if configs.dtype != torch.int64:
-            raise ValueError(f"config tensors must be int64 (uint64 bits), got {configs.dtype}")
-        x = configs.to(a.device)
-        if x.ndim == 1 and a.n_words == 1:
-            x = x[:, None]
-        if x.ndim != 2 or x.shape[1] != a.n_words:
-            raise ValueError(
-                f"configurations must have shape (n, {a.n_words}) for norb={a.norb}, "
-                f"got {tuple(x.shape)}"
-            )
+        x = a.config_words(configs)
         amp = self.amplitude(x)
         phase = a.phase(a.tokens(x)).to(amp.dtype)
         return torch.complex(amp, phase)
