@@ -59,17 +59,20 @@ def _pack(h: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(h[i, j])
 
 
-def _start_count(n: int, nroots: int) -> int:
-    """Davidson start vectors: one for one root, else max(nroots + 2, 2 nroots)."""
-    return min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
-
-
-def _device_guess(hdiag, n: int, nroots: int, pre=None):
-    """Unit vectors on the lowest diagonals (or the P-space vectors of `pre`) plus seeded
-    noise, built on hdiag's device (as the host guess, with the device's generator)."""
+def _start_vectors(hdiag, n: int, nroots: int, pre=None):
+    """Davidson start vectors on hdiag's device: one for one root, else max(nroots + 2,
+    2 nroots); the P-space vectors of `pre`, or unit vectors on the lowest diagonals, plus
+    seeded noise (numpy's generator on the host, the device's on a tensor)."""
+    k0 = min(n, 1 if nroots == 1 else max(nroots + 2, 2 * nroots))
+    if isinstance(hdiag, np.ndarray):
+        if pre is not None:
+            guess = pre.guess(k0)
+        else:
+            guess = np.zeros((n, k0))
+            guess[np.argsort(hdiag, kind="stable")[:k0], np.arange(k0)] = 1.0
+        return guess + 1e-5 * np.random.default_rng(1).standard_normal(guess.shape)
     import torch
 
-    k0 = _start_count(n, nroots)
     if pre is not None:
         guess = pre.guess(k0)
     else:
@@ -438,17 +441,8 @@ class GUGASolver(Solver):
                 raise ValueError(f"precond must be 'pspace' or 'diagonal', got {self.precond!r}")
             if self.precond == "pspace" and 0 < max(pspace_size, nroots) < n:
                 pre = self._pspace(eng, op_vh, hdiag, sub, max(pspace_size, nroots))
-            if guess is None and gpu:
-                guess = _device_guess(hdiag, n, nroots, pre)
-            elif guess is None:
-                k0 = _start_count(n, nroots)
-                if pre is not None:
-                    guess = pre.guess(k0)
-                else:
-                    order = np.argsort(hdiag, kind="stable")[:k0]
-                    guess = np.zeros((n, k0))
-                    guess[order, np.arange(k0)] = 1.0
-                guess += 1e-5 * np.random.default_rng(1).standard_normal(guess.shape)
+            if guess is None:
+                guess = _start_vectors(hdiag, n, nroots, pre)
             res = davidson(
                 matvec,
                 hdiag,
