@@ -35,16 +35,21 @@ import torch
 from _common import machine, print_table
 
 from cuscikit import Ansatz, Molecule, Runner
+from cuscikit.nnqs import fused_ops
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 
-VARIANTS = {  # label: Runner options
+VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
     "graph": {"graphs": True},
+    "graph-torch-ops": {"graphs": True, "fused_ops": False},
+    "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
 }
 
 
 def run(mol, options: dict, iterations: int, dtype):
+    options = dict(options)
+    fused_ops.ENABLED = options.pop("fused_ops", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
     t0 = time.perf_counter()
@@ -82,6 +87,30 @@ def _top(kernels, n: int = 12) -> list[str]:
         by[name] = (c + 1, t + d)
     order = sorted(by.items(), key=lambda kv: -kv[1][1])[:n]
     return [f"  {t / 1e3:7.3f} ms {c:5d}x  {name[:110]}" for name, (c, t) in order]
+
+
+def _host_waits(prof, n: int = 14) -> list[str]:
+    """cuda*Synchronize calls (a blocking copy to the host is one) and scalar reads of a profile
+    (with_stack), counted by the innermost cuscikit source line of the op that issued them."""
+    by = {}
+    for e in prof.events():
+        name = e.name
+        if not (
+            (name.startswith("cuda") and "Synchronize" in name)
+            or name == "aten::_local_scalar_dense"  # .item(), float(tensor)
+        ):
+            continue
+        site, parent = "(no cuscikit frame)", e
+        while parent is not None:
+            frames = [f for f in (parent.stack or []) if "cuscikit" in f]
+            if frames:
+                site = frames[0]
+                break
+            parent = parent.cpu_parent
+        key = (name, site)
+        by[key] = by.get(key, 0) + 1
+    order = sorted(by.items(), key=lambda kv: -kv[1])[:n]
+    return [f"  {c:4d}x  {name:28s} {site}" for (name, site), c in order]
 
 
 def _profile_stage(label: str, fn, passes: int) -> list:
@@ -132,7 +161,7 @@ def profile_run(runner, compile_too: bool) -> list:
         return run_stage(*a)
 
     stage.run = keep
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         t0 = time.perf_counter()
         row = runner.step()  # one more iteration: the stage's inputs, and the whole iteration
         torch.cuda.synchronize()
@@ -153,6 +182,11 @@ def profile_run(runner, compile_too: bool) -> list:
         f"{len(copies)} copies/sets in all",
         flush=True,
     )
+    print(
+        "# where the iteration waits for the GPU (synchronisations and copies to the host, "
+        "by the innermost cuscikit line above them)"
+    )
+    print("\n".join(_host_waits(prof)), flush=True)
     if "args" not in seen:
         print("# the profiled iteration did not take the recorded stage")
         return []
@@ -214,6 +248,8 @@ def main():
             # a variant named twice is run twice (is the path reproducible?): "eager #2"
             variant = kind if kind not in args.variants[:i] else f"{kind} #{i + 1}"
             runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype)
+            if fused_ops._failed:
+                print(f"# {variant}: the Triton training kernels are off: {fused_ops._failed}")
             h = runner.history
             hist[variant] = h
             tail = h[h["iteration"] >= args.first]
