@@ -10,9 +10,13 @@ by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare pa
 first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
-        [--variants eager graph eager-compiled] [--profile] [--profile-compile]
+        [--variants eager graph graph-torch-ops eager-compiled] [--profile] [--profile-compile]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
+of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
+in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
+compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
 
 --profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
 inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
@@ -89,28 +93,17 @@ def _top(kernels, n: int = 12) -> list[str]:
     return [f"  {t / 1e3:7.3f} ms {c:5d}x  {name[:110]}" for name, (c, t) in order]
 
 
-def _host_waits(prof, n: int = 14) -> list[str]:
-    """cuda*Synchronize calls (a blocking copy to the host is one) and scalar reads of a profile
-    (with_stack), counted by the innermost cuscikit source line of the op that issued them."""
+def _host_waits(prof) -> list[str]:
+    """Counts of the cuda*Synchronize calls and of the scalar reads (``.item()``,
+    ``float(tensor)``; of CPU tensors too) in a profile."""
     by = {}
     for e in prof.events():
         name = e.name
-        if not (
-            (name.startswith("cuda") and "Synchronize" in name)
-            or name == "aten::_local_scalar_dense"  # .item(), float(tensor)
+        if (name.startswith("cuda") and "Synchronize" in name) or (
+            name == "aten::_local_scalar_dense"
         ):
-            continue
-        site, parent = "(no cuscikit frame)", e
-        while parent is not None:
-            frames = [f for f in (parent.stack or []) if "cuscikit" in f]
-            if frames:
-                site = frames[0]
-                break
-            parent = parent.cpu_parent
-        key = (name, site)
-        by[key] = by.get(key, 0) + 1
-    order = sorted(by.items(), key=lambda kv: -kv[1])[:n]
-    return [f"  {c:4d}x  {name:28s} {site}" for (name, site), c in order]
+            by[name] = by.get(name, 0) + 1
+    return [f"  {c:4d}x  {name}" for name, c in sorted(by.items(), key=lambda kv: -kv[1])]
 
 
 def _profile_stage(label: str, fn, passes: int) -> list:
@@ -182,10 +175,7 @@ def profile_run(runner, compile_too: bool) -> list:
         f"{len(copies)} copies/sets in all",
         flush=True,
     )
-    print(
-        "# where the iteration waits for the GPU (synchronisations and copies to the host, "
-        "by the innermost cuscikit line above them)"
-    )
+    print("# host waits and scalar reads of that iteration")
     print("\n".join(_host_waits(prof)), flush=True)
     if "args" not in seen:
         print("# the profiled iteration did not take the recorded stage")

@@ -46,7 +46,8 @@ __all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
 #: False: the Ansatz keeps torch's kernels everywhere.
 ENABLED = True
 _MAX_WIDTH = 1024  # widest LayerNorm row in one tile
-_MAX_LENGTH = 32  # longest sequence of the attention kernel (its key loop is unrolled)
+_MAX_LENGTH = 16  # longest sequence of the attention kernel (its key loop is unrolled; measured
+# at 10 positions, longer sequences keep torch's kernels)
 _MAX_HEAD = 64  # widest head
 _ROW_TILE = 2048  # elements of a LayerNorm tile
 _SEQUENCES = 4  # sequences per attention program
@@ -374,7 +375,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 def causal_attention(qkv: torch.Tensor, n_heads: int) -> torch.Tensor | None:
     """Causal softmax attention of every head from the ``qkv`` projection (n, L, 3d):
     (n, L, d), heads side by side; None when the kernels do not apply (not `active`, a
-    sequence over 32 positions or heads wider than 64), so the caller computes it itself."""
+    sequence over 16 positions or heads wider than 64), so the caller computes it itself."""
     n, length, d3 = qkv.shape
     d = d3 // 3
     if d3 % 3 or d % n_heads or length > _MAX_LENGTH or d // n_heads > _MAX_HEAD:

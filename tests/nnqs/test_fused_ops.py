@@ -73,6 +73,9 @@ _INTERPRETED = textwrap.dedent(
             assert err(y, y0) < tol, ("attn", dt, n, length, err(y, y0))
             assert err(gq, gq0) < tol, ("attn grad", dt, n, length, err(gq, gq0))
 
+    long = torch.zeros(2, 17, 12, dtype=torch.float64, requires_grad=True)
+    assert fo.causal_attention(long, 2) is None  # past 16 positions: torch's attention
+
     # the Ansatz takes them in a training pass; its gradient equals torch's kernels' gradient
     calls = {"ln": 0, "attn": 0}
     ln_apply, attn_apply = fo._LayerNorm.apply, fo._CausalAttention.apply
