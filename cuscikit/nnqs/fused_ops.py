@@ -34,6 +34,7 @@ Example (needs a CUDA GPU and Triton):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -284,6 +285,12 @@ if triton is not None:
 
 
 # ------------------------------------------------------------------------- autograd functions
+def _on(t: torch.Tensor):
+    """The tensor's GPU as the current device while a kernel launches (Triton launches on the
+    current device)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
 def _split(v: float) -> tuple[float, float]:
     """``v`` as a float32 value plus a float32 remainder: Triton passes Python floats as
     float32, and a float64 kernel adds the two parts back (to about 1e-15 relative)."""
@@ -309,7 +316,8 @@ class _LayerNorm(torch.autograd.Function):
             grid = (triton.cdiv(m, block),)
             f64 = x.dtype == torch.float64
             hi, lo = _split(eps)
-            _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, f64)
+            with _on(x):
+                _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, f64)
         ctx.save_for_backward(x2, weight, mean, rstd)
         ctx.shape = x.shape
         return y.view(x.shape)
@@ -325,7 +333,8 @@ class _LayerNorm(torch.autograd.Function):
         dx = torch.empty_like(x2)
         part = torch.empty((programs, 2, dp), dtype=x2.dtype, device=x2.device)
         if m:
-            _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
+            with _on(x2):
+                _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
         sums = part.sum(0)
         return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
 
@@ -343,7 +352,8 @@ class _CausalAttention(torch.autograd.Function):
         consts = (length, _pow2(length), n_heads, hd, _pow2(hd), _SEQUENCES, f64)
         if n:
             grid = (triton.cdiv(n, _SEQUENCES),)
-            _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts)
+            with _on(qkv):
+                _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts)
         ctx.save_for_backward(qkv, y, lse)
         ctx.consts, ctx.scale = consts, scale
         return y
@@ -355,7 +365,10 @@ class _CausalAttention(torch.autograd.Function):
         dqkv = torch.empty_like(qkv)
         if n:
             grid = (triton.cdiv(n, _SEQUENCES),)
-            _attn_bwd_kernel[grid](qkv, y, dy.contiguous(), lse, dqkv, n, *ctx.scale, *ctx.consts)
+            with _on(qkv):
+                _attn_bwd_kernel[grid](
+                    qkv, y, dy.contiguous(), lse, dqkv, n, *ctx.scale, *ctx.consts
+                )
         return dqkv, None
 
 

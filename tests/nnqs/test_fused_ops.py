@@ -28,6 +28,18 @@ def test_cpu_passes_keep_torch_kernels():
     assert fused_ops.causal_attention(torch.zeros(2, 3, 12, requires_grad=True), 2) is None
 
 
+def test_float64_scalars_survive_the_float32_arguments():
+    """Triton passes Python floats as float32: the two parts add back to the float64 value."""
+    import math
+
+    for v in (1e-5, 1.0 / math.sqrt(8), 1.0 / math.sqrt(6), 0.5):
+        hi, lo = fused_ops._split(v)
+        hi32, lo32 = (float(torch.tensor(p, dtype=torch.float32)) for p in (hi, lo))
+        assert hi32 == hi  # already a float32 value
+        assert abs((hi32 + lo32) - v) <= 1e-15 * v
+        assert abs(hi32 - v) > 1e-12 * v or lo == 0.0  # the remainder matters
+
+
 _INTERPRETED = textwrap.dedent(
     """
     import math, torch
