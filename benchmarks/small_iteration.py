@@ -10,9 +10,13 @@ by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare pa
 first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
-        [--variants eager graph eager-compiled] [--profile] [--profile-compile]
+        [--variants eager graph graph-torch-ops eager-compiled] [--profile] [--profile-compile]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
+of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
+in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
+compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
 
 --profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
 inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
@@ -35,16 +39,21 @@ import torch
 from _common import machine, print_table
 
 from cuscikit import Ansatz, Molecule, Runner
+from cuscikit.nnqs import fused_ops
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 
-VARIANTS = {  # label: Runner options
+VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
     "graph": {"graphs": True},
+    "graph-torch-ops": {"graphs": True, "fused_ops": False},
+    "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
 }
 
 
 def run(mol, options: dict, iterations: int, dtype):
+    options = dict(options)
+    fused_ops.ENABLED = options.pop("fused_ops", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
     t0 = time.perf_counter()
@@ -82,6 +91,19 @@ def _top(kernels, n: int = 12) -> list[str]:
         by[name] = (c + 1, t + d)
     order = sorted(by.items(), key=lambda kv: -kv[1][1])[:n]
     return [f"  {t / 1e3:7.3f} ms {c:5d}x  {name[:110]}" for name, (c, t) in order]
+
+
+def _host_waits(prof) -> list[str]:
+    """Counts of the cuda*Synchronize calls and of the scalar reads (``.item()``,
+    ``float(tensor)``; of CPU tensors too) in a profile."""
+    by = {}
+    for e in prof.events():
+        name = e.name
+        if (name.startswith("cuda") and "Synchronize" in name) or (
+            name == "aten::_local_scalar_dense"
+        ):
+            by[name] = by.get(name, 0) + 1
+    return [f"  {c:4d}x  {name}" for name, c in sorted(by.items(), key=lambda kv: -kv[1])]
 
 
 def _profile_stage(label: str, fn, passes: int) -> list:
@@ -132,7 +154,7 @@ def profile_run(runner, compile_too: bool) -> list:
         return run_stage(*a)
 
     stage.run = keep
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         t0 = time.perf_counter()
         row = runner.step()  # one more iteration: the stage's inputs, and the whole iteration
         torch.cuda.synchronize()
@@ -153,6 +175,8 @@ def profile_run(runner, compile_too: bool) -> list:
         f"{len(copies)} copies/sets in all",
         flush=True,
     )
+    print("# host waits and scalar reads of that iteration")
+    print("\n".join(_host_waits(prof)), flush=True)
     if "args" not in seen:
         print("# the profiled iteration did not take the recorded stage")
         return []
@@ -214,6 +238,8 @@ def main():
             # a variant named twice is run twice (is the path reproducible?): "eager #2"
             variant = kind if kind not in args.variants[:i] else f"{kind} #{i + 1}"
             runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype)
+            if fused_ops._failed:
+                print(f"# {variant}: the Triton training kernels are off: {fused_ops._failed}")
             h = runner.history
             hist[variant] = h
             tail = h[h["iteration"] >= args.first]

@@ -10,6 +10,11 @@
 #   compile the compiled-ln-psi profile of "side", alone on the GPU
 #   repro   float64 with BASE_NNQS's package: eager, eager again and recorded (ITERS iterations,
 #           default 200): does the eager path reproduce itself, and the recorded one it?
+#   ops     float32, recorded stage, torch's kernels against the Triton training kernels
+#           (cuscikit/nnqs/fused_ops.py) in one process, profiled, alone on the GPU
+#   check   side by side: float64 over ITERS64 iterations (default 60) recorded with torch's
+#           kernels, recorded and eager with the Triton ones; the gpu tests of the kernels
+#           and of the recorded stage
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
 set -uo pipefail
@@ -55,11 +60,24 @@ for step in "$@"; do
         --float64 --iterations "${ITERS:-200}" --variants eager eager graph) \
         > "$out/f64_repro.log" 2>&1
       echo "repro: exit $? at $((SECONDS - t0)) s" ;;
+    ops)
+      (cd benchmarks && timeout "${TO:-70}" python3 small_iteration.py \
+        --iterations "${ITERS:-200}" --variants graph-torch-ops graph --profile) \
+        > "$out/f32_ops.log" 2>&1
+      echo "ops: exit $? at $((SECONDS - t0)) s" ;;
+    check)
+      (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
+        --iterations "${ITERS64:-60}" --variants graph-torch-ops graph eager) \
+        > "$out/f64_ops.log" 2>&1 &
+      timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+        tests/gpu/test_fused_ops.py tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
+      wait
+      echo "check: done at $((SECONDS - t0)) s" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
-for f in f32_before f32_after f64 compile f64_repro; do
+for f in f32_before f32_after f64 compile f64_repro f32_ops f64_ops; do
   [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
 done
-[ -f "$out/tests.log" ] && { echo "== tests"; tail -4 "$out/tests.log"; }
+[ -f "$out/tests.log" ] && { echo "== tests"; tail -6 "$out/tests.log"; }
 exit 0

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cuscikit.backends import resolve_device
+from cuscikit.nnqs import fused_ops
 from cuscikit.sci.configs import from_bits, n_words, normalize_nelec, to_bits
 
 __all__ = ["Ansatz", "allowed_tokens"]
@@ -95,7 +96,12 @@ class _CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, length, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
+        qkv = self.qkv(x)
+        if length <= _SHORT_SEQUENCE:  # a training pass on a GPU: one Triton kernel each way
+            y = fused_ops.causal_attention(qkv, self.n_heads)
+            if y is not None:
+                return self.proj(y)
+        q, k, v = qkv.split(d, dim=-1)
         shape = (n, length, self.n_heads, d // self.n_heads)
         q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
         if length <= _SHORT_SEQUENCE:
@@ -124,14 +130,22 @@ class _CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(n, 1, d)), (k, v)
 
 
+class _LayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` (same parameters and state) whose training pass on a GPU takes the
+    Triton kernels of `cuscikit.nnqs.fused_ops` (torch's kernels elsewhere)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
+        self.ln1 = _LayerNorm(d_model)
         self.attn = _CausalSelfAttention(d_model, n_heads)
-        self.ln2 = nn.LayerNorm(d_model)
+        self.ln2 = _LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.proj = nn.Linear(4 * d_model, d_model)
 
@@ -246,7 +260,7 @@ class Ansatz(nn.Module):
         self.token_embedding = nn.Embedding(5, d, dtype=f64)  # 4 tokens + the start token
         self.position_embedding = nn.Embedding(norb, d, dtype=f64)
         self.blocks = nn.ModuleList(_Block(d, self.n_heads).double() for _ in range(self.n_layers))
-        self.ln_f = nn.LayerNorm(d, dtype=f64)
+        self.ln_f = _LayerNorm(d, dtype=f64)
         self.head = nn.Linear(d, 4, dtype=f64)
         # Per-position logit offsets: zero, or tilted towards a reference determinant.
         self.logit_bias = nn.Parameter(torch.zeros(norb, 4, dtype=f64))

@@ -1,0 +1,404 @@
+"""Triton forward and backward kernels for the training pass of a small `Ansatz`.
+
+On a small system (N2/STO-3G: 1,920 configurations of 10 orbitals, d_model 32) a forward and
+backward pass over S is tens of thousands of rows of width 32, and torch's general kernels are
+made for wider rows: LayerNorm's weight and bias gradients run as one thread block for the
+whole batch (about 50 us a call on an H200), its forward as one block per row, and the
+attention products of 10 x 10 per head as batched cuBLAS GEMVs of tens of microseconds. This
+module gives two autograd functions with one Triton kernel each way:
+
+- `layer_norm`: a program normalises a tile of rows; the backward writes the input gradient
+  and one row of partial weight/bias sums per program, summed by one reduction (a fixed order:
+  the result does not depend on scheduling).
+- `causal_attention`: softmax(q k^T / sqrt(hd), causal) v of every head, read straight from the
+  ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes a
+  few sequences; the keys are visited one position at a time with an online softmax, so every
+  tensor is (sequences, positions, head width); the backward recomputes the probabilities from
+  the saved log-sum-exp and writes the gradient of ``qkv`` in the same layout.
+
+The arithmetic is that of `torch.nn.functional.layer_norm` and of the written-out attention in
+`cuscikit.nnqs.ansatz` (same formulas, other summation orders): float64 agrees to rounding
+(the tests: 1e-12 against torch), float32 to float32 rounding. The Ansatz uses them when a
+pass keeps an autograd graph on a CUDA device with Triton installed (`active`); inference
+(no gradient) keeps torch's kernels. ``ENABLED = False`` turns them off (benchmarks compare
+both); a kernel that fails to build turns them off with a warning.
+
+Example (needs a CUDA GPU and Triton):
+    >>> import torch
+    >>> x = torch.randn(100, 32, device="cuda", requires_grad=True)     # doctest: +SKIP
+    >>> w, b = torch.ones(32, device="cuda"), torch.zeros(32, device="cuda")  # doctest: +SKIP
+    >>> y = layer_norm(x, w, b, 1e-5)                                    # doctest: +SKIP
+    >>> bool((y - torch.nn.functional.layer_norm(x, (32,))).abs().max() < 1e-5)  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import struct
+import warnings
+
+import torch
+
+__all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
+
+#: False: the Ansatz keeps torch's kernels everywhere.
+ENABLED = True
+_MAX_WIDTH = 1024  # widest LayerNorm row in one tile
+_MAX_LENGTH = 16  # longest sequence of the attention kernel (its key loop is unrolled; measured
+# at 10 positions, longer sequences keep torch's kernels)
+_MAX_HEAD = 64  # widest head
+_ROW_TILE = 2048  # elements of a LayerNorm tile
+_SEQUENCES = 4  # sequences per attention program
+_MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
+_failed: str | None = None  # why the kernels were turned off
+
+try:  # Triton ships with CUDA builds of torch; the module imports without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = None
+    tl = None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def active(x: torch.Tensor) -> bool:
+    """Whether the Ansatz's pass over ``x`` takes these kernels: enabled, Triton present, a
+    gradient being recorded, float32/float64 on a CUDA device (any device under the Triton
+    interpreter), not inside `torch.compile`.
+
+    Example:
+        >>> active(torch.zeros(3, requires_grad=True))   # a CPU tensor
+        False
+    """
+    if not ENABLED or triton is None or _failed is not None:
+        return False
+    if not torch.is_grad_enabled() or x.dtype not in (torch.float32, torch.float64):
+        return False
+    if not (x.is_cuda or _interpreting()):
+        return False
+    return not torch.compiler.is_compiling()
+
+
+def _turn_off(exc: Exception) -> None:
+    global _failed
+    _failed = f"{type(exc).__name__}: {exc}"
+    warnings.warn(
+        f"the Triton training kernels failed ({_failed}); using torch's kernels",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+# ------------------------------------------------------------------------------- kernels
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["m"])
+    def _ln_fwd_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        mean_ptr,
+        rstd_ptr,
+        m,
+        eps_hi,
+        eps_lo,
+        D: tl.constexpr,
+        DP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, DP)
+        rmask = rows < m
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        mean = tl.sum(x, 1) / D
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, 1) / D
+        if F64:  # float64 plus the two float32 parts of eps
+            rstd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
+        else:
+            rstd = 1.0 / tl.sqrt_rn(var + eps_hi)  # IEEE rounding, as torch's float32 kernel
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
+        tl.store(y_ptr + offs, xc * rstd[:, None] * w[None, :] + b[None, :], mask=mask)
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
+    @triton.jit(do_not_specialize=["m"])
+    def _ln_bwd_kernel(
+        dy_ptr,
+        x_ptr,
+        w_ptr,
+        mean_ptr,
+        rstd_ptr,
+        dx_ptr,
+        part_ptr,
+        m,
+        D: tl.constexpr,
+        DP: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, DP)
+        rmask = rows < m
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy * w[None, :]
+        c1 = tl.sum(xhat * g, 1) / D
+        c2 = tl.sum(g, 1) / D
+        dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + offs, dx, mask=mask)
+        # this program's rows of the weight and bias gradients: row pid of (programs, 2, DP)
+        tl.store(part_ptr + pid * 2 * DP + cols, tl.sum(dy * xhat, 0))
+        tl.store(part_ptr + pid * 2 * DP + DP + cols, tl.sum(dy, 0))
+
+    @triton.jit
+    def _scaled(x, hi, lo, F64: tl.constexpr):
+        """x times a scale given as float32 parts (see `_split`)."""
+        if F64:
+            return x * hi + x * lo
+        else:
+            return x * hi
+
+    @triton.jit(do_not_specialize=["n"])
+    def _attn_fwd_kernel(
+        qkv_ptr,
+        y_ptr,
+        lse_ptr,
+        n,
+        scale_hi,
+        scale_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        d = H * HD
+        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        pos = tl.arange(0, LP)
+        col = tl.arange(0, HDP)
+        smask = seq < n
+        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
+        mask2 = smask[:, None] & (col < HD)[None, :]
+        mask_lse = smask[:, None] & (pos < L)[None, :]
+        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
+        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
+        kv_at = seq[:, None] * (L * 3 * d) + col[None, :]
+        for h in tl.static_range(H):
+            q = _scaled(
+                tl.load(qkv_ptr + q_at + h * HD, mask=mask3, other=0.0), scale_hi, scale_lo, F64
+            )
+            m_i = tl.full((BLOCK, LP), float("-inf"), q.dtype)
+            l_i = tl.zeros((BLOCK, LP), q.dtype)
+            acc = tl.zeros((BLOCK, LP, HDP), q.dtype)
+            for j in tl.static_range(L):
+                k = tl.load(qkv_ptr + kv_at + j * 3 * d + d + h * HD, mask=mask2, other=0.0)
+                v = tl.load(qkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, mask=mask2, other=0.0)
+                s = tl.sum(q * k[:, None, :], 2)
+                s = tl.where(pos[None, :] >= j, s, float("-inf"))
+                m_new = tl.maximum(m_i, s)  # finite from j = 0 on (position 0 is always seen)
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_new)
+                l_i = l_i * alpha + p
+                acc = acc * alpha[:, :, None] + p[:, :, None] * v[:, None, :]
+                m_i = m_new
+            tl.store(y_ptr + y_at + h * HD, acc / l_i[:, :, None], mask=mask3)
+            lse_at = (seq[:, None] * H + h) * L + pos[None, :]
+            tl.store(lse_ptr + lse_at, m_i + tl.log(l_i), mask=mask_lse)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _attn_bwd_kernel(
+        qkv_ptr,
+        y_ptr,
+        dy_ptr,
+        lse_ptr,
+        dqkv_ptr,
+        n,
+        scale_hi,
+        scale_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        d = H * HD
+        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        pos = tl.arange(0, LP)
+        col = tl.arange(0, HDP)
+        smask = seq < n
+        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
+        mask2 = smask[:, None] & (col < HD)[None, :]
+        mask_lse = smask[:, None] & (pos < L)[None, :]
+        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
+        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
+        kv_at = seq[:, None] * (L * 3 * d) + col[None, :]
+        for h in tl.static_range(H):
+            q = tl.load(qkv_ptr + q_at + h * HD, mask=mask3, other=0.0)
+            qs = _scaled(q, scale_hi, scale_lo, F64)
+            dy = tl.load(dy_ptr + y_at + h * HD, mask=mask3, other=0.0)
+            y = tl.load(y_ptr + y_at + h * HD, mask=mask3, other=0.0)
+            lse_at = (seq[:, None] * H + h) * L + pos[None, :]
+            lse = tl.load(lse_ptr + lse_at, mask=mask_lse, other=0.0)
+            delta = tl.sum(dy * y, 2)  # sum_j p_ij dp_ij = dy_i . y_i
+            dq = tl.zeros((BLOCK, LP, HDP), q.dtype)
+            for j in tl.static_range(L):
+                k = tl.load(qkv_ptr + kv_at + j * 3 * d + d + h * HD, mask=mask2, other=0.0)
+                v = tl.load(qkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, mask=mask2, other=0.0)
+                s = tl.sum(qs * k[:, None, :], 2)
+                seen = (pos[None, :] >= j) & mask_lse
+                p = tl.where(seen, tl.exp(s - lse), 0.0)
+                dv = tl.sum(p[:, :, None] * dy, 1)
+                ds = p * (tl.sum(dy * v[:, None, :], 2) - delta)
+                dq += ds[:, :, None] * k[:, None, :]
+                dk = _scaled(tl.sum(ds[:, :, None] * q, 1), scale_hi, scale_lo, F64)
+                tl.store(dqkv_ptr + kv_at + j * 3 * d + d + h * HD, dk, mask=mask2)
+                tl.store(dqkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, dv, mask=mask2)
+            tl.store(dqkv_ptr + q_at + h * HD, _scaled(dq, scale_hi, scale_lo, F64), mask=mask3)
+
+
+# ------------------------------------------------------------------------- autograd functions
+def _on(t: torch.Tensor):
+    """The tensor's GPU as the current device while a kernel launches (Triton launches on the
+    current device)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _split(v: float) -> tuple[float, float]:
+    """``v`` as a float32 value plus a float32 remainder: Triton passes Python floats as
+    float32, and a float64 kernel adds the two parts back (to about 1e-15 relative)."""
+    hi = struct.unpack("f", struct.pack("f", v))[0]
+    return hi, v - hi
+
+
+def _row_tile(dp: int) -> int:
+    return max(1, _ROW_TILE // dp)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        d = x.shape[-1]
+        x2 = x.reshape(-1, d).contiguous()
+        m, dp = x2.shape[0], _pow2(d)
+        block = _row_tile(dp)
+        y = torch.empty_like(x2)
+        mean = torch.empty(m, dtype=x.dtype, device=x.device)
+        rstd = torch.empty_like(mean)
+        if m:
+            grid = (triton.cdiv(m, block),)
+            f64 = x.dtype == torch.float64
+            hi, lo = _split(eps)
+            with _on(x):
+                _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, f64)
+        ctx.save_for_backward(x2, weight, mean, rstd)
+        ctx.shape = x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, mean, rstd = ctx.saved_tensors
+        m, d = x2.shape
+        dp = _pow2(d)
+        block = _row_tile(dp)
+        programs = triton.cdiv(m, block)
+        dy2 = dy.reshape(-1, d).contiguous()
+        dx = torch.empty_like(x2)
+        part = torch.empty((programs, 2, dp), dtype=x2.dtype, device=x2.device)
+        if m:
+            with _on(x2):
+                _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
+        sums = part.sum(0)
+        return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
+
+
+class _CausalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, n_heads):
+        n, length, d3 = qkv.shape
+        d = d3 // 3
+        hd = d // n_heads
+        y = torch.empty((n, length, d), dtype=qkv.dtype, device=qkv.device)
+        lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
+        scale = _split(1.0 / math.sqrt(hd))
+        f64 = qkv.dtype == torch.float64
+        consts = (length, _pow2(length), n_heads, hd, _pow2(hd), _SEQUENCES, f64)
+        if n:
+            grid = (triton.cdiv(n, _SEQUENCES),)
+            with _on(qkv):
+                _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts)
+        ctx.save_for_backward(qkv, y, lse)
+        ctx.consts, ctx.scale = consts, scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        qkv, y, lse = ctx.saved_tensors
+        n = qkv.shape[0]
+        dqkv = torch.empty_like(qkv)
+        if n:
+            grid = (triton.cdiv(n, _SEQUENCES),)
+            with _on(qkv):
+                _attn_bwd_kernel[grid](
+                    qkv, y, dy.contiguous(), lse, dqkv, n, *ctx.scale, *ctx.consts
+                )
+        return dqkv, None
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """`torch.nn.functional.layer_norm` over the last dimension with an affine weight and
+    bias, through the Triton kernels when `active` and the width fits (else torch's)."""
+    d = x.shape[-1]
+    same = weight.dtype == bias.dtype == x.dtype and weight.shape == bias.shape == (d,)
+    if same and d <= _MAX_WIDTH and x.numel() < _MAX_ELEMENTS and active(x):
+        try:
+            return _LayerNorm.apply(x, weight, bias, float(eps))
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+            _turn_off(exc)
+    return torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)
+
+
+def causal_attention(qkv: torch.Tensor, n_heads: int) -> torch.Tensor | None:
+    """Causal softmax attention of every head from the ``qkv`` projection (n, L, 3d):
+    (n, L, d), heads side by side; None when the kernels do not apply (not `active`, a
+    sequence over 16 positions or heads wider than 64), so the caller computes it itself."""
+    n, length, d3 = qkv.shape
+    d = d3 // 3
+    if d3 % 3 or d % n_heads or length > _MAX_LENGTH or d // n_heads > _MAX_HEAD:
+        return None
+    if qkv.numel() >= _MAX_ELEMENTS:
+        return None
+    if not active(qkv):
+        return None
+    try:
+        return _CausalAttention.apply(qkv.contiguous(), int(n_heads))
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+        _turn_off(exc)
+        return None

@@ -1,0 +1,147 @@
+"""The Triton training kernels (LayerNorm, short causal attention) of `cuscikit.nnqs.fused_ops`:
+their torch fallback on the CPU, and their arithmetic in the Triton interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuscikit import Ansatz  # noqa: E402
+from cuscikit.nnqs import fused_ops  # noqa: E402
+
+
+def test_cpu_passes_keep_torch_kernels():
+    """On the CPU (no interpreter) the kernels are not taken and the results are torch's."""
+    if fused_ops._interpreting():
+        pytest.skip("the Triton interpreter runs the kernels on the CPU")
+    x = torch.randn(6, 5, 8, dtype=torch.float64, requires_grad=True)
+    w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    assert not fused_ops.active(x)
+    y = fused_ops.layer_norm(x, w, b, 1e-5)
+    assert torch.equal(y, torch.nn.functional.layer_norm(x, (8,), w, b, 1e-5))
+    assert fused_ops.causal_attention(torch.zeros(2, 3, 12, requires_grad=True), 2) is None
+
+
+def test_float64_scalars_survive_the_float32_arguments():
+    """Triton passes Python floats as float32: the two parts add back to the float64 value."""
+    import math
+
+    for v in (1e-5, 1.0 / math.sqrt(8), 1.0 / math.sqrt(6), 0.5):
+        hi, lo = fused_ops._split(v)
+        hi32, lo32 = (float(torch.tensor(p, dtype=torch.float32)) for p in (hi, lo))
+        assert hi32 == hi  # already a float32 value
+        assert abs((hi32 + lo32) - v) <= 1e-15 * v
+        assert abs(hi32 - v) > 1e-12 * v or lo == 0.0  # the remainder matters
+
+
+_INTERPRETED = textwrap.dedent(
+    """
+    import math, torch
+    import cuscikit.nnqs.fused_ops as fo
+    from cuscikit import Ansatz
+    from cuscikit.sci.configs import all_determinants
+
+    def err(a, b):
+        return float((a - b).detach().abs().max())
+
+    g = torch.Generator().manual_seed(0)
+    for dt, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
+        # LayerNorm: rows not a multiple of the tile, a width that is not a power of two
+        for m, d in ((37, 32), (3, 20)):
+            x = torch.randn(m, 2, d, dtype=dt, generator=g).requires_grad_()
+            w = torch.randn(d, dtype=dt, generator=g).requires_grad_()
+            b = torch.randn(d, dtype=dt, generator=g).requires_grad_()
+            gy = torch.randn(m, 2, d, dtype=dt, generator=g)
+            y = fo.layer_norm(x, w, b, 1e-5)
+            assert type(y.grad_fn).__name__ == "_LayerNormBackward", y.grad_fn
+            y0 = torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5)
+            gr = torch.autograd.grad((y * gy).sum(), (x, w, b))
+            gr0 = torch.autograd.grad((y0 * gy).sum(), (x, w, b))
+            assert err(y, y0) < tol, ("ln", dt, m, d, err(y, y0))
+            for a, c in zip(gr, gr0):
+                assert err(a, c) < tol * max(1.0, float(c.abs().max())), ("ln grad", dt, m, d)
+        # attention: the Ansatz's written-out form; head width and length not powers of two
+        for n, length, h, hd in ((5, 4, 2, 4), (3, 3, 3, 3)):
+            d = h * hd
+            qkv = torch.randn(n, length, 3 * d, dtype=dt, generator=g).requires_grad_()
+            y = fo.causal_attention(qkv, h)
+            assert type(y.grad_fn).__name__ == "_CausalAttentionBackward", y.grad_fn
+            q, k, v = (
+                t.reshape(n, length, h, hd).transpose(1, 2) for t in qkv.split(d, -1)
+            )
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+            future = torch.ones(length, length, dtype=torch.bool).triu(1)
+            y0 = torch.softmax(att.masked_fill(future, -math.inf), -1) @ v
+            y0 = y0.transpose(1, 2).reshape(n, length, d)
+            gy = torch.randn(n, length, d, dtype=dt, generator=g)
+            (gq,) = torch.autograd.grad((y * gy).sum(), qkv)
+            (gq0,) = torch.autograd.grad((y0 * gy).sum(), qkv)
+            assert err(y, y0) < tol, ("attn", dt, n, length, err(y, y0))
+            assert err(gq, gq0) < tol, ("attn grad", dt, n, length, err(gq, gq0))
+
+    long = torch.zeros(2, 17, 12, dtype=torch.float64, requires_grad=True)
+    assert fo.causal_attention(long, 2) is None  # past 16 positions: torch's attention
+
+    # the Ansatz takes them in a training pass; its gradient equals torch's kernels' gradient
+    calls = {"ln": 0, "attn": 0}
+    ln_apply, attn_apply = fo._LayerNorm.apply, fo._CausalAttention.apply
+    def count(key, f):
+        def wrapped(*a):
+            calls[key] += 1
+            return f(*a)
+        return wrapped
+    fo._LayerNorm.apply = count("ln", ln_apply)
+    fo._CausalAttention.apply = count("attn", attn_apply)
+    psi = Ansatz(4, (2, 1), d_model=8, n_heads=2, n_layers=1, phase_hidden=(4,), seed=0,
+                 dtype=torch.float64)
+    x = all_determinants(4, (2, 1))
+    grads = {}
+    for on in (True, False):
+        fo.ENABLED = on
+        lp = psi.log_psi(x)
+        loss = (lp.real * torch.arange(len(x))).sum() + lp.imag.sum()
+        grads[on] = torch.autograd.grad(loss, list(psi.parameters()))
+    assert calls == {"ln": 3, "attn": 1}, calls
+    assert fo._failed is None
+    worst = max(err(a, b) for a, b in zip(grads[True], grads[False]))
+    assert worst < 1e-12, worst
+    with torch.no_grad():  # inference keeps torch's kernels
+        fo.ENABLED = True
+        psi.log_psi(x)
+    assert calls == {"ln": 3, "attn": 1}, calls
+    print("ok", worst)
+    """
+)
+
+
+def test_kernels_in_triton_interpreter():
+    """Forward and backward of both kernels against torch (float64 1e-12, float32 2e-5), and
+    the Ansatz's gradient through them, on the CPU."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok" in out.stdout
+
+
+def test_ansatz_layer_norms_keep_their_state():
+    """The LayerNorms are nn.LayerNorm subclasses: same parameters and state-dict keys."""
+    psi = Ansatz(4, (2, 1), n_layers=1, seed=0)
+    keys = [k for k in psi.state_dict() if ".ln" in k or k.startswith("ln_f")]
+    assert keys == [
+        "blocks.0.ln1.weight",
+        "blocks.0.ln1.bias",
+        "blocks.0.ln2.weight",
+        "blocks.0.ln2.bias",
+        "ln_f.weight",
+        "ln_f.bias",
+    ]
+    assert isinstance(psi.ln_f, torch.nn.LayerNorm)
