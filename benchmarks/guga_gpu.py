@@ -263,10 +263,13 @@ def run_case(
     from cuscikit.guga import pspace as pspace_mod
 
     for precond in precs:  # the first is the table's; the others are printed
+        psize = 400
+        if ":" in precond:  # pspace:N, a P space of N CSFs
+            precond, psize = precond.split(":")[0], int(precond.split(":")[1])
         if gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        solver = GUGASolver(precond=precond, **opts)
+        solver = GUGASolver(precond=precond, pspace_size=psize, **opts)
         calls, t_ps = [0], [0.0]
         if gpu:  # count the sigma vectors of the solve
             from cuscikit.guga import gpu as gpu_mod
@@ -294,7 +297,8 @@ def run_case(
         if gpu:
             gpu_mod.GpuEngine.sigma = plain
         print(
-            f"{name} CAS({nelecas},{ncas}) {'GPU' if gpu else 'CPU'} solve, precond {precond}: "
+            f"{name} CAS({nelecas},{ncas}) {'GPU' if gpu else 'CPU'} solve, precond {precond} "
+            f"({psize} CSFs): "
             f"{dt:.2f} s, {calls[0] if gpu else '-'} sigma vectors, P space {t_ps[0]:.2f} s, "
             f"E = {float(e):.12f}, converged {solver.converged}",
             flush=True,
@@ -329,23 +333,35 @@ def _synced(fn, table, key, torch):
     return wrapped
 
 
-def first_solves(ncas, folder, solves: int, profile: bool = False) -> None:
+def first_solves(ncas, folder, solves: int, profile=False, small_first=False) -> None:
     """The first GPU solves of a fresh process, each split into its steps (synchronised timers):
     the operator on the host, the engine, the diagonal, the P space, the start vectors, the
     sigma vectors, the preconditioner, Davidson's own work, and the device allocations
     (cudaMalloc calls of PyTorch's allocator). With ``profile`` the first solve runs under
-    torch.profiler and its slowest operators are printed."""
+    torch.profiler and its slowest operators are printed; with ``small_first`` a CAS(8,8) GPU
+    solve runs before them. Then the time of fresh device allocations of 1 and 4 GiB."""
+    import importlib
+
     import torch
 
     import cuscikit.guga.pspace as pspace_mod
     import cuscikit.guga.solver as solver_mod
-    import cuscikit.linalg.davidson as dav_mod
     from cuscikit.guga import GUGASolver
     from cuscikit.guga.gpu import GpuEngine
 
+    # the module (the package exports the function under the same name)
+    dav_mod = importlib.import_module("cuscikit.linalg.davidson")
     t0 = time.perf_counter()
     torch.zeros(1, device="cuda")
     print(f"CUDA context: {time.perf_counter() - t0:.3f} s", flush=True)
+    if small_first:  # a small GPU solve first: what stays of the first solve's costs is per size
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal((8, 8))
+        g = rng.standard_normal((36, 36))
+        t0 = time.perf_counter()
+        GUGASolver(device="cuda").kernel(h + h.T, g @ g.T / 36, 8, (4, 4))
+        torch.cuda.synchronize()
+        print(f"a CAS(8,8) GPU solve first: {time.perf_counter() - t0:.3f} s", flush=True)
     name, h1, eri, ecore, nelecas = _integrals(ncas, folder)
     nelec = (nelecas // 2, nelecas // 2)
     label = f"{name} CAS({nelecas},{ncas})"
@@ -434,6 +450,21 @@ def first_solves(ncas, folder, solves: int, profile: bool = False) -> None:
         for obj, attr, fn in saved:
             setattr(obj, attr, fn)
         dav_mod.davidson = plain_dav
+    for gib in (1, 4, 1, 4):
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        x.fill_(1)
+        torch.cuda.synchronize()
+        print(
+            f"fresh device allocation of {gib} GiB: {t1 - t0:.4f} s, first fill "
+            f"{time.perf_counter() - t1:.4f} s",
+            flush=True,
+        )
+        del x
 
 
 def main() -> None:
@@ -457,8 +488,8 @@ def main() -> None:
         "--precond",
         nargs="*",
         default=["pspace"],
-        choices=["pspace", "diagonal"],
-        help="solve with each of these Davidson preconditioners (the table shows the first)",
+        help="solve with each of these Davidson preconditioners (the table shows the first): "
+        "pspace, pspace:N (a P space of N CSFs, default 400), diagonal",
     )
     ap.add_argument(
         "--tune-rows",
@@ -474,6 +505,9 @@ def main() -> None:
         help="only time this many solves of a fresh process, step by step (the first size)",
     )
     ap.add_argument("--profile", action="store_true", help="with --first-solve: torch.profiler")
+    ap.add_argument(
+        "--small-first", action="store_true", help="with --first-solve: a CAS(8,8) solve first"
+    )
     ap.add_argument(
         "--sigma-only",
         action="store_true",
@@ -493,7 +527,9 @@ def main() -> None:
             _tune(solver, h1, eri, ncas, nelec, label, args.tune_rows, args.variants)
         return
     if args.first_solve:
-        first_solves(args.sizes[0], args.integrals, args.first_solve, args.profile)
+        first_solves(
+            args.sizes[0], args.integrals, args.first_solve, args.profile, args.small_first
+        )
         return
     if args.save:
         os.makedirs(args.save, exist_ok=True)

@@ -21,18 +21,18 @@ The threads take the CSFs of a tile in the order of their number of couplings (c
 per table, ``balance``), so that the threads of a warp get similar work; each output keeps its
 one owner, so the order changes no bit (off by default: slower on the H200).
 
-When G does not fit the memory budget (CAS(18,18): 4.8 x 10^8 CSFs x 171 pairs, 650 GB), the
+When G does not fit the memory budget (CAS(18,18): 4.5 x 10^8 CSFs x 171 pairs, 615 GB), the
 default (``chunking="scatter"``) keeps G one tile at a time: after the GEMM of a tile, step 3
 runs from the tile's kets (kernel ``scatter``): every <m|E^sym_P|k> G[k, P] is rounded to a
-multiple of 2^-e and added with integer atomics into three 64-bit words per output (a sum whose
-value does not depend on the order of the additions; e from a bound of the terms, each term's
-rounding at most 2^-e-1, far below the double's), and kernel ``fixed_values`` turns the sums
-into doubles: two loop searches per sigma as with G whole, 24 bytes per CSF for the sums, and
-the same bits in every run. ``chunking="rows"`` builds G in chunks of rows and runs step 3
-once per chunk instead (each pass adds the chunk's share in chunk order; one more search of
-every CSF per chunk). Either way the solve slows down instead of failing. The density matrices
-use the same gather with the map (p, q) -> (q, p): t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket
-by GEMM.
+multiple of 2^-e and added, as two integer limbs, with atomic reductions into two 64-bit words
+per output (a sum whose value does not depend on the order of the additions; e from a bound of
+the terms, each term's rounding at most 2^-e-1, far below the double's), and kernel
+``fixed_values`` turns the sums into doubles: two loop searches per sigma as with G whole,
+16 bytes per CSF for the sums, and the same bits in every run. ``chunking="rows"`` builds G in
+chunks of rows and runs step 3 once per chunk instead (each pass adds the chunk's share in
+chunk order; one more search of every CSF per chunk). Either way the solve slows down instead
+of failing. The density matrices use the same gather with the map (p, q) -> (q, p):
+t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket by GEMM.
 
 Example (needs a CUDA GPU and the compiled ``cuscikit._cuda``):
     >>> import numpy as np
@@ -87,7 +87,7 @@ class GpuEngine:
             twin over ``cuscikit._core.guga_rows`` to run this orchestration on the CPU.
         chunking: where G does not fit whole: "scatter" (the class default: G one tile at a
             time, sigma's second half scattered from each tile into order-independent
-            fixed-point sums, 24 bytes per CSF) or "rows" (G in chunks of rows, one sigma pass
+            fixed-point sums, 16 bytes per CSF) or "rows" (G in chunks of rows, one sigma pass
             over all CSFs per chunk).
 
     Raises:
@@ -184,7 +184,7 @@ class GpuEngine:
         if self.chunking not in ("scatter", "rows"):
             raise ValueError(f"chunking must be 'scatter' or 'rows', got {self.chunking!r}")
         if self.chunking == "scatter":  # G lives one tile at a time beside the sums
-            avail -= 24 * self.ncsf
+            avail -= 16 * self.ncsf
             rows = int(min(rows, max(avail, 0) // (t_row + g_row)))
         while rows > min_rows and rows * (t_row + g_row) > avail:
             rows //= 2
@@ -217,7 +217,7 @@ class GpuEngine:
             self._T = torch.empty((self.rows, self.npair + 1), dtype=f64, device=self.device)
             self._G = torch.empty((self.g_rows, self.npair), dtype=f64, device=self.device)
             if self.mode == "scatter":
-                self._acc = torch.empty(3 * self.ncsf, dtype=torch.int64, device=self.device)
+                self._acc = torch.empty(2 * self.ncsf, dtype=torch.int64, device=self.device)
         return self._T, self._G
 
     def release(self) -> None:
@@ -353,8 +353,9 @@ class GpuEngine:
     def fixed_exponent(self, c, Vh) -> int:
         """e of the scatter's fixed-point sums (multiples of 2^-e) for this c and operator:
         every term <m|E^sym_P|k> G[k, P] and every diagonal term sum_r n_r G[k, P(r,r)] has
-        |t| < 2^75 2^-e. With ||E_pq + E_qp|| <= 4, |T[k, P]| <= 4 ||c||_2 and |G[k, Q]| <=
-        4 ||c||_2 max_Q sum_P |Vh[P, Q]|; a term is at most 2 n times that."""
+        |t| <= 2^75 2^-e (below the 2^76 that the sums allow). With ||E_pq + E_qp|| <= 4,
+        |T[k, P]| <= 4 ||c||_2 and |G[k, Q]| <= 4 ||c||_2 max_Q sum_P |Vh[P, Q]|; a term is at
+        most 2 n times that."""
         torch = self.torch
         if isinstance(Vh, tuple):
             col = (Vh[0].abs() @ Vh[1].abs()).sum(0).max()
@@ -365,7 +366,7 @@ class GpuEngine:
             raise ValueError("the vector or the operator holds a non-finite value")
         if bound == 0.0:
             return 0
-        return 75 - int(np.ceil(np.log2(bound)))
+        return int(np.clip(75 - int(np.ceil(np.log2(bound))), -1000, 1000))
 
     def contract(self, c, V, h=None):
         """`Engine.contract` on the device: numpy in, numpy out (a tensor stays a tensor)."""

@@ -125,25 +125,26 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 // The scatter form of sigma for the kets k0 .. k0 + count - 1 (row j of G is ket k0 + j's):
-// fixed-point sums with integer atomics, the same bits in any order of arrival.
+// fixed-point sums with integer atomic reductions (the old value is never read, so the thread
+// does not wait), the same bits in any order of arrival. acc: the lo words, then the hi words.
 template <int MaxOrb>
 __global__ void __launch_bounds__(kBlock)
     scatter_kernel(DrtView d, i64 k0, i64 count, const std::int32_t* __restrict__ symmap,
-                   const double* __restrict__ G, int ldg, int e, csk_u64* __restrict__ acc) {
+                   const double* __restrict__ G, int ldg, int e, csk_i64* __restrict__ acc) {
   const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= count) return;
-  csk::guga::scatter_row<MaxOrb>(d, k0 + j, symmap, G + j * ldg, e, acc, [](csk_u64* p, csk_u64 v) {
-    return static_cast<csk_u64>(
-        atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v)));
-  });
+  csk::guga::scatter_row<MaxOrb>(
+      d, k0 + j, symmap, G + j * ldg, e, acc, acc + d.ncsf, [](csk_i64* p, csk_i64 v) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+      });
 }
 
 __global__ void __launch_bounds__(kBlock)
-    fixed_values_kernel(i64 count, const csk_u64* __restrict__ acc, int e,
+    fixed_values_kernel(i64 count, const csk_i64* __restrict__ acc, int e,
                         double* __restrict__ out) {
   const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= count) return;
-  out[j] = csk::guga::fixed_value(acc + 3 * j, e);
+  out[j] = csk::guga::fixed_value(acc[j], acc[count + j], e);
 }
 
 unsigned blocks_for(i64 n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
@@ -216,7 +217,7 @@ void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, cons
 void scatter(const DrtView& d, i64 k0, i64 count, const std::int32_t* symmap, const double* G,
              int ldg, int e, std::int64_t* acc, void* stream) {
   if (count <= 0) return;
-  csk_u64* words = reinterpret_cast<csk_u64*>(acc);
+  csk_i64* words = reinterpret_cast<csk_i64*>(acc);
   if (d.norb <= 32)
     scatter_kernel<32><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(d, k0, count, symmap, G,
                                                                             ldg, e, words);
@@ -229,7 +230,7 @@ void scatter(const DrtView& d, i64 k0, i64 count, const std::int32_t* symmap, co
 void fixed_values(i64 count, const std::int64_t* acc, int e, double* out, void* stream) {
   if (count <= 0) return;
   fixed_values_kernel<<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(
-      count, reinterpret_cast<const csk_u64*>(acc), e, out);
+      count, reinterpret_cast<const csk_i64*>(acc), e, out);
   CSK_CUDA_LAUNCHED();
 }
 

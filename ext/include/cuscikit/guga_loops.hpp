@@ -469,56 +469,52 @@ CSK_HD double diagonal_row(const DrtView& d, std::int64_t k, const double* hp, c
 // --- sums whose value does not depend on the order of their terms ------------------------------
 // Where many threads add into one output (the scatter form of sigma below), floating-point sums
 // would change with the order of arrival. Here every term t is rounded once to a multiple of
-// 2^-e and added as an integer into three words per output, and integer addition does not
-// depend on the order: acc[0] sums the low 64 bits of the positive terms, acc[1] those of the
-// negative terms (magnitudes), acc[2] (two's complement) the high parts and the carries out of
-// the two low words. The value is ((acc[2] 2^64 + acc[0] - acc[1]) 2^-e. The caller picks e so
-// that |t| 2^e < 2^76 for every term and the sum of the magnitudes of one output stays below
-// 2^126 (`fixed_exponent`); the rounding error of a term is then at most 2^-e-1.
-// add(word, v) adds v to *word modulo 2^64 and returns the old value (an atomicAdd on the GPU).
+// 2^-e, split into two signed limbs, |t| 2^e = hi 2^kLimbBits + lo with 0 <= lo <= 2^kLimbBits,
+// and the limbs are added as integers into two words per output (lo[m] and hi[m]): integer
+// addition does not depend on the order, and no addition needs the old value (on the GPU a
+// reduction that the thread does not wait for). The caller picks e so that |t| 2^e < 2^76 for
+// every term (`fixed_exponent`): hi stays below 2^32 per term, and a word overflows only beyond
+// 2^19 terms per output (a CSF has far fewer couplings). The value is (hi 2^kLimbBits + lo)
+// 2^-e; the rounding error of a term is at most 2^-e-1.
+constexpr int kLimbBits = 44;
+
+// add(word, v) adds v to *word (an atomic reduction on the GPU). scale = 2^e (products with a
+// power of two are exact), so a term costs two multiplications, floor, rint and one fma.
 template <class Add>
-CSK_HD void fixed_add(csk_u64* acc, double t, int e, Add&& add) {
+CSK_HD void fixed_add(csk_i64* lo, csk_i64* hi, double t, double scale, Add&& add) {
   if (t == 0.0) return;
-  const bool neg = t < 0.0;
-  const double q = ldexp(neg ? -t : t, e);  // exact: a power of two
-  const double hi_d = floor(ldexp(q, -64));
-  const double lo_d = rint(q - ldexp(hi_d, 64));  // q - hi 2^64 is exact, below 2^64
-  const csk_u64 lo = static_cast<csk_u64>(lo_d);
-  csk_u64 hi = static_cast<csk_u64>(hi_d);
-  if (lo == 0 && hi == 0) return;
-  if (lo != 0) {
-    const csk_u64 old = add(acc + (neg ? 1 : 0), lo);
-    if (old + lo < old) ++hi;  // carry out of the low word
-  }
-  if (hi != 0) add(acc + 2, neg ? ~hi + 1 : hi);
+  const double q = (t < 0.0 ? -t : t) * scale;
+  const double h = floor(q * (1.0 / 17592186044416.0));  // q / 2^44
+  const double l = rint(fma(-h, 17592186044416.0, q));     // q - h 2^44: exact, below 2^44
+  const csk_i64 li = static_cast<csk_i64>(l), hi_i = static_cast<csk_i64>(h);
+  if (li != 0) add(lo, t < 0.0 ? -li : li);
+  if (hi_i != 0) add(hi, t < 0.0 ? -hi_i : hi_i);
 }
 
-// The double nearest (within one rounding of each part) to the fixed-point sum of acc.
-CSK_HD double fixed_value(const csk_u64* acc, int e) {
-  const csk_u64 pos = acc[0], neg = acc[1];
-  const double low = pos >= neg ? static_cast<double>(pos - neg) : -static_cast<double>(neg - pos);
-  const double high = static_cast<double>(static_cast<csk_i64>(acc[2]));
-  return ldexp(ldexp(high, 64) + low, -e);
+// The double nearest (within two roundings) to the fixed-point sum (hi 2^kLimbBits + lo) 2^-e.
+CSK_HD double fixed_value(csk_i64 lo, csk_i64 hi, int e) {
+  return ldexp(ldexp(static_cast<double>(hi), kLimbBits) + static_cast<double>(lo), -e);
 }
 
 // The scatter form of sigma's second half for one ket k: every <m|E^sym_P|k> G[k, P] (and the
-// diagonal sum_r n_r(k) G[k, P(r,r)] into k itself) added into the fixed-point sums acc[3 m ..]
-// of the outputs m (fixed_add with `add`). The row g = G[k, :] is k's own: G need not be kept
-// beyond the tile that holds it. The couplings of k as a ket are those that the gather form
+// diagonal sum_r n_r(k) G[k, P(r,r)] into k itself) added into the fixed-point sums (lo[m],
+// hi[m]) of the outputs m (fixed_add with `add`). The row g = G[k, :] is k's own: G need not be
+// kept beyond the tile that holds it. The couplings of k as a ket are those that the gather form
 // (sigma_row) finds from m, as E^sym_P is symmetric; the value is the same up to the rounding of
 // the terms (2^-e-1 each), and the same bit for bit in any order of the threads.
 template <int MaxOrb, class Add>
 CSK_HD void scatter_row(const DrtView& d, std::int64_t k, const std::int32_t* symmap,
-                        const double* g, int e, csk_u64* acc, Add&& add) {
+                        const double* g, int e, csk_i64* lo, csk_i64* hi, Add&& add) {
   PackedSteps<MaxOrb> steps;
   int verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   const int n = d.norb;
+  const double scale = ldexp(1.0, e);
   double s = 0.0;
   for (int r = 0; r < n; ++r) s += step_occupation(steps[r]) * g[symmap[r * n + r]];
-  fixed_add(acc + 3 * k, s, e, add);
+  fixed_add(lo + k, hi + k, s, scale, add);
   for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t m, int code, double w) {
-    fixed_add(acc + 3 * m, w * g[symmap[code]], e, add);
+    fixed_add(lo + m, hi + m, w * g[symmap[code]], scale, add);
   });
 }
 
