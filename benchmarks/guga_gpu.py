@@ -212,7 +212,7 @@ def _tune(solver, h1, eri, ncas, nelec, label, tune_rows, variants=tuple(VARIANT
             )
             if eng.mode != "scatter" and sum(ph.values()) < best[0]:
                 best = (sum(ph.values()), (eng.split_gather, eng.balance, eng.rows))
-    if best[1] is not None:  # the timings and the solve after this run with the fastest order
+    if tune_rows and best[1] is not None:  # the timings and the solve use the fastest order
         GpuEngine.split_gather, GpuEngine.balance, GpuEngine.tile_rows = best[1]
         GpuEngine.split_sigma = GpuEngine.split_gather
     print(
