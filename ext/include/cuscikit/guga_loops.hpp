@@ -485,7 +485,7 @@ CSK_HD void fixed_add(csk_i64* lo, csk_i64* hi, double t, double scale, Add&& ad
   if (t == 0.0) return;
   const double q = (t < 0.0 ? -t : t) * scale;
   const double h = floor(q * (1.0 / 17592186044416.0));  // q / 2^44
-  const double l = rint(fma(-h, 17592186044416.0, q));     // q - h 2^44: exact, below 2^44
+  const double l = rint(fma(-h, 17592186044416.0, q));   // q - h 2^44: exact, below 2^44
   const csk_i64 li = static_cast<csk_i64>(l), hi_i = static_cast<csk_i64>(h);
   if (li != 0) add(lo, t < 0.0 ? -li : li);
   if (hi_i != 0) add(hi, t < 0.0 ? -hi_i : hi_i);
