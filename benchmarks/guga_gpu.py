@@ -37,6 +37,7 @@ SPACES = {
     12: ("N2", "N 0 0 0; N 0 0 1.098", 12),
     14: ("N2", "N 0 0 0; N 0 0 1.098", 14),
     16: ("F2", "F 0 0 0; F 0 0 1.412", 16),
+    18: ("F2", "F 0 0 0; F 0 0 1.412", 18),
 }
 ANCHOR = {14: (2.87, 43.0)}  # PySCF direct_spin1, 16 cores of the GPU machine: sigma s, solve s
 
@@ -50,6 +51,12 @@ def _pyscf_integrals(ncas: int):
     mc = mcscf.CASCI(mf, ncas, nelecas)
     h1, ecore = mc.get_h1eff()
     return name, np.asarray(h1), np.asarray(mc.get_h2eff()), float(ecore), nelecas
+
+
+def _n_csf(ncas: int, nelec: int) -> int:
+    from cuscikit.guga.drt import DRT
+
+    return int(DRT.weyl(ncas, nelec, 0))
 
 
 def _integrals(ncas: int, folder: str | None):
@@ -88,49 +95,85 @@ def _sigma_time(solver, h1, eri, ncas, nelec, repeat: int, gpu: bool) -> tuple[f
 
 
 def _gpu_phases(eng, c, Vh) -> dict:
-    """Seconds of the three phases of one GPU sigma (gather of E c, GEMM, gather of sigma) with
-    the engine's choice of one CSF per warp or per thread."""
+    """Seconds of the three phases of one GPU sigma (gather of E c, GEMM, gather or scatter of
+    sigma) with the engine's plan (G whole, chunks of rows, or tiles with the scatter) and its
+    choice of one CSF per warp or per thread."""
     import torch
 
     k, s = eng.kernels, eng._stream()
     T_all, G_all = eng._buffers()
     out = torch.empty_like(c)
     t = {"gather": 0.0, "gemm": 0.0, "sigma": 0.0}
+
+    def timed(key, fn):
+        torch.cuda.synchronize()
+        a = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        t[key] += time.perf_counter() - a
+
+    if eng.mode == "scatter":
+        e = eng.fixed_exponent(c, Vh)
+        timed("sigma", eng._acc.zero_)
+        for t0 in range(0, eng.ncsf, eng.rows):
+            tc = min(eng.rows, eng.ncsf - t0)
+            T, G = T_all[:tc], G_all[:tc]
+            timed(
+                "gather",
+                lambda T=T, t0=t0: k.gather(
+                    eng.core, t0, eng._symmap, eng.npair, c, T, False, None, True, s
+                ),
+            )
+            timed("gemm", lambda T=T, G=G: eng._gemm(T, Vh, G))
+            timed(
+                "sigma", lambda G=G, t0=t0: k.scatter(eng.core, t0, eng._symmap, G, e, eng._acc, s)
+            )
+        timed("sigma", lambda: k.fixed_values(eng._acc, e, out, s))
+        return t
     for g0 in range(0, eng.ncsf, eng.g_rows):
         gc = min(eng.g_rows, eng.ncsf - g0)
         G = G_all[:gc]
         for t0 in range(g0, g0 + gc, eng.rows):
             tc = min(eng.rows, g0 + gc - t0)
-            torch.cuda.synchronize()
-            a = time.perf_counter()
             order = eng.order()
-            k.gather(
-                eng.core,
-                t0,
-                eng._symmap,
-                eng.npair,
-                c,
-                T_all[:tc],
-                eng.split_gather,
-                order,
-                True,
-                s,
+            timed(
+                "gather",
+                lambda t0=t0, tc=tc, order=order: k.gather(
+                    eng.core,
+                    t0,
+                    eng._symmap,
+                    eng.npair,
+                    c,
+                    T_all[:tc],
+                    eng.split_gather,
+                    order,
+                    True,
+                    s,
+                ),
             )
-            torch.cuda.synchronize()
-            b = time.perf_counter()
-            torch.matmul(T_all[:tc], Vh, out=G[t0 - g0 : t0 - g0 + tc])
-            torch.cuda.synchronize()
-            t["gather"] += b - a
-            t["gemm"] += time.perf_counter() - b
-        a = time.perf_counter()
+            timed(
+                "gemm",
+                lambda t0=t0, tc=tc, G=G, g0=g0: eng._gemm(
+                    T_all[:tc], Vh, G[t0 - g0 : t0 - g0 + tc]
+                ),
+            )
         so = None if eng.split_sigma else eng.order()
-        k.sigma(eng.core, 0, eng._symmap, G, g0, out, g0 > 0, eng.split_sigma, so, s)
-        torch.cuda.synchronize()
-        t["sigma"] += time.perf_counter() - a
+        timed(
+            "sigma",
+            lambda G=G, g0=g0, so=so: k.sigma(
+                eng.core, 0, eng._symmap, G, g0, out, g0 > 0, eng.split_sigma, so, s
+            ),
+        )
     return t
 
 
-VARIANTS = {"thread": (False, False), "sorted": (False, True), "warp": (True, False)}
+# (one CSF per warp, tiles sorted by work, G by tiles with the scatter form of sigma)
+VARIANTS = {
+    "thread": (False, False, False),
+    "sorted": (False, True, False),
+    "warp": (True, False, False),
+    "scatter": (False, False, True),
+}
 
 
 def _tune(solver, h1, eri, ncas, nelec, label, tune_rows, variants=tuple(VARIANTS)) -> None:
@@ -147,26 +190,29 @@ def _tune(solver, h1, eri, ncas, nelec, label, tune_rows, variants=tuple(VARIANT
     best = (np.inf, None)
     variants = [VARIANTS[v] for v in variants] if tune_rows else [None]
     for rows in tune_rows or [eng.rows]:
-        eng.release()
-        eng._plan(0, rows)
         for v in variants:
+            eng.release()
+            eng._plan(0, rows)
             if v is not None:
                 eng.split_gather = eng.split_sigma = v[0]
                 eng.balance = v[1]
+                if v[2]:
+                    eng.use_scatter(min(rows, eng.ncsf))
             t0 = time.perf_counter()
             eng.order()  # made once per table and tiling
             t_order = time.perf_counter() - t0
             ph = _gpu_phases(eng, c, Vh)
             kind = "warp" if eng.split_gather else "thread"
             kind += ", tiles sorted by work" if eng._balanced() and not eng.split_gather else ""
+            kind += f", G {eng.mode}" + (f" ({eng.n_chunks} chunks)" if eng.mode == "rows" else "")
             text = ", ".join(f"{k} {v:.4f}" for k, v in ph.items())
             print(
                 f"{label} GPU phases, tile {eng.rows}, one CSF per {kind} (s): {text}"
                 f" (order made in {t_order:.3f} s)"
             )
-            if sum(ph.values()) < best[0]:
+            if eng.mode != "scatter" and sum(ph.values()) < best[0]:
                 best = (sum(ph.values()), (eng.split_gather, eng.balance, eng.rows))
-    if tune_rows:  # the timings and the solve after this run with the fastest order
+    if tune_rows and best[1] is not None:  # the timings and the solve use the fastest order
         GpuEngine.split_gather, GpuEngine.balance, GpuEngine.tile_rows = best[1]
         GpuEngine.split_sigma = GpuEngine.split_gather
     print(
@@ -217,10 +263,13 @@ def run_case(
     from cuscikit.guga import pspace as pspace_mod
 
     for precond in precs:  # the first is the table's; the others are printed
+        psize = 400
+        if ":" in precond:  # pspace:N, a P space of N CSFs
+            precond, psize = precond.split(":")[0], int(precond.split(":")[1])
         if gpu:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        solver = GUGASolver(precond=precond, **opts)
+        solver = GUGASolver(precond=precond, pspace_size=psize, **opts)
         calls, t_ps = [0], [0.0]
         if gpu:  # count the sigma vectors of the solve
             from cuscikit.guga import gpu as gpu_mod
@@ -248,7 +297,8 @@ def run_case(
         if gpu:
             gpu_mod.GpuEngine.sigma = plain
         print(
-            f"{name} CAS({nelecas},{ncas}) {'GPU' if gpu else 'CPU'} solve, precond {precond}: "
+            f"{name} CAS({nelecas},{ncas}) {'GPU' if gpu else 'CPU'} solve, precond {precond} "
+            f"({psize} CSFs): "
             f"{dt:.2f} s, {calls[0] if gpu else '-'} sigma vectors, P space {t_ps[0]:.2f} s, "
             f"E = {float(e):.12f}, converged {solver.converged}",
             flush=True,
@@ -267,9 +317,159 @@ def run_case(
     return out
 
 
+def _synced(fn, table, key, torch):
+    """fn wrapped: the device is synchronised around each call and the seconds are added to
+    table[key] (inclusive of what it calls)."""
+
+    def wrapped(*a, **k):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            torch.cuda.synchronize()
+            table[key] = table.get(key, 0.0) + time.perf_counter() - t
+
+    return wrapped
+
+
+def first_solves(ncas, folder, solves: int, profile=False, small_first=False) -> None:
+    """The first GPU solves of a fresh process, each split into its steps (synchronised timers):
+    the operator on the host, the engine, the diagonal, the P space, the start vectors, the
+    sigma vectors, the preconditioner, Davidson's own work, and the device allocations
+    (cudaMalloc calls of PyTorch's allocator). With ``profile`` the first solve runs under
+    torch.profiler and its slowest operators are printed; with ``small_first`` a CAS(8,8) GPU
+    solve runs before them. Then the time of fresh device allocations of 1 and 4 GiB."""
+    import importlib
+
+    import torch
+
+    import cuscikit.guga.pspace as pspace_mod
+    import cuscikit.guga.solver as solver_mod
+    from cuscikit.guga import GUGASolver
+    from cuscikit.guga.gpu import GpuEngine
+
+    # the module (the package exports the function under the same name)
+    dav_mod = importlib.import_module("cuscikit.linalg.davidson")
+    t0 = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    print(f"CUDA context: {time.perf_counter() - t0:.3f} s", flush=True)
+    if small_first:  # a small GPU solve first: what stays of the first solve's costs is per size
+        rng = np.random.default_rng(0)
+        h = rng.standard_normal((8, 8))
+        g = rng.standard_normal((36, 36))
+        t0 = time.perf_counter()
+        GUGASolver(device="cuda").kernel(h + h.T, g @ g.T / 36, 8, (4, 4))
+        torch.cuda.synchronize()
+        print(f"a CAS(8,8) GPU solve first: {time.perf_counter() - t0:.3f} s", flush=True)
+    name, h1, eri, ecore, nelecas = _integrals(ncas, folder)
+    nelec = (nelecas // 2, nelecas // 2)
+    label = f"{name} CAS({nelecas},{ncas})"
+    table: dict = {}
+    its: list = []
+    patches = [
+        (GUGASolver, "_operator", "operator (host)"),
+        (GUGASolver, "_engine", "engine"),
+        (GpuEngine, "diagonal_device", "diagonal"),
+        (GUGASolver, "_pspace", "P space (all)"),
+        (pspace_mod, "pspace_hamiltonian", "P space H_PP"),
+        (pspace_mod.PSpacePreconditioner, "__init__", "P space eigh"),
+        (solver_mod, "_start_vectors", "start vectors"),
+        (GpuEngine, "sigma", "sigma"),
+        (pspace_mod.PSpacePreconditioner, "__call__", "preconditioner"),
+    ]
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    for obj, attr, key in patches:
+        setattr(obj, attr, _synced(getattr(obj, attr), table, key, torch))
+    plain_dav = dav_mod.davidson
+
+    def dav(*a, **k):
+        def cb(it, e, r):
+            torch.cuda.synchronize()
+            its.append(time.perf_counter())
+
+        k["callback"] = cb
+        return plain_dav(*a, **k)
+
+    dav_mod.davidson = _synced(dav, table, "davidson", torch)
+    count = {"n": 0}
+    plain_sigma = GpuEngine.sigma
+
+    def counted(self, c, Vh):
+        count["n"] += 1
+        return plain_sigma(self, c, Vh)
+
+    GpuEngine.sigma = counted
+    try:
+        for i in range(solves):
+            table.clear()
+            its.clear()
+            count["n"] = 0
+            stats0 = torch.cuda.memory_stats()
+            solver = GUGASolver(conv_tol=1e-10, device="cuda")
+            prof = None
+            if profile and i == 0:
+                from torch.profiler import ProfilerActivity
+                from torch.profiler import profile as tprofile
+
+                prof = tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                prof.__enter__()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+            if prof is not None:
+                prof.__exit__(None, None, None)
+            stats1 = torch.cuda.memory_stats()
+            mallocs = stats1["segment.all.allocated"] - stats0["segment.all.allocated"]
+            steps = ", ".join(f"{k} {v:.3f}" for k, v in table.items())
+            gaps = np.diff(its) if len(its) > 1 else []
+            print(
+                f"{label} solve {i + 1} of the process: {dt:.3f} s, {count['n']} sigma vectors, "
+                f"E = {float(e):.12f}, device allocations {mallocs}; steps (s, inclusive): "
+                f"{steps}; Davidson iterations (s): {' '.join(f'{g:.3f}' for g in gaps)}",
+                flush=True,
+            )
+            if prof is not None:
+                print(
+                    prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25),
+                    flush=True,
+                )
+                slow = sorted(prof.events(), key=lambda ev: -ev.cpu_time_total)
+                slow = [ev for ev in slow if ev.cpu_time_total > 5000][:40]
+                for ev in sorted(slow, key=lambda ev: ev.time_range.start):
+                    print(
+                        f"  slow op at {ev.time_range.start / 1e6:.3f} s: {ev.name} "
+                        f"{ev.cpu_time_total / 1e3:.1f} ms",
+                        flush=True,
+                    )
+            del solver
+    finally:
+        GpuEngine.sigma = plain_sigma
+        for obj, attr, fn in saved:
+            setattr(obj, attr, fn)
+        dav_mod.davidson = plain_dav
+    for gib in (1, 4, 1, 4):
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        x.fill_(1)
+        torch.cuda.synchronize()
+        print(
+            f"fresh device allocation of {gib} GiB: {t1 - t0:.4f} s, first fill "
+            f"{time.perf_counter() - t1:.4f} s",
+            flush=True,
+        )
+        del x
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", type=int, nargs="*", default=[12, 14, 16], choices=[12, 14, 16])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[12, 14, 16], choices=[12, 14, 16, 18])
     ap.add_argument("--integrals", help="folder of cas<N>.npz files (else PySCF)")
     ap.add_argument("--save", help="write cas<N>.npz integrals to this folder and exit")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
@@ -282,14 +482,14 @@ def main() -> None:
         nargs="*",
         default=list(VARIANTS),
         choices=list(VARIANTS),
-        help="kernel orders to time with --tune-rows (per thread, per thread sorted, per warp)",
+        help="orders to time with --tune-rows (thread, sorted, warp; scatter: G by tiles)",
     )
     ap.add_argument(
         "--precond",
         nargs="*",
         default=["pspace"],
-        choices=["pspace", "diagonal"],
-        help="solve with each of these Davidson preconditioners (the table shows the first)",
+        help="solve with each of these Davidson preconditioners (the table shows the first): "
+        "pspace, pspace:N (a P space of N CSFs, default 400), diagonal",
     )
     ap.add_argument(
         "--tune-rows",
@@ -298,7 +498,39 @@ def main() -> None:
         default=[],
         help="time the phases for these tile sizes, both orders, and solve with the fastest",
     )
+    ap.add_argument(
+        "--first-solve",
+        type=int,
+        default=0,
+        help="only time this many solves of a fresh process, step by step (the first size)",
+    )
+    ap.add_argument("--profile", action="store_true", help="with --first-solve: torch.profiler")
+    ap.add_argument(
+        "--small-first", action="store_true", help="with --first-solve: a CAS(8,8) solve first"
+    )
+    ap.add_argument(
+        "--sigma-only",
+        action="store_true",
+        help="only the phases of one GPU sigma per size (--tune-rows, --variants; CAS(18,18))",
+    )
     args = ap.parse_args()
+    if args.sigma_only:
+        from cuscikit.guga import GUGASolver
+
+        print(f"machine: {machine()}")
+        for ncas in args.sizes:
+            name, h1, eri, _, nelecas = _integrals(ncas, args.integrals)
+            label = f"{name} CAS({nelecas},{ncas}) {_n_csf(ncas, nelecas):,} CSFs"
+            # a small Davidson reserve: the engine's budget is what the phases need
+            solver = GUGASolver(device="cuda", max_space=2, gpu_memory=args.gpu_memory)
+            nelec = (nelecas // 2, nelecas // 2)
+            _tune(solver, h1, eri, ncas, nelec, label, args.tune_rows, args.variants)
+        return
+    if args.first_solve:
+        first_solves(
+            args.sizes[0], args.integrals, args.first_solve, args.profile, args.small_first
+        )
+        return
     if args.save:
         os.makedirs(args.save, exist_ok=True)
         for ncas in args.sizes:

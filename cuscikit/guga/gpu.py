@@ -19,10 +19,20 @@ agree bit for bit:
 
 The threads take the CSFs of a tile in the order of their number of couplings (counted once
 per table, ``balance``), so that the threads of a warp get similar work; each output keeps its
-one owner, so the order changes no bit. When G does not fit the memory budget, it is built in
-chunks of rows and step 3 runs once per chunk (each pass adds the chunk's share to sigma in
-chunk order): the solve slows down instead of failing. The density matrices use the same
-gather with the map (p, q) -> (q, p): t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket by GEMM.
+one owner, so the order changes no bit (off by default: slower on the H200).
+
+When G does not fit the memory budget (CAS(18,18): 4.5 x 10^8 CSFs x 171 pairs, 615 GB), the
+default (``chunking="scatter"``) keeps G one tile at a time: after the GEMM of a tile, step 3
+runs from the tile's kets (kernel ``scatter``): every <m|E^sym_P|k> G[k, P] is rounded to a
+multiple of 2^-e and added, as two integer limbs, with atomic reductions into two 64-bit words
+per output (a sum whose value does not depend on the order of the additions; e from a bound of
+the terms, each term's rounding at most 2^-e-1, far below the double's), and kernel
+``fixed_values`` turns the sums into doubles: two loop searches per sigma as with G whole,
+16 bytes per CSF for the sums, and the same bits in every run. ``chunking="rows"`` builds G in
+chunks of rows and runs step 3 once per chunk instead (each pass adds the chunk's share in
+chunk order; one more search of every CSF per chunk). Either way the solve slows down instead
+of failing. The density matrices use the same gather with the map (p, q) -> (q, p):
+t[k, r s] = (E_rs c)_k, M = t_bra^T t_ket by GEMM.
 
 Example (needs a CUDA GPU and the compiled ``cuscikit._cuda``):
     >>> import numpy as np
@@ -75,6 +85,10 @@ class GpuEngine:
         tile_rows: kets per gather / GEMM tile (the T buffer; None: the class default).
         kernels: the module of kernels (default ``cuscikit._cuda.guga``); the tests pass a host
             twin over ``cuscikit._core.guga_rows`` to run this orchestration on the CPU.
+        chunking: where G does not fit whole: "scatter" (the class default: G one tile at a
+            time, sigma's second half scattered from each tile into order-independent
+            fixed-point sums, 16 bytes per CSF) or "rows" (G in chunks of rows, one sigma pass
+            over all CSFs per chunk).
 
     Raises:
         CudaUnavailableError: no GPU, no PyTorch CUDA, or no compiled GUGA kernels.
@@ -94,6 +108,7 @@ class GpuEngine:
     split_gather: bool = False
     split_sigma: bool = False
     balance: bool = False
+    chunking: str = "scatter"
     tile_rows: int = 1 << 25
     factor_rows: int = 1 << 16
 
@@ -105,6 +120,7 @@ class GpuEngine:
         reserve: int = 0,
         tile_rows: int | None = None,
         kernels=None,
+        chunking: str | None = None,
     ):
         self.kernels = _load_kernels() if kernels is None else kernels
         import torch
@@ -139,19 +155,24 @@ class GpuEngine:
         self._symmap = dev_i32(self.symmap)
         self._genmap = dev_i32(generator_map(n))
         self._order = self._order_key = None
+        if chunking is not None:
+            self.chunking = chunking
         self._plan(int(reserve), int(tile_rows or self.tile_rows))
-        self._T = self._G = self._X = None
+        self._T = self._G = self._X = self._acc = None
         self._steps = None
 
     # --- memory ----------------------------------------------------------------------------------
     def _plan(self, reserve: int, tile_rows: int) -> None:
-        """Tile rows of T and chunk rows of G from the budget left beside `reserve`."""
+        """Tile rows of T and rows of G from the budget left beside `reserve`: G whole if it
+        fits beside a tile, else (``chunking``) G by tiles with the scatter form of sigma, or G
+        in chunks of rows with one sigma pass per chunk."""
         avail = self.budget.available() - reserve
         if self._balanced():
             avail -= 4 * self.ncsf  # the order
         t_row, g_row = 8 * (self.npair + 1), 8 * self.npair
         rows = max(1, min(self.ncsf, tile_rows))
         min_rows = min(self.ncsf, 256)
+        self.mode = "whole"
         # G whole first (each chunk of G repeats the sigma pass), then the largest tile of T
         # (each tile is one launch that waits for its slowest warp)
         whole = self.ncsf * g_row
@@ -160,28 +181,48 @@ class GpuEngine:
             self.g_rows = self.ncsf
             self.n_chunks = 1
             return
+        if self.chunking not in ("scatter", "rows"):
+            raise ValueError(f"chunking must be 'scatter' or 'rows', got {self.chunking!r}")
+        if self.chunking == "scatter":  # G lives one tile at a time beside the sums
+            avail -= 16 * self.ncsf
+            rows = int(min(rows, max(avail, 0) // (t_row + g_row)))
         while rows > min_rows and rows * (t_row + g_row) > avail:
             rows //= 2
-        if rows * (t_row + g_row) > avail:
+        if rows < 1 or rows * (t_row + g_row) > avail:
+            rows = max(rows, 1)
             raise ValueError(
                 f"the device budget leaves {max(avail, 0):,} bytes beside {reserve:,} for the "
                 f"vectors: too little for one tile of {rows} CSFs ({rows * (t_row + g_row):,} "
                 f"bytes); raise the memory cap or shrink the Davidson space"
             )
         self.rows = rows
+        if self.chunking == "scatter":
+            self.mode = "scatter"
+            self.g_rows = rows
+            self.n_chunks = 1
+            return
+        self.mode = "rows"
         self.g_rows = int(min(self.ncsf, max(rows, (avail - rows * t_row) // g_row)))
         self.n_chunks = -(-self.ncsf // self.g_rows)
+
+    def use_scatter(self, rows: int) -> None:
+        """G by tiles of `rows` kets and the scatter form of sigma, whatever fits (the tests
+        force small tiles with it)."""
+        self.release()
+        self.mode, self.rows, self.g_rows, self.n_chunks = "scatter", int(rows), int(rows), 1
 
     def _buffers(self):
         if self._T is None:
             torch, f64 = self.torch, self.torch.float64
             self._T = torch.empty((self.rows, self.npair + 1), dtype=f64, device=self.device)
             self._G = torch.empty((self.g_rows, self.npair), dtype=f64, device=self.device)
+            if self.mode == "scatter":
+                self._acc = torch.empty(2 * self.ncsf, dtype=torch.int64, device=self.device)
         return self._T, self._G
 
     def release(self) -> None:
         """Free the work buffers (they are made again on the next sigma)."""
-        self._T = self._G = self._X = None
+        self._T = self._G = self._X = self._acc = None
 
     def _balanced(self) -> bool:
         return self.balance and self.ncsf < 2**31
@@ -280,9 +321,21 @@ class GpuEngine:
         torch, k = self.torch, self.kernels
         c = c.contiguous()
         out = torch.empty(self.ncsf, dtype=torch.float64, device=self.device)
-        order = self.order()
         T_all, G_all = self._buffers()
         s = self._stream()
+        if self.mode == "scatter":
+            e = self.fixed_exponent(c, Vh)
+            acc = self._acc
+            acc.zero_()
+            for t0 in range(0, self.ncsf, self.rows):
+                tc = min(self.rows, self.ncsf - t0)
+                T, G = T_all[:tc], G_all[:tc]
+                k.gather(self.core, t0, self._symmap, self.npair, c, T, False, None, True, s)
+                self._gemm(T, Vh, G)
+                k.scatter(self.core, t0, self._symmap, G, e, acc, s)
+            k.fixed_values(acc, e, out, s)
+            return out
+        order = self.order()
         for g0, gc, tiles in self._tiles():
             G = G_all[:gc]
             for t0, tc in tiles:
@@ -296,6 +349,24 @@ class GpuEngine:
                 self.core, 0, self._symmap, G, g0, out, g0 > 0, self.split_sigma, sigma_order, s
             )
         return out
+
+    def fixed_exponent(self, c, Vh) -> int:
+        """e of the scatter's fixed-point sums (multiples of 2^-e) for this c and operator:
+        every term <m|E^sym_P|k> G[k, P] and every diagonal term sum_r n_r G[k, P(r,r)] has
+        |t| <= 2^75 2^-e (below the 2^76 that the sums allow). With ||E_pq + E_qp|| <= 4,
+        |T[k, P]| <= 4 ||c||_2 and |G[k, Q]| <= 4 ||c||_2 max_Q sum_P |Vh[P, Q]|; a term is at
+        most 2 n times that."""
+        torch = self.torch
+        if isinstance(Vh, tuple):
+            col = (Vh[0].abs() @ Vh[1].abs()).sum(0).max()
+        else:
+            col = Vh.abs().sum(0).max()
+        bound = float((8.0 * self.norb * torch.linalg.vector_norm(c) * col).item())
+        if not np.isfinite(bound):
+            raise ValueError("the vector or the operator holds a non-finite value")
+        if bound == 0.0:
+            return 0
+        return int(np.clip(75 - int(np.ceil(np.log2(bound))), -1000, 1000))
 
     def contract(self, c, V, h=None):
         """`Engine.contract` on the device: numpy in, numpy out (a tensor stays a tensor)."""

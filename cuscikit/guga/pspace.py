@@ -78,7 +78,8 @@ def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1
     csfs = np.asarray(csfs, dtype=np.int64).reshape(-1)
     p, n = len(csfs), drt.norb
     npair = n * (n + 1) // 2
-    if p == 0 or len(np.unique(csfs)) != p:
+    srt = np.sort(csfs)  # np.unique without an inverse or counts imports numpy.ma (once: 0.1 s)
+    if p == 0 or np.any(srt[1:] == srt[:-1]):
         raise ValueError("csfs must be a non-empty list of distinct CSF indices")
     if diag is not None:
         diag = np.asarray(diag, dtype=np.float64).reshape(-1)
@@ -137,7 +138,7 @@ def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1
         R = np.bincount(flat, w[e0:e1], minlength=(r1 - r0) * npair).reshape(r1 - r0, npair)
         RV = times_v(R)
         gs, gsz = starts[g0:g1] - r0, sizes[g0:g1]
-        for g in np.unique(gsz):
+        for g in np.unique(gsz, return_counts=True)[0]:
             first = gs[gsz == g]
             idx = first[:, None] + np.arange(g)[None, :]  # (groups, g) rows
             M = np.matmul(RV[idx], R[idx].transpose(0, 2, 1))  # (groups, g, g)
@@ -228,5 +229,8 @@ class PSpacePreconditioner:
     def __call__(self, R, thetas, X):
         thetas = np.asarray(thetas, dtype=np.float64).reshape(-1) - self.shift
         MR, MX = self._apply(R, thetas), self._apply(X, thetas)
-        e = (X * MR).sum(0) / (X * MX).sum(0)
+        if self.torch is None:
+            e = (X * MR).sum(0) / (X * MX).sum(0)
+        else:  # column dots through a GEMM: no reduction kernels to load in the first solve
+            e = self.torch.diagonal(X.T @ MR) / self.torch.diagonal(X.T @ MX)
         return self._apply(R - X * e[None, :], thetas)

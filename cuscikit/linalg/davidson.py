@@ -79,12 +79,14 @@ class _TorchOps(_NumpyOps):
         # One column (every step of a one-root solve): a norm instead of the dense solver's
         # QR, whose first call in a process initialises cuSOLVER.
         if a.shape[1] == 1:
-            r = self.torch.linalg.vector_norm(a)
-            return a / r, r.reshape(1, 1)
+            r = self.colnorms(a).reshape(1, 1)
+            return a / float(r[0, 0]), r
         return self.torch.linalg.qr(a)
 
     def colnorms(self, a):
-        return self.torch.linalg.vector_norm(a, dim=0).cpu().numpy()
+        # Through a GEMM (cuBLAS, which the subspace products load anyway) and the host: the
+        # first vector_norm of a process loads reduction kernels of its own (about 0.05 s).
+        return np.sqrt(np.diag((a.T @ a).cpu().numpy()))
 
     def host(self, a):
         return a.cpu().numpy() if self.torch.is_tensor(a) else np.asarray(a)

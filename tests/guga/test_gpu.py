@@ -132,6 +132,13 @@ class _HostKernels:
     def coupling_counts(self, core, k0, out, stream):
         out.copy_(torch.from_numpy(self.R.coupling_counts(core, k0, out.shape[0])))
 
+    def scatter(self, core, k0, symmap, G, e, acc, stream):
+        G = G.contiguous().numpy()
+        acc.copy_(torch.from_numpy(self.R.scatter(core, k0, symmap.numpy(), G, e, acc.numpy())))
+
+    def fixed_values(self, acc, e, out, stream):
+        out.copy_(torch.from_numpy(self.R.fixed_values(acc.numpy(), e)))
+
     def diagonal(self, core, k0, hp, J, K, out, stream):
         out.copy_(
             torch.from_numpy(
@@ -196,6 +203,79 @@ def test_balanced_order_and_factored_operator_on_host_twin():
         _core.guga_rows.gather(rows, 0, 4, pair_index(n), npair, npair + 1, c, False, bad)
 
 
+@pytest.mark.parametrize("space", [(8, 7, 1), (9, 11, 3), (10, 8, 0)])
+def test_scatter_on_host_twin_matches_whole_g_and_cpu(space):
+    """G by small tiles with the scatter form of sigma (fixed-point sums): the CPU engine's sigma
+    and the whole-G gather to 1e-13, dense and factored; repeated runs bitwise equal (the tile
+    size may change bits of G through the GEMM, not through the sums)."""
+    drt = DRT(*space)
+    n, npair = drt.norb, drt.norb * (drt.norb + 1) // 2
+    V, h = _operator(n, 31)
+    rng = np.random.default_rng(32)
+    c = rng.standard_normal(drt.n_csf)
+    whole = GpuEngine(drt, "cpu", kernels=_HostKernels())
+    assert whole.mode == "whole"
+    ref, ref_whole = Engine(drt).contract(c, V, h), whole.contract(c, V, h)
+    for rows in (61, 256, drt.n_csf):
+        tiles = GpuEngine(drt, "cpu", kernels=_HostKernels())
+        tiles.use_scatter(rows)
+        got = tiles.contract(c, V, h)
+        assert _rel(got, ref) < 1e-13 and _rel(got, ref_whole) < 1e-13
+        assert np.array_equal(got, tiles.contract(c, V, h))
+    A, B = rng.standard_normal((npair, 2 * n)), rng.standard_normal((2 * n, npair))
+    assert _rel(tiles.contract(c, (A, B), h), Engine(drt).contract(c, (A, B), h)) < 1e-13
+    # a vector of widely spread magnitudes: the rounding of the terms stays far below 1e-13
+    c2 = c * np.exp(rng.uniform(-20, 0, drt.n_csf))
+    assert _rel(tiles.contract(c2, V, h), Engine(drt).contract(c2, V, h)) < 1e-13
+    assert not np.any(tiles.contract(np.zeros(drt.n_csf), V, h))
+
+
+def test_scatter_sums_do_not_depend_on_the_order():
+    """The fixed-point words after the scatter of the tiles in one order and in reverse are the
+    same; they are what the engine turns into sigma."""
+    drt = DRT(8, 8, 2)
+    n, npair = 8, 36
+    R, rows = _core.guga_rows, _rows_drt(drt)
+    V, h = _operator(n, 33)
+    c = np.random.default_rng(34).standard_normal(drt.n_csf)
+    T = R.gather(rows, 0, drt.n_csf, pair_index(n), npair, npair + 1, c, False, None, True)
+    G = np.ascontiguousarray(T @ np.vstack([V, h[None, :]]))
+    eng = GpuEngine(drt, "cpu", kernels=_HostKernels())
+    e = eng.fixed_exponent(torch.from_numpy(c), eng.operator(V, h))
+    tiles = [(t0, min(50, drt.n_csf - t0)) for t0 in range(0, drt.n_csf, 50)]
+    words = []
+    for order in (tiles, tiles[::-1]):
+        acc = np.zeros(2 * drt.n_csf, dtype=np.int64)
+        for t0, tc in order:
+            acc = R.scatter(rows, t0, pair_index(n), G[t0 : t0 + tc], e, acc)
+        words.append(acc)
+    assert np.array_equal(words[0], words[1])
+    sigma = R.fixed_values(words[0], e)
+    assert _rel(sigma, Engine(drt).contract(c, V, h)) < 1e-13
+    with pytest.raises(ValueError, match="acc"):
+        R.scatter(rows, 0, pair_index(n), G[:10], e, acc[:-1])
+    with pytest.raises(ValueError, match="2 words"):
+        R.fixed_values(acc[:-1], e)
+
+
+@pytest.mark.parametrize("chunking", ["scatter", "rows"])
+def test_tight_budget_picks_the_chunking(chunking):
+    """A budget below n_csf rows of G: tiles with the scatter (one pass) or chunks of rows of G
+    (several passes); both give the CPU engine's sigma."""
+    drt = DRT(9, 9, 1)
+    n, npair = 9, 45
+    # a host budget (90 % of the cap) of a third of G and the fixed-point sums
+    cap = int(((drt.n_csf * 8 * npair) // 3 + 16 * drt.n_csf) / 0.9)
+    eng = GpuEngine(drt, "cpu", cap, tile_rows=400, kernels=_HostKernels(), chunking=chunking)
+    assert eng.mode == chunking
+    assert (eng.n_chunks >= 3) if chunking == "rows" else (eng.g_rows == eng.rows <= 400)
+    V, h = _operator(n, 35)
+    c = np.random.default_rng(36).standard_normal(drt.n_csf)
+    assert _rel(eng.contract(c, V, h), Engine(drt).contract(c, V, h)) < 1e-13
+    with pytest.raises(ValueError, match="chunking must be"):
+        GpuEngine(drt, "cpu", cap, kernels=_HostKernels(), chunking="columns")
+
+
 def test_davidson_on_tensors_matches_numpy():
     from cuscikit.linalg.davidson import davidson
 
@@ -252,6 +332,29 @@ def test_gpu_sigma_matches_cpu(space):
     d1, M = gpu.generator_products(b, c)
     d1r, Mr = eng.generator_products(b, c)
     assert _rel(M, Mr) < 1e-12 and _rel(d1, d1r) < 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("space", SPACES)
+def test_gpu_scatter_sigma_matches_cpu(space):
+    """G by small tiles and the scatter form (integer atomics into fixed-point sums): the CPU
+    engine's sigma to 1e-12, dense and factored, the same bits in every run."""
+    drt = DRT(*space)
+    n, npair = drt.norb, drt.norb * (drt.norb + 1) // 2
+    V, h = _operator(n, 37)
+    eng = Engine(drt)
+    small, large = GpuEngine(drt, "cuda"), GpuEngine(drt, "cuda")
+    small.use_scatter(100)
+    large.use_scatter(1 << 20)
+    rng = np.random.default_rng(38)
+    A, B = rng.standard_normal((npair, 2 * n)), rng.standard_normal((2 * n, npair))
+    for seed in (39, 40):
+        c = np.random.default_rng(seed).standard_normal(drt.n_csf)
+        got = small.contract(c, V, h)
+        assert _rel(got, eng.contract(c, V, h)) < 1e-12
+        assert np.array_equal(got, small.contract(c, V, h))
+        assert _rel(large.contract(c, V, h), got) < 1e-13
+        assert _rel(small.contract(c, (A, B), h), eng.contract(c, (A, B), h)) < 1e-12
 
 
 @pytest.mark.gpu
@@ -316,20 +419,24 @@ def test_gpu_solver_energies_match_cpu(space, nroots):
 
 
 @pytest.mark.gpu
-def test_gpu_memory_cap_slows_down_instead_of_failing():
+@pytest.mark.parametrize("chunking", ["rows", "scatter"])
+def test_gpu_memory_cap_slows_down_instead_of_failing(chunking):
     drt = DRT(10, 10, 0)
     n = 10
     V, h = _operator(n, 18)
     c = np.random.default_rng(19).standard_normal(drt.n_csf)
     ref = GpuEngine(drt, "cuda").contract(c, V, h)
     # a cap whose budget (3/4 of it, less what is held) fits one tile and a tenth of G: the
-    # sigma runs over chunks of G and gives the same numbers
+    # sigma runs over chunks of G (or tiles of G with the scatter) and gives the same numbers
     rows, npair = 2048, n * (n + 1) // 2
     want = torch.cuda.memory_allocated() + rows * 8 * (npair + 1) + drt.n_csf * npair * 8 // 10
-    capped = GpuEngine(drt, "cuda", max_memory=int(want / 0.75) + 1, tile_rows=rows)
+    cap = int(want / 0.75) + 1
+    capped = GpuEngine(drt, "cuda", max_memory=cap, tile_rows=rows, chunking=chunking)
     try:
-        assert capped.n_chunks >= 5
-        assert _rel(capped.contract(c, V, h), ref) < 1e-13
+        assert capped.mode == chunking
+        assert capped.n_chunks >= 5 if chunking == "rows" else capped.g_rows < drt.n_csf
+        tol = 1e-13 if chunking == "rows" else 1e-12
+        assert _rel(capped.contract(c, V, h), ref) < tol
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
 

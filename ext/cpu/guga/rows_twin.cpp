@@ -186,6 +186,47 @@ void bind_guga_rows(nb::module_& m) {
       "sigma_row of CSFs m0 .. m0 + count - 1 over the rows g0 .. g0 + len(G) - 1 of G.");
 
   m.def(
+      "scatter",
+      [](const RowsDrt& d, std::int64_t k0, HostVector<std::int32_t> symmap,
+         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> G, int e,
+         HostVector<std::int64_t> acc) {
+        const std::int64_t count = static_cast<std::int64_t>(G.shape(0));
+        check_range(d, k0, count);
+        const int n = d.view.norb;
+        need(symmap.size(), static_cast<size_t>(n) * n, "symmap");
+        need(acc.size(), 2 * static_cast<size_t>(d.view.ncsf), "acc");
+        const int ldg = static_cast<int>(G.shape(1));
+        for (size_t i = 0; i < symmap.size(); ++i)
+          if (symmap.data()[i] < 0 || symmap.data()[i] >= ldg)
+            throw std::invalid_argument("symmap entries must lie in 0..G.shape[1] - 1");
+        std::vector<std::int64_t> out(acc.data(), acc.data() + acc.size());
+        {
+          nb::gil_scoped_release rel;
+          csk_i64* lo = reinterpret_cast<csk_i64*>(out.data());
+          auto add = [](csk_i64* p, csk_i64 v) { *p += v; };
+          for (std::int64_t j = 0; j < count; ++j)
+            csk::guga::scatter_row<kMaxOrb>(d.view, k0 + j, symmap.data(), G.data() + j * ldg, e,
+                                            lo, lo + d.view.ncsf, add);
+        }
+        return to_numpy(std::move(out), {acc.size()});
+      },
+      "drt"_a, "k0"_a, "symmap"_a, "G"_a, "e"_a, "acc"_a,
+      "acc after scatter_row of the kets k0 .. k0 + len(G) - 1 (row j of G is ket k0 + j's): "
+      "the fixed-point sums (fixed_add), the lo words of every CSF, then the hi words.");
+  m.def(
+      "fixed_values",
+      [](HostVector<std::int64_t> acc, int e) {
+        if (acc.size() % 2 != 0) throw std::invalid_argument("acc must hold 2 words per output");
+        const size_t count = acc.size() / 2;
+        std::vector<double> out(count);
+        const csk_i64* w = reinterpret_cast<const csk_i64*>(acc.data());
+        for (size_t j = 0; j < count; ++j) out[j] = csk::guga::fixed_value(w[j], w[count + j], e);
+        return to_numpy(std::move(out), {count});
+      },
+      "acc"_a, "e"_a,
+      "The doubles of the fixed-point sums acc (the lo words, then the hi words; fixed_value).");
+
+  m.def(
       "couplings",
       [](const RowsDrt& d, HostVector<std::int64_t> kets) {
         std::vector<std::int32_t> src, code;

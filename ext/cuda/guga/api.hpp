@@ -29,6 +29,15 @@ void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, cons
            int ldg, i64 g0, i64 gcount, double* out, bool accumulate, bool split,
            const std::int32_t* order, void* stream);
 
+// The scatter form of sigma's second half: scatter_row(k0 + j) with row j of G (stride ldg)
+// for j < count, into the fixed-point sums acc (2 ncsf words: the lo words of every CSF, then the
+// hi words; zero before the first tile).
+void scatter(const DrtView& d, i64 k0, i64 count, const std::int32_t* symmap, const double* G,
+             int ldg, int e, std::int64_t* acc, void* stream);
+
+// out[j] = fixed_value(acc[j], acc[count + j], e) for j < count (acc holds 2 count words).
+void fixed_values(i64 count, const std::int64_t* acc, int e, double* out, void* stream);
+
 // out[j] = coupling_count(k0 + j).
 void coupling_counts(const DrtView& d, i64 k0, i64 count, std::int32_t* out, void* stream);
 

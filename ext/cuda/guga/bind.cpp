@@ -135,6 +135,37 @@ void bind_guga(nb::module_& m) {
       "out[j] (+)= sigma_row(m0 + j) over the rows g0 .. g0 + len(G) - 1 (split: one CSF per "
       "warp).");
   m.def(
+      "scatter",
+      [](const PyDrt& d, i64 k0, DeviceVector<const std::int32_t> symmap,
+         DeviceMatrix<const double> G, int e, DeviceVector<std::int64_t> acc,
+         std::uintptr_t stream) {
+        const i64 count = static_cast<i64>(G.shape(0));
+        check_range(d, k0, count, "scatter");
+        check_map(d, symmap, "symmap");
+        const size_t npair = static_cast<size_t>(d.view.norb) * (d.view.norb + 1) / 2;
+        require(G.shape(1) >= npair, "G needs norb (norb + 1) / 2 columns");
+        require(acc.shape(0) == 2 * static_cast<size_t>(d.view.ncsf), "acc must hold 2 ncsf words");
+        common_device("scatter", symmap, G, acc, d.seg);
+        nb::gil_scoped_release release;
+        csk::gpu::guga::scatter(d.view, k0, count, symmap.data(), G.data(),
+                                static_cast<int>(G.shape(1)), e, acc.data(), stream_of(stream));
+      },
+      "drt"_a, "k0"_a, "symmap"_a, "G"_a, "e"_a, "acc"_a, "stream"_a,
+      "Adds scatter_row(k0 + j) with row j of G into the fixed-point sums acc (the lo words of "
+      "every CSF, then the hi words).");
+  m.def(
+      "fixed_values",
+      [](DeviceVector<const std::int64_t> acc, int e, DeviceVector<double> out,
+         std::uintptr_t stream) {
+        require(acc.shape(0) == 2 * out.shape(0), "acc must hold 2 words per output");
+        common_device("fixed_values", acc, out);
+        nb::gil_scoped_release release;
+        csk::gpu::guga::fixed_values(static_cast<i64>(out.shape(0)), acc.data(), e, out.data(),
+                                     stream_of(stream));
+      },
+      "acc"_a, "e"_a, "out"_a, "stream"_a,
+      "out[j] = the value of the fixed-point sum (acc[j], acc[len(out) + j]).");
+  m.def(
       "coupling_counts",
       [](const PyDrt& d, i64 k0, DeviceVector<std::int32_t> out, std::uintptr_t stream) {
         const i64 count = static_cast<i64>(out.shape(0));

@@ -124,6 +124,29 @@ __global__ void __launch_bounds__(kBlock)
   out[j] = csk::guga::diagonal_row<MaxOrb>(d, k0 + j, hp, J, K);
 }
 
+// The scatter form of sigma for the kets k0 .. k0 + count - 1 (row j of G is ket k0 + j's):
+// fixed-point sums with integer atomic reductions (the old value is never read, so the thread
+// does not wait), the same bits in any order of arrival. acc: the lo words, then the hi words.
+template <int MaxOrb>
+__global__ void __launch_bounds__(kBlock)
+    scatter_kernel(DrtView d, i64 k0, i64 count, const std::int32_t* __restrict__ symmap,
+                   const double* __restrict__ G, int ldg, int e, csk_i64* __restrict__ acc) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  csk::guga::scatter_row<MaxOrb>(
+      d, k0 + j, symmap, G + j * ldg, e, acc, acc + d.ncsf, [](csk_i64* p, csk_i64 v) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+      });
+}
+
+__global__ void __launch_bounds__(kBlock)
+    fixed_values_kernel(i64 count, const csk_i64* __restrict__ acc, int e,
+                        double* __restrict__ out) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  out[j] = csk::guga::fixed_value(acc[j], acc[count + j], e);
+}
+
 unsigned blocks_for(i64 n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
 unsigned warp_blocks_for(i64 n, int warps) {
   return static_cast<unsigned>((n + warps - 1) / warps);
@@ -188,6 +211,26 @@ void sigma(const DrtView& d, i64 m0, i64 count, const std::int32_t* symmap, cons
   else
     sigma_warp_kernel<64><<<grid, kBlock, 0, as_stream(stream)>>>(d, m0, count, symmap, G, ldg, g0,
                                                                   gcount, out, accumulate);
+  CSK_CUDA_LAUNCHED();
+}
+
+void scatter(const DrtView& d, i64 k0, i64 count, const std::int32_t* symmap, const double* G,
+             int ldg, int e, std::int64_t* acc, void* stream) {
+  if (count <= 0) return;
+  csk_i64* words = reinterpret_cast<csk_i64*>(acc);
+  if (d.norb <= 32)
+    scatter_kernel<32><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(d, k0, count, symmap, G,
+                                                                            ldg, e, words);
+  else
+    scatter_kernel<64><<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(d, k0, count, symmap, G,
+                                                                            ldg, e, words);
+  CSK_CUDA_LAUNCHED();
+}
+
+void fixed_values(i64 count, const std::int64_t* acc, int e, double* out, void* stream) {
+  if (count <= 0) return;
+  fixed_values_kernel<<<blocks_for(count), kBlock, 0, as_stream(stream)>>>(
+      count, reinterpret_cast<const csk_i64*>(acc), e, out);
   CSK_CUDA_LAUNCHED();
 }
 

@@ -59,12 +59,51 @@ struct LoopFrame {
   std::int64_t dy;  // sum of bra minus ket arc weights so far
 };
 
+// The steps of a CSF packed two bits each into registers (orbital i at bits 2i, 2i + 1): the
+// loop search reads them at every level, and an array would live in local memory on the GPU.
+template <int MaxOrb>
+struct PackedSteps {
+  static constexpr int kWords = (MaxOrb + 31) / 32;
+  std::uint64_t w[kWords];
+  CSK_HD int operator[](int i) const {
+    if constexpr (kWords == 1)
+      return static_cast<int>((w[0] >> (2 * i)) & 3u);
+    else
+      return static_cast<int>((w[i >> 5] >> (2 * (i & 31))) & 3u);
+  }
+};
+
+// unrank_csf with the steps packed.
+template <int MaxOrb>
+CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, PackedSteps<MaxOrb>& steps, int* verts) {
+  for (int j = 0; j < PackedSteps<MaxOrb>::kWords; ++j) steps.w[j] = 0;
+  int v = d.head;
+  verts[d.norb] = v;
+  for (int k = d.norb - 1; k >= 0; --k) {
+    int chosen = 0;
+    for (int s = 3; s >= 0; --s) {
+      if (d.down[4 * v + s] < 0) continue;
+      if (r >= d.y[4 * v + s]) {
+        chosen = s;
+        break;
+      }
+    }
+    r -= d.y[4 * v + chosen];
+    steps.w[k >> 5] |= static_cast<std::uint64_t>(chosen) << (2 * (k & 31));
+    v = d.down[4 * v + chosen];
+    verts[k] = v;
+  }
+}
+
 // Calls emit(m, code, w) for every w = <m|E_pq|n> != 0 of the ket n = rank (steps and vertices
-// given) whose loop starts at orbital lo in one direction: raising (E_{lo,hi}, an electron moves
-// down to lo) or lowering (E_{hi,lo}, up from lo); code = p * norb + q. MaxOrb bounds norb (the
-// stack: a depth-first search with at most two children per frame holds at most norb + 1).
-template <int MaxOrb, class Emit>
-CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int* verts,
+// given; steps an int array or PackedSteps) whose loop starts at orbital lo in one direction:
+// raising (E_{lo,hi}, an electron moves down to lo) or lowering (E_{hi,lo}, up from lo);
+// code = p * norb + q. MaxOrb bounds norb (the stack: a depth-first search with at most two
+// children per frame holds at most norb + 1). The frame being extended stays in registers: its
+// last child becomes the next frame and only the others go to the stack, so the frames are
+// taken in the order of a plain stack (push every child, pop the last).
+template <int MaxOrb, class Steps, class Emit>
+CSK_HD void for_each_coupling_from(const DrtView& d, const Steps& steps, const int* verts,
                                    std::int64_t rank, int lo, int raising, Emit&& emit) {
   const int n = d.norb;
   const int bmax = d.bmax;
@@ -91,8 +130,9 @@ CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int
       stack[top++] = LoopFrame{lo, u, v, d.y[4 * u + dp] - d.y[4 * ku + dk]};
     }
   }
-  while (top > 0) {
-    const LoopFrame f = stack[--top];
+  if (top == 0) return;
+  LoopFrame f = stack[--top];
+  for (;;) {
     const int i = f.level + 1;
     const int dk = steps[i];
     const int occ = step_occupation(dk);
@@ -110,7 +150,9 @@ CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int
         emit(rank + f.dy + d.y[4 * ku + dp] - d.y[4 * ku + dk], p * n + q, f.val * v);
       }
     }
-    // or pass through i as a middle segment
+    // or pass through i as a middle segment: the last child is the next frame
+    bool next = false;
+    LoopFrame g{};
     if (i + 1 < n) {
       for (int dp = 0; dp < 4; ++dp) {
         if (step_occupation(dp) != occ) continue;
@@ -120,9 +162,17 @@ CSK_HD void for_each_coupling_from(const DrtView& d, const int* steps, const int
         if (delta != 1 && delta != -1) continue;
         const double v = d.seg[segment_index(kmid, dp, dk, delta, bk, bmax)];
         if (v == 0.0) continue;
-        stack[top++] = LoopFrame{i, u, f.val * v, f.dy + d.y[4 * u + dp] - d.y[4 * ku + dk]};
+        if (next) stack[top++] = g;
+        g = LoopFrame{i, u, f.val * v, f.dy + d.y[4 * u + dp] - d.y[4 * ku + dk]};
+        next = true;
       }
     }
+    if (next)
+      f = g;
+    else if (top > 0)
+      f = stack[--top];
+    else
+      return;
   }
 }
 
@@ -237,8 +287,8 @@ CSK_HD void for_each_loop_above(const DrtView& d, int level, int kv, int bv, Clo
 
 // Every <m|E_pq|n> != 0 (p != q) of the ket n: the searches of every start orbital and
 // direction, lo ascending, lowering first.
-template <int MaxOrb, class Emit>
-CSK_HD void for_each_coupling(const DrtView& d, const int* steps, const int* verts,
+template <int MaxOrb, class Steps, class Emit>
+CSK_HD void for_each_coupling(const DrtView& d, const Steps& steps, const int* verts,
                               std::int64_t rank, Emit&& emit) {
   for (int lo = 0; lo < d.norb - 1; ++lo)
     for (int raising = 0; raising < 2; ++raising)
@@ -329,7 +379,8 @@ template <int MaxOrb>
 CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* colmap, int ncol,
                        int ld, const double* c, double* row, double* acc, int astride,
                        bool symmetric) {
-  int steps[MaxOrb], verts[MaxOrb + 1];
+  PackedSteps<MaxOrb> steps;
+  int verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   const int n = d.norb;
   const double ck = c[k];
@@ -364,7 +415,8 @@ CSK_HD void gather_row(const DrtView& d, std::int64_t k, const std::int32_t* col
 // sorts the CSFs of a tile by it, so that the threads of a warp get similar work).
 template <int MaxOrb>
 CSK_HD int coupling_count(const DrtView& d, std::int64_t k) {
-  int steps[MaxOrb], verts[MaxOrb + 1];
+  PackedSteps<MaxOrb> steps;
+  int verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   int count = 0;
   for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t, int, double) { ++count; });
@@ -377,7 +429,8 @@ CSK_HD int coupling_count(const DrtView& d, std::int64_t k) {
 template <int MaxOrb>
 CSK_HD double sigma_row(const DrtView& d, std::int64_t m, const std::int32_t* symmap,
                         const double* G, int ldg, std::int64_t g0, std::int64_t gcount) {
-  int steps[MaxOrb], verts[MaxOrb + 1];
+  PackedSteps<MaxOrb> steps;
+  int verts[MaxOrb + 1];
   unrank_csf(d, m, steps, verts);
   const int n = d.norb;
   double s = 0.0;
@@ -397,7 +450,8 @@ CSK_HD double sigma_row(const DrtView& d, std::int64_t m, const std::int32_t* sy
 template <int MaxOrb>
 CSK_HD double diagonal_row(const DrtView& d, std::int64_t k, const double* hp, const double* J,
                            const double* K) {
-  int steps[MaxOrb], verts[MaxOrb + 1];
+  PackedSteps<MaxOrb> steps;
+  int verts[MaxOrb + 1];
   unrank_csf(d, k, steps, verts);
   const int n = d.norb;
   double one = 0.0, coul = 0.0, exch = 0.0;
@@ -410,6 +464,58 @@ CSK_HD double diagonal_row(const DrtView& d, std::int64_t k, const double* hp, c
   for_each_coupling<MaxOrb>(d, steps, verts, k,
                             [&](std::int64_t, int code, double w) { exch += w * w * K[code]; });
   return one + 0.5 * coul + 0.5 * exch;
+}
+
+// --- sums whose value does not depend on the order of their terms ------------------------------
+// Where many threads add into one output (the scatter form of sigma below), floating-point sums
+// would change with the order of arrival. Here every term t is rounded once to a multiple of
+// 2^-e, split into two signed limbs, |t| 2^e = hi 2^kLimbBits + lo with 0 <= lo <= 2^kLimbBits,
+// and the limbs are added as integers into two words per output (lo[m] and hi[m]): integer
+// addition does not depend on the order, and no addition needs the old value (on the GPU a
+// reduction that the thread does not wait for). The caller picks e so that |t| 2^e < 2^76 for
+// every term (`fixed_exponent`): hi stays below 2^32 per term, and a word overflows only beyond
+// 2^19 terms per output (a CSF has far fewer couplings). The value is (hi 2^kLimbBits + lo)
+// 2^-e; the rounding error of a term is at most 2^-e-1.
+constexpr int kLimbBits = 44;
+
+// add(word, v) adds v to *word (an atomic reduction on the GPU). scale = 2^e (products with a
+// power of two are exact), so a term costs two multiplications, floor, rint and one fma.
+template <class Add>
+CSK_HD void fixed_add(csk_i64* lo, csk_i64* hi, double t, double scale, Add&& add) {
+  if (t == 0.0) return;
+  const double q = (t < 0.0 ? -t : t) * scale;
+  const double h = floor(q * (1.0 / 17592186044416.0));  // q / 2^44
+  const double l = rint(fma(-h, 17592186044416.0, q));   // q - h 2^44: exact, below 2^44
+  const csk_i64 li = static_cast<csk_i64>(l), hi_i = static_cast<csk_i64>(h);
+  if (li != 0) add(lo, t < 0.0 ? -li : li);
+  if (hi_i != 0) add(hi, t < 0.0 ? -hi_i : hi_i);
+}
+
+// The double nearest (within two roundings) to the fixed-point sum (hi 2^kLimbBits + lo) 2^-e.
+CSK_HD double fixed_value(csk_i64 lo, csk_i64 hi, int e) {
+  return ldexp(ldexp(static_cast<double>(hi), kLimbBits) + static_cast<double>(lo), -e);
+}
+
+// The scatter form of sigma's second half for one ket k: every <m|E^sym_P|k> G[k, P] (and the
+// diagonal sum_r n_r(k) G[k, P(r,r)] into k itself) added into the fixed-point sums (lo[m],
+// hi[m]) of the outputs m (fixed_add with `add`). The row g = G[k, :] is k's own: G need not be
+// kept beyond the tile that holds it. The couplings of k as a ket are those that the gather form
+// (sigma_row) finds from m, as E^sym_P is symmetric; the value is the same up to the rounding of
+// the terms (2^-e-1 each), and the same bit for bit in any order of the threads.
+template <int MaxOrb, class Add>
+CSK_HD void scatter_row(const DrtView& d, std::int64_t k, const std::int32_t* symmap,
+                        const double* g, int e, csk_i64* lo, csk_i64* hi, Add&& add) {
+  PackedSteps<MaxOrb> steps;
+  int verts[MaxOrb + 1];
+  unrank_csf(d, k, steps, verts);
+  const int n = d.norb;
+  const double scale = ldexp(1.0, e);
+  double s = 0.0;
+  for (int r = 0; r < n; ++r) s += step_occupation(steps[r]) * g[symmap[r * n + r]];
+  fixed_add(lo + k, hi + k, s, scale, add);
+  for_each_coupling<MaxOrb>(d, steps, verts, k, [&](std::int64_t m, int code, double w) {
+    fixed_add(lo + m, hi + m, w * g[symmap[code]], scale, add);
+  });
 }
 
 }  // namespace guga
