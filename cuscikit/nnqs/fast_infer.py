@@ -17,6 +17,17 @@ accuracy at tensor-core speed. ``precision="ieee"`` uses plain float32 FMAs (slo
 checking), ``"tf32"`` one TF32 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only
 to measure what the split buys).
 
+Configurations that share their first orbitals share those positions' activations (the model
+is autoregressive: position k sees only orbitals 0..k-1). With ``share_prefixes`` (the default)
+each batch is sorted by its orbitals' lexicographic order (`token_key`) and run in stages
+(`plan`): the first stage runs positions 0..e-1 once per distinct prefix of e orbitals and
+stores their keys and values (6 KiB per layer for d_model 48 and 16 positions); the next runs
+the remaining positions once per configuration, attending to its prefix's cached keys and
+values, and adds the prefix's partial ln|psi|. Stages pad their positions to a power of two
+(at least 16), so for 28 orbitals the split is 12 + 16 positions instead of 32 padded ones.
+`order` gives the permutation that puts a whole set in that order, so consecutive batches
+share more (the pipeline takes U in it).
+
 It is an inference path only: the gradient (over S) stays in PyTorch autograd, and the values
 agree with the module to float32 rounding (the tests hold it to 1e-5 in ln psi against float64,
 like the module's own float32 pass). `FusedInference.supported` says which sizes run fused.
@@ -331,8 +342,11 @@ class FusedInference:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
         precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
             (the last is outside the 1e-5 budget; measurement only).
-        block: configurations per program (None: 8 for up to 16 orbitals, else 1).
+        block: configurations per program (None: 8 for up to 16 orbitals, else 1); a prefix
+            stage with fewer padded positions takes proportionally more (the same rows).
         num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
+        share_prefixes: run shared first orbitals once per batch (`plan`); False runs every
+            configuration's whole sequence.
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
