@@ -11,7 +11,7 @@ Sections (run any subset; each prints a table, all tables are printed again at t
              baseline pipeline (CPU generation and de-dup, GPU inference) vs the GPU pipeline:
              seconds per stage; --inference module,fused times each pipeline with ln psi
              from the module (eager/recorded, or compiled with --compile) and from the fused
-             Triton kernel (cuscikit.nnqs.fast_infer).
+             Triton kernel (cuscikit.nnqs.fast_infer; fused-noshare: without prefix sharing).
 - memory:    theoretical (all intermediates resident) vs measured peak at |S| = --space-size
              for H2O, C2H4O, C2 and N2, and one run under a cap well below the theoretical peak.
 
@@ -252,11 +252,14 @@ def warm_compiled(runner, configs, batch_size):
     return time.perf_counter() - t0
 
 
-def fused_for(ansatz, args):
-    """The fused inference path with the block shape asked for (None: the library's)."""
+def fused_for(ansatz, args, share=True):
+    """The fused inference path with the block shape asked for (None: the library's); share:
+    prefix sharing (and the prefix order of U in the pipeline) on or off."""
     from cuscikit.nnqs.fast_infer import FusedInference
 
-    return FusedInference(ansatz, block=args.fused_block, num_warps=args.fused_warps)
+    return FusedInference(
+        ansatz, block=args.fused_block, num_warps=args.fused_warps, share_prefixes=share
+    )
 
 
 def bench_iteration(args):
@@ -273,8 +276,10 @@ def bench_iteration(args):
         rates["module"] = inference_rate(base, probe, args.batch_size) * (
             2.0 if args.compile else 1.0
         )
-    if "fused" in inferences:
-        rates["fused"] = inference_rate(base, probe, args.batch_size, fused_for(base, args))
+    for kind in ("fused", "fused-noshare"):
+        if kind in inferences:
+            fn = fused_for(base, args, share=kind == "fused")
+            rates[kind] = inference_rate(base, probe, args.batch_size, fn)
     for k, v in rates.items():
         print(f"# {k} inference: {v:.3e} configurations/s expected (batch {args.batch_size})")
     n = args.sources
@@ -305,10 +310,12 @@ def bench_iteration(args):
             pipeline=pipeline,
             batch_size=args.batch_size,
             compile_inference=args.compile,
-            fused_inference=inference == "fused",
+            fused_inference=inference.startswith("fused"),
         )
-        if inference == "fused" and (args.fused_block or args.fused_warps):
-            r._pipeline.fused_inference = fused_for(r.ansatz, args)  # another block shape
+        if inference == "fused-noshare" or (
+            inference == "fused" and (args.fused_block or args.fused_warps)
+        ):  # another block shape, or no prefix sharing
+            r._pipeline.fused_inference = fused_for(r.ansatz, args, inference == "fused")
         compiled = args.compile and inference == "module"
         t_compile = warm_compiled(r, probe, args.batch_size) if compiled else 0.0
         row = r.step()
@@ -472,7 +479,7 @@ def main():
         "--inference",
         default="module",
         help="iteration section: ln psi from the module and/or the fused kernel "
-        "(comma-separated: module,fused)",
+        "(comma-separated: module,fused,fused-noshare)",
     )
     ap.add_argument("--fused-block", type=int, default=None, help="fused kernel: block")
     ap.add_argument("--fused-warps", type=int, default=None, help="fused kernel: warps")

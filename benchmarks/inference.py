@@ -8,10 +8,14 @@ in each precision and block shape asked for; each with its largest |ln psi - ln 
 on the same batch, and a profiler table of the eager float32 pass (where the time goes).
 
     python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
-        [--fused tf32x3:auto:auto ieee:auto:auto] [--json rows.json]
+        [--fused tf32x3:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
+        [--previous path/to/an/older/fast_infer.py]
 
-A --fused entry is precision:block:warps (block = configurations per program, warps per
-program; "auto" = the library's choice).
+A --fused entry is precision:block:warps[:sharing] (block = configurations per program, warps
+per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
+sequence, "on" = each batch's shared first orbitals computed once, "ordered" = "on" with the
+configurations first put in the prefix order, as the pipeline does; its sort is timed with
+it). --previous times another version of cuscikit/nnqs/fast_infer.py (its defaults) beside.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib.util
 import json
 import time
 
@@ -55,9 +60,16 @@ def main():
     ap.add_argument(
         "--fused",
         nargs="*",
-        default=["tf32x3:auto:auto", "ieee:auto:auto", "tf32:auto:auto"],
-        help="fused-kernel variants, precision:block:warps",
+        default=[
+            "tf32x3:auto:auto:off",
+            "tf32x3:auto:auto:on",
+            "tf32x3:auto:auto:ordered",
+            "ieee:auto:auto:ordered",
+            "tf32:auto:auto:ordered",
+        ],
+        help="fused-kernel variants, precision:block:warps[:off|on|ordered]",
     )
+    ap.add_argument("--previous", default=None, help="an older fast_infer.py to time beside")
     ap.add_argument(
         "--module",
         nargs="*",
@@ -125,14 +137,23 @@ def main():
             print(f"# compile {name}: {time.perf_counter() - t0:.1f} s")
             measure("compiled fp32", comp, contextlib.nullcontext)
         why = unsupported_reason(a32)
+        if args.previous and why is None:
+            spec = importlib.util.spec_from_file_location("previous_fast_infer", args.previous)
+            prev = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(prev)
+            fused = prev.FusedInference(a32)
+            fused(x[: args.batch])
+            measure(f"previous fused ({args.previous})", fused, contextlib.nullcontext)
         for spec in args.fused if why is None else []:
-            prec, block, warps = spec.split(":")
+            prec, block, warps, *rest = spec.split(":")
+            sharing = rest[0] if rest else "on"
             try:
                 fused = FusedInference(
                     a32,
                     precision=prec,
                     block=None if block == "auto" else int(block),
                     num_warps=None if warps == "auto" else int(warps),
+                    share_prefixes=sharing != "off",
                 )
                 t0 = time.perf_counter()
                 fused(x[: args.batch])
@@ -140,11 +161,36 @@ def main():
             except Exception as exc:  # a shape the compiler refuses: say so, measure the rest
                 print(f"# fused {spec} failed: {type(exc).__name__}: {exc}"[:2000])
                 continue
-            label = f"fused {prec} block {fused.block} warps {fused.num_warps}"
+            label = f"fused {prec} block {fused.block} warps {fused.num_warps} sharing {sharing}"
             print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
-            alone = rate(fused.amplitude, x, args.batch)
-            print(f"# {label}: the amplitude kernel alone {alone:.3e} configurations/s")
-            measure(label, fused, contextlib.nullcontext)
+            xs, e_fn, t_order = x, err, 0.0
+            if sharing == "ordered":  # the pipeline's order; the sort counts in the rate
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                xs = x[fused.order(x)]
+                torch.cuda.synchronize()
+                t_order = time.perf_counter() - t0
+                with torch.no_grad():
+                    ref_s = a64.log_psi(xs[: args.batch])
+
+                def e_fn(fn, xs=xs, ref_s=ref_s):
+                    with torch.no_grad():
+                        got = fn(xs[: args.batch]).to(torch.complex128)
+                        return float((got - ref_s).abs().max())
+
+            plans = []
+            for lo in range(0, len(xs), args.batch):
+                plans.append(fused.plan(xs[lo : lo + args.batch]))
+            print(f"# {label}: stages (ends, distinct prefixes) per batch {plans[:4]}")
+            alone = 1.0 / (1.0 / rate(fused.amplitude, xs, args.batch) + t_order / len(xs))
+            print(
+                f"# {label}: the amplitude kernel alone {alone:.3e} configurations/s "
+                f"(order {t_order * 1e3:.1f} ms)"
+            )
+            r = 1.0 / (1.0 / rate(fused, xs, args.batch) + t_order / len(xs))
+            e = e_fn(fused)
+            rows.append([name, 2 * mol.norb, a32.d_model, label, f"{r:.3e}", f"{e:.1e}"])
+            print(rows[-1], flush=True)
             if args.json:  # rows so far, in case a later variant is cut short
                 with open(args.json, "w") as fh:
                     json.dump(rows, fh, indent=1)

@@ -17,6 +17,17 @@ accuracy at tensor-core speed. ``precision="ieee"`` uses plain float32 FMAs (slo
 checking), ``"tf32"`` one TF32 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only
 to measure what the split buys).
 
+Configurations that share their first orbitals share those positions' activations (the model
+is autoregressive: position k sees only orbitals 0..k-1). With ``share_prefixes`` (the default)
+each batch is sorted by its orbitals' lexicographic order (`token_key`) and run in stages
+(`plan`): the first stage runs positions 0..e-1 once per distinct prefix of e orbitals and
+stores their keys and values (6 KiB per layer for d_model 48 and 16 positions); the next runs
+the remaining positions once per configuration, attending to its prefix's cached keys and
+values, and adds the prefix's partial ln|psi|. Stages pad their positions to a power of two
+(at least 16), so for 28 orbitals the split is 12 + 16 positions instead of 32 padded ones.
+`order` gives the permutation that puts a whole set in that order, so consecutive batches
+share more (the pipeline takes U in it).
+
 It is an inference path only: the gradient (over S) stays in PyTorch autograd, and the values
 agree with the module to float32 rounding (the tests hold it to 1e-5 in ln psi against float64,
 like the module's own float32 pass). `FusedInference.supported` says which sizes run fused.
@@ -38,7 +49,7 @@ import math
 
 import torch
 
-__all__ = ["FusedInference", "unsupported_reason"]
+__all__ = ["FusedInference", "token_key", "unsupported_reason"]
 
 PRECISIONS = ("tf32x3", "ieee", "tf32")
 _MAX_D = 64  # widest d_model laid out (one 64-column tile)
@@ -113,6 +124,10 @@ if triton is not None:
         cfg_ptr,
         out_ptr,
         n,
+        parent_ptr,
+        pamp_ptr,
+        pkv_ptr,
+        skv_ptr,
         tok_emb,
         pos_emb,
         ln1w,
@@ -139,26 +154,39 @@ if triton is not None:
         NA: tl.constexpr,
         NB: tl.constexpr,
         L: tl.constexpr,
-        LP: tl.constexpr,
+        LT: tl.constexpr,
+        K0: tl.constexpr,
+        K1: tl.constexpr,
+        SP: tl.constexpr,
+        LPC: tl.constexpr,
+        LPS: tl.constexpr,
         WORDS: tl.constexpr,
         D: tl.constexpr,
         DP: tl.constexpr,
+        NGR: tl.constexpr,
         HD: tl.constexpr,
         NL: tl.constexpr,
         FP: tl.constexpr,
         FC: tl.constexpr,
         BN: tl.constexpr,
         PREC: tl.constexpr,
+        HAS_PARENT: tl.constexpr,
+        STORE: tl.constexpr,
     ):
-        R: tl.constexpr = BN * LP
+        """Positions K0..K1-1 of BN configurations per program (SP rows each, padded).
+
+        With HAS_PARENT the keys/values of positions 0..K0-1 come from the parent prefix's
+        cache (pkv, LPC positions per head group) and its partial ln|psi| (pamp) is added;
+        with STORE the keys/values of positions 0..K1-1 go to skv (LPS positions per group)."""
+        R: tl.constexpr = BN * SP
         NG: tl.constexpr = DP // 16
         G: tl.constexpr = 16 // HD
         pid = tl.program_id(0)
         rows = tl.arange(0, R)
-        k = rows % LP  # position of each row
-        cfg = pid * BN + rows // LP  # configuration of each row
+        k = K0 + rows % SP  # position of each row
+        cfg = pid * BN + rows // SP  # configuration of each row
         valid = cfg < n
-        j = tl.arange(0, LP)
+        j = tl.arange(0, LT)
         # tokens t_j = n_j,alpha + 2 n_j,beta of each row's configuration: bits 2j, 2j+1
         inside = j[None, :] < L
         word = tl.load(
@@ -178,12 +206,28 @@ if triton is not None:
         c = tl.arange(0, DP)
         colmask = c < D
         h = tl.load(tok_emb + inp[:, None] * DP + c[None, :])
-        h += tl.load(pos_emb + k[:, None] * DP + c[None, :])
+        h += tl.load(pos_emb + tl.minimum(k, LT - 1)[:, None] * DP + c[None, :])
 
         c16 = tl.arange(0, 16)
         cf = tl.arange(0, FC)
-        qi = tl.arange(0, LP)
+        qi = tl.arange(0, SP)
         causal = qi[None, :] <= qi[:, None]  # (query, key)
+        # the cache layout: (prefix, layer, k|v, group, position, 16), real groups only
+        bg = tl.arange(0, BN * NG)
+        gcfg = pid * BN + bg // NG  # configuration of each (configuration, group) pair
+        grp = bg % NG
+        gok = (gcfg < n) & (grp < NGR)
+        if HAS_PARENT:
+            par = tl.load(parent_ptr + gcfg, mask=gcfg < n, other=0).to(tl.int64)
+            pc = tl.arange(0, LPC)
+            pbase = pkv_ptr + par * (NL * 2 * NGR * LPC * 16) + grp * (LPC * 16)
+            pofs = pc[None, :, None] * 16 + c16[None, None, :]
+            pmask = gok[:, None, None] & (pc[None, :, None] < K0)
+            pkey = pc[None, None, :] < K0  # (group, query, key)
+        if STORE:
+            sbase = skv_ptr + gcfg.to(tl.int64) * (NL * 2 * NGR * LPS * 16) + grp * (LPS * 16)
+            sofs = (K0 + qi)[None, :, None] * 16 + c16[None, None, :]
+            smask = gok[:, None, None] & ((K0 + qi)[None, :, None] < K1)
         for layer in range(NL):
             sq = layer * DP * DP
             sv = layer * DP
@@ -193,25 +237,52 @@ if triton is not None:
             v = _linear(x, wv + sq, bv + sv, c, c, DP, PREC)
             # (configuration, position, group, 16) -> (configuration * group, position, 16)
             qg = tl.reshape(
-                tl.permute(tl.reshape(q, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+                tl.permute(tl.reshape(q, (BN, SP, NG, 16)), (0, 2, 1, 3)), (BN * NG, SP, 16)
             )
             kg = tl.reshape(
-                tl.permute(tl.reshape(kk, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+                tl.permute(tl.reshape(kk, (BN, SP, NG, 16)), (0, 2, 1, 3)), (BN * NG, SP, 16)
             )
             vg = tl.reshape(
-                tl.permute(tl.reshape(v, (BN, LP, NG, 16)), (0, 2, 1, 3)), (BN * NG, LP, 16)
+                tl.permute(tl.reshape(v, (BN, SP, NG, 16)), (0, 2, 1, 3)), (BN * NG, SP, 16)
             )
             kt = tl.permute(kg, (0, 2, 1))
-            o = tl.zeros((BN * NG, LP, 16), dtype=tl.float32)
+            if HAS_PARENT:
+                lofs = layer * (2 * NGR * LPC * 16)
+                pk = tl.load(pbase[:, None, None] + lofs + pofs, mask=pmask, other=0.0)
+                pv = tl.load(
+                    pbase[:, None, None] + lofs + NGR * LPC * 16 + pofs, mask=pmask, other=0.0
+                )
+                pkt = tl.permute(pk, (0, 2, 1))
+            if STORE:
+                lofs_s = layer * (2 * NGR * LPS * 16)
+                tl.store(sbase[:, None, None] + lofs_s + sofs, kg, mask=smask)
+                tl.store(sbase[:, None, None] + lofs_s + NGR * LPS * 16 + sofs, vg, mask=smask)
+                if HAS_PARENT:  # the prefix's own keys/values travel on to the children
+                    tl.store(sbase[:, None, None] + lofs_s + pofs, pk, mask=pmask)
+                    tl.store(sbase[:, None, None] + lofs_s + NGR * LPS * 16 + pofs, pv, mask=pmask)
+            o = tl.zeros((BN * NG, SP, 16), dtype=tl.float32)
             for g in tl.static_range(G):
                 head = ((c16 // HD) == g).to(tl.float32)
-                s = tl.dot(qg * head[None, None, :], kt, input_precision=PREC)
+                qh = qg * head[None, None, :]
+                s = tl.dot(qh, kt, input_precision=PREC)
                 s = tl.where(causal[None, :, :], s, -1.0e30)
                 m = tl.max(s, 2)
+                if HAS_PARENT:
+                    sc = tl.dot(qh, pkt, input_precision=PREC)
+                    sc = tl.where(pkey, sc, -1.0e30)
+                    m = tl.maximum(m, tl.max(sc, 2))
+                    pcs = tl.exp(sc - m[:, :, None])
                 p = tl.exp(s - m[:, :, None])
-                p = p / tl.sum(p, 2)[:, :, None]
-                o += tl.dot(p, vg * head[None, None, :], input_precision=PREC)
-            y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, LP, 16)), (0, 2, 1, 3)), (R, DP))
+                den = tl.sum(p, 2)
+                if HAS_PARENT:
+                    den += tl.sum(pcs, 2)
+                    og = tl.dot(p, vg * head[None, None, :], input_precision=PREC)
+                    og += tl.dot(pcs, pv * head[None, None, :], input_precision=PREC)
+                    o += og / den[:, :, None]
+                else:
+                    p = p / den[:, :, None]
+                    o += tl.dot(p, vg * head[None, None, :], input_precision=PREC)
+            y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, SP, 16)), (0, 2, 1, 3)), (R, DP))
             h += _linear(y, wo + sq, bo + sv, c, c, DP, PREC)
             x = _layer_norm(h, ln2w + sv, ln2b + sv, c, colmask, D)
             acc = tl.zeros((R, DP), dtype=tl.float32)
@@ -226,7 +297,8 @@ if triton is not None:
         x = _layer_norm(h, lnfw, lnfb, c, colmask, D)
         whd = tl.load(wh + c[:, None] * 16 + c16[None, :])
         logits = tl.dot(x, whd, input_precision=PREC)
-        logits += tl.load(bias16 + k[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
+        kb = tl.minimum(k, LT - 1)
+        logits += tl.load(bias16 + kb[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
 
         # the tokens that keep the sector reachable, and the masked log-softmax
         ua = used_a[:, None] + (c16[None, :] & 1)
@@ -242,12 +314,15 @@ if triton is not None:
         pick = c16[None, :] == target[:, None]
         lp = tl.sum(tl.where(pick, logits, 0.0), 1) - lse
         ok = tl.sum((pick & allowed).to(tl.int32), 1)
-        lp = tl.where(k < L, lp, 0.0)
-        bad = ((k < L) & (ok == 0)).to(tl.int32)
-        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, LP)), 1)
-        nbad = tl.sum(tl.reshape(bad, (BN, LP)), 1)
+        lp = tl.where(k < K1, lp, 0.0)
+        bad = ((k < K1) & (ok == 0)).to(tl.int32)
+        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, SP)), 1)
+        nbad = tl.sum(tl.reshape(bad, (BN, SP)), 1)
         amp = tl.where(nbad > 0, float("-inf"), amp)
         ob = pid * BN + tl.arange(0, BN)
+        if HAS_PARENT:
+            pa = tl.load(parent_ptr + ob, mask=ob < n, other=0)
+            amp += tl.load(pamp_ptr + pa, mask=ob < n, other=0.0)
         tl.store(out_ptr + ob, amp, mask=ob < n)
 
 
@@ -267,8 +342,11 @@ class FusedInference:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
         precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
             (the last is outside the 1e-5 budget; measurement only).
-        block: configurations per program (None: 8 for up to 16 orbitals, else 1).
+        block: configurations per program (None: 8 for up to 16 orbitals, else 1); a prefix
+            stage with fewer padded positions takes proportionally more (the same rows).
         num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
+        share_prefixes: run shared first orbitals once per batch (`plan`); False runs every
+            configuration's whole sequence.
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
@@ -289,6 +367,7 @@ class FusedInference:
         precision: str = "tf32x3",
         block: int | None = None,
         num_warps: int | None = None,
+        share_prefixes: bool = True,
     ) -> None:
         why = unsupported_reason(ansatz)
         if why is None and ansatz.device.type != "cuda" and not _interpreting():
@@ -307,6 +386,8 @@ class FusedInference:
         if self.block <= 0 or self.block & (self.block - 1):
             raise ValueError(f"block must be a positive power of two, got {block!r}")
         self.num_warps = int(num_warps) if num_warps is not None else (8 if short else 4)
+        self.share_prefixes = bool(share_prefixes)
+        self.last_plan: list[int] | None = None
         self._packed: dict[str, torch.Tensor] | None = None
         self._versions: tuple[int, ...] | None = None
 
@@ -361,7 +442,14 @@ class FusedInference:
                 "wh": _pad(a.head.weight.t(), (dp, 16)),
                 "bias16": bias,
             }
-        self._meta = {"D": d, "DP": dp, "FP": fp, "NL": nl, "HD": d // a.n_heads}
+        self._meta = {
+            "D": d,
+            "DP": dp,
+            "NGR": -(-d // 16),
+            "FP": fp,
+            "NL": nl,
+            "HD": d // a.n_heads,
+        }
         return packed
 
     def _weights(self) -> dict[str, torch.Tensor]:
@@ -401,8 +489,107 @@ class FusedInference:
         return float((got[fin] - ref[fin]).abs().max())
 
     # ------------------------------------------------------------------ evaluation
-    def amplitude(self, configs: torch.Tensor) -> torch.Tensor:
-        """ln|psi| (float32, (n,)) of configurations (int64 tensor (n, words) on the device)."""
+    def _launch(self, x, out, k0, k1, *, parent=None, pamp=None, pkv=None, store=None):
+        """One kernel over the configurations ``x`` for positions k0..k1-1."""
+        a = self.ansatz
+        w = self._weights()
+        m = self._meta
+        na, nb = a.nelec
+        sp = max(16, _pow2(k1 - k0))
+        bn = max(1, (self.block * self.lp) // sp)  # the rows per program of the whole pass
+        n = x.shape[0]
+        dummy = out
+        _amplitude_kernel[(triton.cdiv(n, bn),)](
+            x,
+            out,
+            n,
+            parent if parent is not None else dummy,
+            pamp if pamp is not None else dummy,
+            pkv if pkv is not None else dummy,
+            store if store is not None else dummy,
+            *(w[name] for name in _ORDER),
+            1.0 / math.sqrt(m["HD"]),
+            NA=na,
+            NB=nb,
+            L=a.norb,
+            LT=self.lp,
+            K0=k0,
+            K1=k1,
+            SP=sp,
+            LPC=max(16, _pow2(k0)),
+            LPS=max(16, _pow2(k1)),
+            WORDS=a.n_words,
+            D=m["D"],
+            DP=m["DP"],
+            NGR=m["NGR"],
+            HD=m["HD"],
+            NL=m["NL"],
+            FP=m["FP"],
+            FC=_FC,
+            BN=bn,
+            PREC=self.precision,
+            HAS_PARENT=parent is not None,
+            STORE=store is not None,
+            num_warps=self.num_warps,
+        )
+
+    def plan(self, configs: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The prefix stages for a batch: (ends, counts). Stage i runs positions
+        ends[i-1]..ends[i]-1 once per distinct prefix of ends[i] orbitals (counts[i] of them;
+        the last stage once per configuration), chosen to minimise the padded rows
+        (each stage pads its positions to a power of two, at least 16).
+
+        Example:
+            >>> from cuscikit import Ansatz
+            >>> from cuscikit.sci.configs import all_determinants
+            >>> psi = Ansatz(20, (2, 2), seed=0)
+            >>> x = psi.config_words(all_determinants(20, (2, 2)))
+            >>> FusedInference.plan_for(psi, x, share_prefixes=True)
+            ([4, 20], [121, 36100])
+        """
+        return self.plan_for(self.ansatz, configs, self.share_prefixes)
+
+    @staticmethod
+    def plan_for(ansatz, configs: torch.Tensor, share_prefixes: bool = True):
+        """`plan` without a `FusedInference` (the planning needs no GPU)."""
+        norb, n = ansatz.norb, len(configs)
+        if not share_prefixes or n < 2 or norb <= 16:
+            return [norb], [n]
+        top = min(norb - 1, 32)
+        ends = torch.arange(1, top + 1, device=configs.device)
+        key = torch.sort(token_key(configs))[0]
+        d = key[1:] ^ key[:-1]
+        counts = (((d[None, :] >> (64 - 2 * ends)[:, None]) != 0).sum(1) + 1).tolist()
+        distinct = {0: 0, **{int(e): c for e, c in zip(ends.tolist(), counts, strict=True)}}
+        distinct[norb] = n
+
+        def rows(a, b):
+            return distinct[b] * max(16, _pow2(b - a))
+
+        # best[b]: fewest padded rows for positions 0..b-1, one extra stage costing 1/32 pass
+        overhead = n * max(16, _pow2(norb)) / 32
+        best = {0: (0.0, [])}
+        for b in [*range(1, top + 1), norb]:
+            best[b] = min(
+                (best[a][0] + rows(a, b) + (overhead if a else 0.0), [*best[a][1], b])
+                for a in best
+                if a < b
+            )
+        ends_best = best[norb][1]
+        return ends_best, [distinct[e] for e in ends_best]
+
+    def order(self, configs: torch.Tensor) -> torch.Tensor:
+        """A permutation that puts configurations sharing their first orbitals next to each
+        other (the orbitals' lexicographic order): batches taken in this order share more
+        prefixes. ``configs``: int64 tensor (n, words) on the device."""
+        return torch.argsort(token_key(configs))
+
+    def amplitude(self, configs: torch.Tensor, ends: list[int] | None = None) -> torch.Tensor:
+        """ln|psi| (float32, (n,)) of configurations (int64 tensor (n, words) on the device).
+
+        ``ends``: the stages' last positions + 1, increasing, the last = norb, the others at
+        most 32 (None: `plan`'s choice); e.g. ``[12, 28]`` runs orbitals 0-11 once per distinct
+        prefix, then 12-27 per configuration with the prefix's keys and values."""
         a = self.ansatz
         x = configs.to(a.device)
         if x.ndim == 1 and a.n_words == 1:
@@ -412,31 +599,43 @@ class FusedInference:
         out = torch.empty(n, dtype=torch.float32, device=a.device)
         if n == 0:
             return out
-        w = self._weights()
+        if ends is None:
+            ends = self.plan(x)[0]
+        ends = [int(e) for e in ends]
+        if ends[-1] != a.norb or ends[0] < 1 or sorted(set(ends)) != ends:
+            raise ValueError(f"ends must increase to norb={a.norb}, got {ends}")
+        if len(ends) > 1 and ends[-2] > 32:
+            raise ValueError(f"prefix stages end at most at orbital 32, got {ends}")
+        self.last_plan = ends
+        if len(ends) == 1:
+            self._launch(x, out, 0, a.norb)
+            return out
+        self._weights()
         m = self._meta
-        na, nb = a.nelec
-        grid = (triton.cdiv(n, self.block),)
-        _amplitude_kernel[grid](
-            x,
-            out,
-            n,
-            *(w[name] for name in _ORDER),
-            1.0 / math.sqrt(m["HD"]),
-            NA=na,
-            NB=nb,
-            L=a.norb,
-            LP=self.lp,
-            WORDS=a.n_words,
-            D=m["D"],
-            DP=m["DP"],
-            HD=m["HD"],
-            NL=m["NL"],
-            FP=m["FP"],
-            FC=_FC,
-            BN=self.block,
-            PREC=self.precision,
-            num_warps=self.num_warps,
-        )
+        key = token_key(x)
+        key, perm = torch.sort(key)
+        xs = x[perm]
+        d = key[1:] ^ key[:-1]
+        parent = pamp = pkv = None
+        k0 = 0
+        for e in ends[:-1]:
+            start = torch.ones(n, dtype=torch.bool, device=x.device)
+            start[1:] = (d >> (64 - 2 * e)) != 0
+            gid = (torch.cumsum(start, 0) - 1).to(torch.int32)
+            rep = torch.nonzero(start).squeeze(1)
+            cnt = len(rep)
+            store = torch.empty(
+                (cnt, m["NL"], 2, m["NGR"], max(16, _pow2(e)), 16),
+                dtype=torch.float32,
+                device=x.device,
+            )
+            amp = torch.empty(cnt, dtype=torch.float32, device=x.device)
+            par = parent[rep].contiguous() if parent is not None else None
+            self._launch(xs[rep], amp, k0, e, parent=par, pamp=pamp, pkv=pkv, store=store)
+            parent, pamp, pkv, k0 = gid, amp, store, e
+        last = torch.empty(n, dtype=torch.float32, device=x.device)
+        self._launch(xs, last, k0, a.norb, parent=parent, pamp=pamp, pkv=pkv)
+        out[perm] = last
         return out
 
     @torch.no_grad()
@@ -473,6 +672,34 @@ _ORDER = (
     "wh",
     "bias16",
 )
+
+
+_SIGN = -(2**63)
+_PAIR_MASKS = (
+    (2, 0x3333333333333333),
+    (4, 0x0F0F0F0F0F0F0F0F),
+    (8, 0x00FF00FF00FF00FF),
+    (16, 0x0000FFFF0000FFFF),
+    (32, 0x00000000FFFFFFFF),
+)
+
+
+def token_key(configs: torch.Tensor) -> torch.Tensor:
+    """int64 keys (n,) in the lexicographic order of the first word's orbitals: its 2-bit
+    tokens reversed (orbital 0 in the top bits), the sign bit flipped so that signed order is
+    that order. Configurations share their first b orbitals (b <= 32) exactly when their keys
+    agree in the top 2b bits.
+
+    Example:
+        >>> import torch
+        >>> hex(int(token_key(torch.tensor([[0b0111]]))[0]) & (2**64 - 1))  # tokens 3, 1
+        '0x5000000000000000'
+    """
+    x = configs[:, 0] if configs.ndim == 2 else configs
+    x = x.to(torch.int64)
+    for shift, mask in _PAIR_MASKS:
+        x = ((x >> shift) & mask) | ((x & mask) << shift)
+    return x ^ _SIGN
 
 
 def _interpreting() -> bool:

@@ -386,6 +386,9 @@ class Pipeline:
             known = self._zeros_bool(u)
             known[mine[have]] = True
             rows = rows[~known]
+        fused = self.fused_inference
+        if fused is not None and fused.share_prefixes and self.tensors and len(rows) > 1:
+            rows = rows[fused.order(U[rows])]  # batches of shared first orbitals
         with torch.no_grad():
             for b0 in range(0, len(rows), self.batch_size):
                 r = rows[b0 : b0 + self.batch_size]

@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
-from cuscikit.nnqs.fast_infer import FusedInference, unsupported_reason  # noqa: E402
+from cuscikit.nnqs.fast_infer import FusedInference, token_key, unsupported_reason  # noqa: E402
+from cuscikit.sci.configs import all_determinants  # noqa: E402
 
 
 def test_unsupported_sizes_have_reasons():
@@ -39,9 +40,41 @@ def test_runner_option():
     assert r._pipeline.fused_inference is None
 
 
+def _random_configs(norb, nelec, n, seed=0):
+    x = all_determinants(norb, nelec)
+    g = torch.Generator().manual_seed(seed)
+    return x[torch.randperm(len(x), generator=g)[:n].numpy()]
+
+
+@pytest.mark.parametrize("norb", [20, 36])
+def test_token_key_is_the_orbitals_lexicographic_order(norb):
+    a = Ansatz(norb, (3, 3), d_model=16, n_heads=2, seed=0)
+    x = a.config_words(_random_configs(norb, (3, 3), 3000))
+    t = a.tokens(x)[:, : min(norb, 32)].tolist()  # the first word's orbitals
+    got = [t[i] for i in torch.argsort(token_key(x)).tolist()]
+    assert got == sorted(t)
+
+
+def test_plan_counts_the_distinct_prefixes():
+    norb = 28
+    a = Ansatz(norb, (2, 3), d_model=48, seed=0)
+    x = a.config_words(_random_configs(norb, (2, 3), 20000))
+    x = torch.cat([x, x[:500]])  # repeated configurations, as in a batch with duplicates
+    ends, counts = FusedInference.plan_for(a, x)
+    tok = a.tokens(x)
+    for e, c in zip(ends, counts, strict=True):
+        assert c == (len(x) if e == norb else len(torch.unique(tok[:, :e], dim=0)))
+    # the padded rows it chose are no more than one stage's, and it did split here
+    assert len(ends) == 2 and ends[-1] == norb and 16 * sum(counts) < 32 * len(x)
+    assert FusedInference.plan_for(a, x, share_prefixes=False) == ([norb], [len(x)])
+    short = Ansatz(10, (3, 3), seed=0)  # 16 padded positions: nothing to share
+    assert FusedInference.plan_for(short, short.config_words(x[:10] & 0xFFFFF)) == ([10], [10])
+
+
 _INTERPRETED = textwrap.dedent(
     """
     import copy, torch
+    import numpy as np
     from cuscikit import Ansatz
     from cuscikit.nnqs.fast_infer import FusedInference
     from cuscikit.sci.configs import all_determinants
@@ -59,12 +92,37 @@ _INTERPRETED = textwrap.dedent(
         assert err < 1e-5, err
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
+    # stages over shared first orbitals (keys/values cached one and two levels deep), two
+    # words, repeated and out-of-sector configurations, in no particular order
+    for norb, nelec, d, h, plans in [
+        (18, (2, 2), 48, 6, [[18], [5, 18], [3, 9, 18]]),
+        (36, (2, 1), 16, 2, [[7, 36], [4, 20, 36]]),
+    ]:
+        a = Ansatz(norb, nelec, d_model=d, n_heads=h, n_layers=2, phase_hidden=(8,), seed=0)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in a.parameters():
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+        every = all_determinants(norb, nelec)
+        pick = torch.randperm(len(every), generator=g)[:8].tolist() + [0, 1, 2, len(every) - 1]
+        bad = all_determinants(norb, (nelec[0] + 1, nelec[1]))[:2]
+        x = np.concatenate([every[pick], bad, every[pick[:2]]])
+        ref = copy.deepcopy(a).double().log_psi(x).real
+        fin = torch.isfinite(ref)
+        fast = FusedInference(a)
+        for ends in plans:
+            amp = fast.amplitude(a.config_words(x), ends=ends).double()
+            assert torch.equal(torch.isfinite(amp), fin), (ends, amp)
+            err = float((amp[fin] - ref[fin]).abs().max())
+            print(norb, d, ends, err)
+            assert err < 1e-5, err
     """
 )
 
 
 def test_kernel_in_triton_interpreter():
-    """The kernel's arithmetic (layout, masks, attention groups, log-softmax) on the CPU."""
+    """The kernel's arithmetic (layout, masks, attention groups, log-softmax, the prefix
+    stages' cached keys and values) on the CPU."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run(
