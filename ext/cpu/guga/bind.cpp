@@ -209,6 +209,37 @@ void bind_guga(nb::module_& m) {
       "nthreads"_a = 0);
 
   m.def(
+      "loop_sigma",
+      [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c,
+         int rows, Out2 W1, std::optional<Out2> W2, Out2 sigma, nb::capsule gemm,
+         std::int64_t range, int nthreads) {
+        check_symmap(d, symmap, npair);
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        if (rows != npair && rows != npair + 1)
+          throw std::invalid_argument("rows must be npair or npair + 1");
+        const int mid = W2 ? static_cast<int>(W2->shape(1)) : 0;
+        if (W1.shape(1) != size_t(rows) || W1.shape(0) != size_t(W2 ? mid : npair))
+          throw std::invalid_argument("W1 must be (npair, rows), or (mid, rows) with W2");
+        if (W2 && W2->shape(0) != size_t(npair))
+          throw std::invalid_argument("W2 must be (npair, mid)");
+        if (static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf || sigma.shape(0) < 1)
+          throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
+        if (range < 1) throw std::invalid_argument("range must be positive");
+        auto fn = reinterpret_cast<csk::guga::Dgemm>(
+            PyCapsule_GetPointer(gemm.ptr(), PyCapsule_GetName(gemm.ptr())));
+        if (!fn) throw nb::python_error();
+        nb::gil_scoped_release rel;
+        csk::guga::loop_sigma(d, t, symmap.data(), npair, c.data(), rows, W1.data(), mid,
+                              W2 ? W2->data() : nullptr, sigma.data(),
+                              static_cast<int>(sigma.shape(0)), nthreads, fn, range);
+      },
+      "drt"_a, "table"_a, "symmap"_a, "npair"_a, "c"_a, "rows"_a, "W1"_a, "W2"_a.none(), "sigma"_a,
+      "dgemm"_a, "range"_a = 4096, "nthreads"_a = 0,
+      "sigma += H c by loops: gather, GEMM with W1 (and W2) and scatter per range of CSFs; dgemm "
+      "is a capsule of Fortran dgemm (scipy.linalg.cython_blas.__pyx_capi__['dgemm']).");
+
+  m.def(
       "loop_exchange_diagonal",
       [](const Drt& d, const LoopTable& t, In<double> K, std::int64_t k0, std::int64_t count,
          int nthreads) {

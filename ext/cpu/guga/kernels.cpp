@@ -535,15 +535,16 @@ constexpr std::int64_t kSub = 4096;
 // Output ranges of about kSub CSFs in [k0, k0 + count) whose borders are cell borders of the
 // table (where it has cells and k0, k0 + count are such borders): then the kets (and the bras) of
 // a head's entries lie all inside one range or all outside, and nothing is cut.
-std::vector<std::int64_t> sub_ranges(const LoopTable& t, std::int64_t k0, std::int64_t count) {
+std::vector<std::int64_t> sub_ranges(const LoopTable& t, std::int64_t k0, std::int64_t count,
+                                     std::int64_t size = kSub) {
   std::vector<std::int64_t> cuts{k0};
   const std::int64_t end = k0 + count;
   if (t.cells.empty()) {
-    for (std::int64_t a = k0 + kSub; a < end; a += kSub) cuts.push_back(a);
+    for (std::int64_t a = k0 + size; a < end; a += size) cuts.push_back(a);
   } else {
     auto it = std::upper_bound(t.cells.begin(), t.cells.end(), k0);
     for (; it != t.cells.end() && *it < end; ++it)
-      if (*it - cuts.back() >= kSub) cuts.push_back(*it);
+      if (*it - cuts.back() >= size) cuts.push_back(*it);
   }
   cuts.push_back(end);
   return cuts;
@@ -632,6 +633,15 @@ void visit_range(const Drt& drt, const LoopTable& t, std::int64_t a, std::int64_
   });
 }
 
+// d[l] += v s[l], l < n: most loops have one lower walk (n = 1), which takes no loop at all.
+inline void axpy(double* __restrict d, const double* __restrict s, double v, std::int64_t n) {
+  if (n == 1) {
+    d[0] += v * s[0];
+    return;
+  }
+  for (std::int64_t l = 0; l < n; ++l) d[l] += v * s[l];
+}
+
 // dst[out * sd] += v src[in * ss] and dst[in * sd] += v src[out * ss] over the entries of a head
 // (the gather and the scatter of the sigma), fused: both sides of an entry in one pass.
 template <int Sd, int Ss>
@@ -642,7 +652,12 @@ void apply_head(const LoopTable& t, const HeadVisit& hv, const std::int32_t* sym
   const std::int32_t* len = t.len.data();
   const std::uint16_t* code = t.code.data();
   const double* w = t.w.data();
-  // Sd / Ss: 1 for a vector over CSFs, 0 for a block with one row of sd / ss CSFs per pair
+  // Sd / Ss: 1 for a vector over CSFs, 0 for a block with one row of sd / ss CSFs per pair.
+  // x: the CSF whose row of the block (T or G) is used, y: the CSF of the vector (c or sigma)
+  const std::int32_t* pmap = symmap + hv.hadd;
+  auto at = [&](std::int64_t x, std::int64_t y, std::int64_t P, double v, std::int64_t n) {
+    axpy(dst + (Sd ? y : P * sd + x), src + (Ss ? y : P * ss + x), v, n);
+  };
   auto put = [&](std::int64_t o, std::int64_t in, std::int64_t P, double v, std::int64_t l0,
                  std::int64_t l1) {
     double* d = dst + (Sd ? o : P * sd + o);
@@ -677,32 +692,25 @@ void apply_head(const LoopTable& t, const HeadVisit& hv, const std::int32_t* sym
   }
   if (!(ket_side && bra_side)) {
     // one side only: the gather writes T at the kets (ket_side) from c at the bras; the scatter
-    // reads G at the kets (ket_side) into sigma at the bras
-    const std::int64_t hk = hv.U[0] + hv.hk, hb = hv.U[0] + hv.hb;
-    for (std::int64_t j = hv.e0; j < hv.e1; ++j) {
-      const std::int64_t ok = hk + offk[j], ob = hb + offb[j], n = len[j];
-      const double v = hv.hw * w[j];
-      const std::int64_t P = symmap[code[j] + hv.hadd];
-      if (ket_side)
-        Sd ? put(ob, ok, P, v, 0, n) : put(ok, ob, P, v, 0, n);
-      else
-        Sd ? put(ok, ob, P, v, 0, n) : put(ob, ok, P, v, 0, n);
-    }
+    // reads G at the kets (ket_side) into sigma at the bras. x: the side inside [a, b)
+    const std::int64_t hx = hv.U[0] + (ket_side ? hv.hk : hv.hb);
+    const std::int64_t hy = hv.U[0] + (ket_side ? hv.hb : hv.hk);
+    const std::int32_t* offx = ket_side ? offk : offb;
+    const std::int32_t* offy = ket_side ? offb : offk;
+    const double hw = hv.hw;
+    for (std::int64_t j = hv.e0; j < hv.e1; ++j)
+      at(hx + offx[j], hy + offy[j], pmap[code[j]], hw * w[j], len[j]);
     return;
   }
+  const double hw = hv.hw;
   for (std::int64_t u = 0; u < hv.nU; ++u) {
     const std::int64_t hk = hv.U[u] + hv.hk, hb = hv.U[u] + hv.hb;
     for (std::int64_t j = hv.e0; j < hv.e1; ++j) {
       const std::int64_t ok = hk + offk[j], ob = hb + offb[j], n = len[j];
-      const double v = hv.hw * w[j];
-      const std::int64_t P = symmap[code[j] + hv.hadd];
-      if (n == 1) {
-        dst[Sd ? ob : P * sd + ok] += v * src[Ss ? ob : P * ss + ok];
-        dst[Sd ? ok : P * sd + ob] += v * src[Ss ? ok : P * ss + ob];
-      } else {
-        put(ok, ob, P, v, 0, n);
-        put(ob, ok, P, v, 0, n);
-      }
+      const double v = hw * w[j];
+      const std::int64_t P = pmap[code[j]];
+      at(ok, ob, P, v, n);
+      at(ob, ok, P, v, n);
     }
   }
 }
@@ -776,6 +784,64 @@ void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t*
       // G's columns are the range [a, b) here: sigma_m += w G[P, k]
       visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
         apply_head<1, 0>(lt, hv, symmap, 1, ld, G - k0, out, a, b, aligned);
+      });
+    }
+  }
+}
+
+void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
+                const double* c, int rows, const double* W1, int mid, const double* W2,
+                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range) {
+  const int n = drt.norb;
+  const std::int64_t ncsf = drt.ncsf;
+  nthreads = threads_or_default(nthreads);
+  if (nthreads > nbuf) nthreads = nbuf;
+  const std::vector<std::int64_t> cuts = sub_ranges(lt, 0, ncsf, range);
+  const bool aligned = lt.aligned(0, ncsf);
+  const std::int64_t nsub = static_cast<std::int64_t>(cuts.size()) - 1;
+  std::int64_t widest = 0;
+  for (std::int64_t s = 0; s < nsub; ++s) widest = std::max(widest, cuts[s + 1] - cuts[s]);
+  const int m1 = W2 ? mid : npair;  // rows of W1 T
+#pragma omp parallel num_threads(nthreads)
+  {
+    double* out = sigma + static_cast<std::int64_t>(thread_id()) * ncsf;
+    std::vector<double> T(static_cast<size_t>(rows * widest)),
+        G(static_cast<size_t>(npair * widest));
+    std::vector<double> X(W2 ? static_cast<size_t>(mid * widest) : 0);
+    std::vector<std::uint8_t> occ;
+    const double one = 1.0, zero = 0.0;
+    // a static schedule: every buffer adds the same terms in the same order on every call
+#pragma omp for schedule(static, 1)
+    for (std::int64_t s = 0; s < nsub; ++s) {
+      const std::int64_t a = cuts[s], b = cuts[s + 1], R = b - a;
+      const int r32 = static_cast<int>(R);
+      // 1. T (rows x R, row stride R): pair rows from the loops, n_r c_k, and c_k in row npair
+      std::fill(T.begin(), T.begin() + rows * R, 0.0);
+      if (rows > npair) std::copy(c + a, c + b, T.data() + npair * R);
+      occupations(drt, a, b, occ);
+      for (int r = 0; r < n; ++r) {
+        double* row = T.data() + static_cast<std::int64_t>(symmap[r * n + r]) * R - a;
+        for (std::int64_t k = a; k < b; ++k) row[k] = occ[(k - a) * n + r] * c[k];
+      }
+      double* tb = T.data() - a;
+      visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
+        apply_head<0, 1>(lt, hv, symmap, static_cast<int>(R), 1, c, tb, a, b, aligned);
+      });
+      // 2. G = W1 T (or W2 (W1 T)): column-major, G^T = T^T W1^T
+      if (W2) {
+        gemm("N", "N", &r32, &m1, &rows, &one, T.data(), &r32, W1, &rows, &zero, X.data(), &r32);
+        gemm("N", "N", &r32, &npair, &mid, &one, X.data(), &r32, W2, &mid, &zero, G.data(), &r32);
+      } else {
+        gemm("N", "N", &r32, &npair, &rows, &one, T.data(), &r32, W1, &rows, &zero, G.data(), &r32);
+      }
+      // 3. sigma_k += sum_r n_r G[P(r,r), k]; sigma_m += w G[P, k] over the loops
+      for (int r = 0; r < n; ++r) {
+        const double* g = G.data() + static_cast<std::int64_t>(symmap[r * n + r]) * R - a;
+        for (std::int64_t k = a; k < b; ++k) out[k] += occ[(k - a) * n + r] * g[k];
+      }
+      const double* gb = G.data() - a;
+      visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
+        apply_head<1, 0>(lt, hv, symmap, 1, static_cast<int>(R), gb, out, a, b, aligned);
       });
     }
   }
