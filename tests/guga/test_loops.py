@@ -160,6 +160,14 @@ def test_one_pass_sigma_refuses_bad_input():
         eng.mod.loop_sigma(*args, c, npair, W, None, sig, _dgemm())
     with pytest.raises(ValueError, match="c must"):
         eng.mod.loop_sigma(*args, c[:-1], npair + 1, W, None, sig, _dgemm())
+    # the kernels split a pair row into a head's and an entry's part: only the packed pair map
+    other = eng.symmap.copy()
+    other[[1, 6]] = 5  # pairs (0, 1) and (1, 0) sent to another row
+    with pytest.raises(ValueError, match="pair_index"):
+        eng.mod.loop_sigma(eng.core, eng.table, other, npair, c, npair + 1, W, None, sig, _dgemm())
+    with pytest.raises(ValueError, match="pair_index"):
+        T = np.zeros((npair, drt.n_csf))
+        eng.mod.loop_gather_pairs(eng.core, eng.table, other, npair, c, T, 0, drt.n_csf)
 
 
 def test_loop_table_is_small_and_independent_of_the_blocks():

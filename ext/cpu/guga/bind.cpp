@@ -59,12 +59,18 @@ void check_range(const Drt& drt, std::int64_t k0, std::int64_t count) {
 
 using Out2 = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
-void check_symmap(const Drt& d, const In<std::int32_t>& symmap, int npair) {
-  if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
-    throw std::invalid_argument("symmap must hold norb^2 entries");
-  for (size_t i = 0; i < symmap.size(); ++i)
-    if (symmap.data()[i] < 0 || symmap.data()[i] >= npair)
-      throw std::invalid_argument("symmap entries must lie in 0 .. npair - 1");
+// The loop kernels split a pair row into a head's and an entry's part: they need the packed pair
+// map P(p, q) = max (max + 1) / 2 + min (cuscikit.guga.sigma.pair_index).
+void check_pair_map(const Drt& d, const In<std::int32_t>& symmap, int npair) {
+  const int n = d.norb;
+  if (npair != n * (n + 1) / 2 || symmap.size() != static_cast<size_t>(n * n))
+    throw std::invalid_argument("the loop kernels need npair = norb (norb + 1) / 2 pairs");
+  for (int p = 0; p < n; ++p)
+    for (int q = 0; q < n; ++q) {
+      const int hi = p > q ? p : q, lo = p > q ? q : p;
+      if (symmap.data()[p * n + q] != hi * (hi + 1) / 2 + lo)
+        throw std::invalid_argument("the loop kernels need symmap = pair_index(norb)");
+    }
 }
 
 }  // namespace
@@ -176,7 +182,7 @@ void bind_guga(nb::module_& m) {
       "loop_gather_pairs",
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c, Out2 T,
          std::int64_t k0, std::int64_t count, int nthreads) {
-        check_symmap(d, symmap, npair);
+        check_pair_map(d, symmap, npair);
         check_range(d, k0, count);
         if (T.shape(0) < size_t(npair) || static_cast<std::int64_t>(T.shape(1)) < count)
           throw std::invalid_argument("T must be at least (npair, count)");
@@ -194,7 +200,7 @@ void bind_guga(nb::module_& m) {
       "loop_scatter_pairs",
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, Out2 G,
          std::int64_t k0, std::int64_t count, Out2 sigma, int nthreads) {
-        check_symmap(d, symmap, npair);
+        check_pair_map(d, symmap, npair);
         check_range(d, k0, count);
         if (G.shape(0) < size_t(npair) || static_cast<std::int64_t>(G.shape(1)) < count)
           throw std::invalid_argument("G must be at least (npair, count)");
@@ -213,7 +219,7 @@ void bind_guga(nb::module_& m) {
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c,
          int rows, Out2 W1, std::optional<Out2> W2, Out2 sigma, nb::capsule gemm,
          std::int64_t range, int nthreads) {
-        check_symmap(d, symmap, npair);
+        check_pair_map(d, symmap, npair);
         if (static_cast<std::int64_t>(c.size()) != d.ncsf)
           throw std::invalid_argument("c must hold ncsf entries");
         if (rows != npair && rows != npair + 1)
