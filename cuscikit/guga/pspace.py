@@ -192,7 +192,10 @@ class PSpacePreconditioner:
             self._idx = torch.as_tensor(self.csfs, device=hdiag.device)
         else:
             self._idx = self.csfs
-        self._w, self._U = np.linalg.eigh(self.H)  # (H - t)^-1 = U (w - t)^-1 U^T for any t
+        from cuscikit.guga.sigma import _OneThreadBlas
+
+        with _OneThreadBlas():  # threaded LAPACK on a busy machine: 20-70x slower measured
+            self._w, self._U = np.linalg.eigh(self.H)  # (H - t)^-1 = U (w - t)^-1 U^T for any t
 
     def _dev(self, a):
         if self.torch is None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuscikit.guga._ext import load
-from cuscikit.guga.drt import DRT, OCC
+from cuscikit.guga.drt import DRT
 
 __all__ = ["Engine", "pair_index"]
 
@@ -54,6 +54,15 @@ def pair_index(norb: int) -> np.ndarray:
 METHODS = ("loops", "lists")
 
 
+def _dgemm():
+    """A capsule of the Fortran dgemm that SciPy exports for compiled code, or None."""
+    try:
+        from scipy.linalg import cython_blas
+    except ImportError:
+        return None
+    return cython_blas.__pyx_capi__.get("dgemm")
+
+
 class _OneThreadBlas:
     """numpy's OpenBLAS on one thread inside the block (restored after), found as threadpoolctl
     finds it: its worker threads busy-wait after every call and take the cores from the loop
@@ -68,6 +77,7 @@ class _OneThreadBlas:
     def _find(cls):
         if cls._fns is None:
             cls._fns = ()
+            _dgemm()  # SciPy's OpenBLAS (the loop sigma's GEMM) loaded first, to be found too
             try:
                 import ctypes
 
@@ -161,6 +171,9 @@ class Engine:
         else:
             self.blocks = [(k0, min(rows, self.ncsf - k0)) for k0 in range(0, self.ncsf, rows)]
         self.rows = rows
+        # CSFs per output range of the one-pass loop sigma (each range's T and G, 8 (2 npair + 1)
+        # range bytes, stay in its thread's cache)
+        self.range = 4096
         self._lists: dict[int, tuple] = {}
         self._held = 0  # bytes of the kept lists
         self._streamed: set[int] = set()  # blocks that did not fit the budget
@@ -287,6 +300,11 @@ class Engine:
         else:
             ld = A.shape[0]
             W1, W2 = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
+        dgemm = _dgemm()
+        if dgemm is not None:  # one pass: gather, GEMM and scatter per range of CSFs
+            with _OneThreadBlas():
+                mod.loop_sigma(core, tab, sym, npair, c, ld, W1, W2, sigma, dgemm, self.range, nt)
+            return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
         rows = max(count for _, count in self.blocks)
         key = ("loops", rows, ld, 0 if W2 is None else W1.shape[0])
         if self._work is None or self._work[0] != key:
@@ -343,9 +361,11 @@ class Engine:
         hp = np.diag(h1) - 0.5 * K.sum(axis=1)  # h'_pp = h_pp - 1/2 sum_r (pr|rp)
         Kc = np.ascontiguousarray(K.reshape(-1))
         out = np.empty(self.ncsf)
-        for k0, count in self.blocks:
-            occ = OCC[self.drt.steps(k0, count)].astype(np.float64)
-            out[k0 : k0 + count] = occ @ hp + 0.5 * np.einsum("kp,pr,kr->k", occ, J, occ)
+        with _OneThreadBlas():  # small products: BLAS threads cost more than they give
+            for k0, count in self.blocks:
+                st = self.drt.steps(k0, count)  # steps 0..3: occupations 0, 1, 1, 2
+                occ = ((st + 1) >> 1).astype(np.float64)
+                out[k0 : k0 + count] = occ @ hp + 0.5 * ((occ @ J) * occ).sum(axis=1)
         if self.method == "loops":
             for k0, count in self.blocks:
                 out[k0 : k0 + count] += 0.5 * self.mod.loop_exchange_diagonal(

@@ -110,6 +110,66 @@ def test_loop_sigma_equals_list_sigma(space):
     assert all(k0 in cells or k0 == 0 for k0 in starts) or not cells
 
 
+@pytest.mark.parametrize("space", [(7, 6, 0), (8, 6, 2), (8, 8, 4), (9, 9, 1)])
+@pytest.mark.parametrize("split", [-1, 0, 3])
+def test_one_pass_sigma_equals_the_block_path_and_the_lists(space, split, monkeypatch):
+    """loop_sigma (gather, GEMM and scatter per range of CSFs, one pass) against the lists and
+    against the per-block path it replaces, for ranges of 7 and 61 CSFs (many ranges, loops cut
+    at their borders or, without a split, not aligned to cells) and one range, 1 and 2 threads,
+    with h', without (PySCF's absorbed form) and with factored integrals."""
+    import cuscikit.guga.sigma as sigma_mod
+
+    drt = DRT(*space)
+    npair = drt.norb * (drt.norb + 1) // 2
+    rng = np.random.default_rng(11)
+    c = rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((npair, npair))
+    V = V + V.T
+    h = rng.standard_normal(npair)
+    A = rng.standard_normal((npair, 4))
+    B = np.ascontiguousarray(0.5 * A.T)
+    lists = Engine(drt, method="lists")
+    refs = [lists.contract(c, V, h), lists.contract(c, V), lists.contract(c, (A, B), h)]
+    table = load().LoopTable(drt.core, split)
+    for size, nthreads in ((7, 1), (61, 2), (10**6, 2)):
+        eng = Engine(drt, nthreads=nthreads, rows=97)
+        eng.table, eng.range = table, size
+        got = [eng.contract(c, V, h), eng.contract(c, V), eng.contract(c, (A, B), h)]
+        for a, b in zip(got, refs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * max(1.0, np.abs(b).max()))
+    monkeypatch.setattr(sigma_mod, "_dgemm", lambda: None)  # the per-block path
+    eng = Engine(drt, nthreads=2, rows=97)
+    eng.table = table
+    blocks = [eng.contract(c, V, h), eng.contract(c, V), eng.contract(c, (A, B), h)]
+    for a, b in zip(got, blocks, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * max(1.0, np.abs(b).max()))
+
+
+def test_one_pass_sigma_refuses_bad_input():
+    drt = DRT(6, 6, 0)
+    eng = Engine(drt)
+    from cuscikit.guga.sigma import _dgemm
+
+    npair, c = eng.npair, np.ones(drt.n_csf)
+    W = np.zeros((npair, npair + 1))
+    sig = np.zeros((1, drt.n_csf))
+    args = (eng.core, eng.table, eng.symmap, npair)
+    with pytest.raises(ValueError, match="range"):
+        eng.mod.loop_sigma(*args, c, npair + 1, W, None, sig, _dgemm(), 0)
+    with pytest.raises(ValueError, match="W1"):
+        eng.mod.loop_sigma(*args, c, npair, W, None, sig, _dgemm())
+    with pytest.raises(ValueError, match="c must"):
+        eng.mod.loop_sigma(*args, c[:-1], npair + 1, W, None, sig, _dgemm())
+    # the kernels split a pair row into a head's and an entry's part: only the packed pair map
+    other = eng.symmap.copy()
+    other[[1, 6]] = 5  # pairs (0, 1) and (1, 0) sent to another row
+    with pytest.raises(ValueError, match="pair_index"):
+        eng.mod.loop_sigma(eng.core, eng.table, other, npair, c, npair + 1, W, None, sig, _dgemm())
+    with pytest.raises(ValueError, match="pair_index"):
+        T = np.zeros((npair, drt.n_csf))
+        eng.mod.loop_gather_pairs(eng.core, eng.table, other, npair, c, T, 0, drt.n_csf)
+
+
 def test_loop_table_is_small_and_independent_of_the_blocks():
     drt = DRT(10, 10, 0)
     table = load().LoopTable(drt.core)

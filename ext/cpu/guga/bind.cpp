@@ -59,12 +59,18 @@ void check_range(const Drt& drt, std::int64_t k0, std::int64_t count) {
 
 using Out2 = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
-void check_symmap(const Drt& d, const In<std::int32_t>& symmap, int npair) {
-  if (symmap.size() != static_cast<size_t>(d.norb * d.norb))
-    throw std::invalid_argument("symmap must hold norb^2 entries");
-  for (size_t i = 0; i < symmap.size(); ++i)
-    if (symmap.data()[i] < 0 || symmap.data()[i] >= npair)
-      throw std::invalid_argument("symmap entries must lie in 0 .. npair - 1");
+// The loop kernels split a pair row into a head's and an entry's part: they need the packed pair
+// map P(p, q) = max (max + 1) / 2 + min (cuscikit.guga.sigma.pair_index).
+void check_pair_map(const Drt& d, const In<std::int32_t>& symmap, int npair) {
+  const int n = d.norb;
+  if (npair != n * (n + 1) / 2 || symmap.size() != static_cast<size_t>(n * n))
+    throw std::invalid_argument("the loop kernels need npair = norb (norb + 1) / 2 pairs");
+  for (int p = 0; p < n; ++p)
+    for (int q = 0; q < n; ++q) {
+      const int hi = p > q ? p : q, lo = p > q ? q : p;
+      if (symmap.data()[p * n + q] != hi * (hi + 1) / 2 + lo)
+        throw std::invalid_argument("the loop kernels need symmap = pair_index(norb)");
+    }
 }
 
 }  // namespace
@@ -176,7 +182,7 @@ void bind_guga(nb::module_& m) {
       "loop_gather_pairs",
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c, Out2 T,
          std::int64_t k0, std::int64_t count, int nthreads) {
-        check_symmap(d, symmap, npair);
+        check_pair_map(d, symmap, npair);
         check_range(d, k0, count);
         if (T.shape(0) < size_t(npair) || static_cast<std::int64_t>(T.shape(1)) < count)
           throw std::invalid_argument("T must be at least (npair, count)");
@@ -194,7 +200,7 @@ void bind_guga(nb::module_& m) {
       "loop_scatter_pairs",
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, Out2 G,
          std::int64_t k0, std::int64_t count, Out2 sigma, int nthreads) {
-        check_symmap(d, symmap, npair);
+        check_pair_map(d, symmap, npair);
         check_range(d, k0, count);
         if (G.shape(0) < size_t(npair) || static_cast<std::int64_t>(G.shape(1)) < count)
           throw std::invalid_argument("G must be at least (npair, count)");
@@ -207,6 +213,37 @@ void bind_guga(nb::module_& m) {
       },
       "drt"_a, "table"_a, "symmap"_a, "npair"_a, "G"_a, "k0"_a, "count"_a, "sigma"_a,
       "nthreads"_a = 0);
+
+  m.def(
+      "loop_sigma",
+      [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c,
+         int rows, Out2 W1, std::optional<Out2> W2, Out2 sigma, nb::capsule gemm,
+         std::int64_t range, int nthreads) {
+        check_pair_map(d, symmap, npair);
+        if (static_cast<std::int64_t>(c.size()) != d.ncsf)
+          throw std::invalid_argument("c must hold ncsf entries");
+        if (rows != npair && rows != npair + 1)
+          throw std::invalid_argument("rows must be npair or npair + 1");
+        const int mid = W2 ? static_cast<int>(W2->shape(1)) : 0;
+        if (W1.shape(1) != size_t(rows) || W1.shape(0) != size_t(W2 ? mid : npair))
+          throw std::invalid_argument("W1 must be (npair, rows), or (mid, rows) with W2");
+        if (W2 && W2->shape(0) != size_t(npair))
+          throw std::invalid_argument("W2 must be (npair, mid)");
+        if (static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf || sigma.shape(0) < 1)
+          throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
+        if (range < 1) throw std::invalid_argument("range must be positive");
+        auto fn = reinterpret_cast<csk::guga::Dgemm>(
+            PyCapsule_GetPointer(gemm.ptr(), PyCapsule_GetName(gemm.ptr())));
+        if (!fn) throw nb::python_error();
+        nb::gil_scoped_release rel;
+        csk::guga::loop_sigma(d, t, symmap.data(), npair, c.data(), rows, W1.data(), mid,
+                              W2 ? W2->data() : nullptr, sigma.data(),
+                              static_cast<int>(sigma.shape(0)), nthreads, fn, range);
+      },
+      "drt"_a, "table"_a, "symmap"_a, "npair"_a, "c"_a, "rows"_a, "W1"_a, "W2"_a.none(), "sigma"_a,
+      "dgemm"_a, "range"_a = 4096, "nthreads"_a = 0,
+      "sigma += H c by loops: gather, GEMM with W1 (and W2) and scatter per range of CSFs; dgemm "
+      "is a capsule of Fortran dgemm (scipy.linalg.cython_blas.__pyx_capi__['dgemm']).");
 
   m.def(
       "loop_exchange_diagonal",

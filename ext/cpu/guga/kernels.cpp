@@ -535,15 +535,16 @@ constexpr std::int64_t kSub = 4096;
 // Output ranges of about kSub CSFs in [k0, k0 + count) whose borders are cell borders of the
 // table (where it has cells and k0, k0 + count are such borders): then the kets (and the bras) of
 // a head's entries lie all inside one range or all outside, and nothing is cut.
-std::vector<std::int64_t> sub_ranges(const LoopTable& t, std::int64_t k0, std::int64_t count) {
+std::vector<std::int64_t> sub_ranges(const LoopTable& t, std::int64_t k0, std::int64_t count,
+                                     std::int64_t size = kSub) {
   std::vector<std::int64_t> cuts{k0};
   const std::int64_t end = k0 + count;
   if (t.cells.empty()) {
-    for (std::int64_t a = k0 + kSub; a < end; a += kSub) cuts.push_back(a);
+    for (std::int64_t a = k0 + size; a < end; a += size) cuts.push_back(a);
   } else {
     auto it = std::upper_bound(t.cells.begin(), t.cells.end(), k0);
     for (; it != t.cells.end() && *it < end; ++it)
-      if (*it - cuts.back() >= kSub) cuts.push_back(*it);
+      if (*it - cuts.back() >= size) cuts.push_back(*it);
   }
   cuts.push_back(end);
   return cuts;
@@ -632,77 +633,103 @@ void visit_range(const Drt& drt, const LoopTable& t, std::int64_t a, std::int64_
   });
 }
 
-// dst[out * sd] += v src[in * ss] and dst[in * sd] += v src[out * ss] over the entries of a head
-// (the gather and the scatter of the sigma), fused: both sides of an entry in one pass.
-template <int Sd, int Ss>
-void apply_head(const LoopTable& t, const HeadVisit& hv, const std::int32_t* symmap, int sd, int ss,
-                const double* src, double* dst, std::int64_t a, std::int64_t b, bool aligned) {
+// d[l] += v s[l], l < n: most loops have one lower walk (n = 1), which takes no loop at all.
+inline void axpy(double* __restrict d, const double* __restrict s, double v, std::int64_t n) {
+  if (n == 1) {
+    d[0] += v * s[0];
+    return;
+  }
+  for (std::int64_t l = 0; l < n; ++l) d[l] += v * s[l];
+}
+
+// Offsets of the entries into a block of pair rows of stride S (T or G; row P holds pair P of
+// the block's CSFs), for the packed pair map P(p, q) = max (max + 1) / 2 + min: the entry's part
+// of the pair row times S plus its ket (k) or bra (b) offset. A whole loop's part is its pair; a
+// lower part's (code lo * norb) is lo, and its head adds hi (hi + 1) / 2 (head_row).
+struct BlockOffsets {
+  std::vector<std::int64_t> k, b;
+};
+
+BlockOffsets block_offsets(const LoopTable& t, int norb, std::int64_t S) {
+  const size_t ne = t.w.size();
+  BlockOffsets o;
+  o.k.resize(ne);
+  o.b.resize(ne);
+  for (size_t j = 0; j < ne; ++j) {
+    const std::int64_t lo = t.code[j] / norb, hi = t.code[j] % norb;
+    const std::int64_t row = hi > 0 ? hi * (hi + 1) / 2 + lo : lo;
+    o.k[j] = row * S + t.offk[j];
+    o.b[j] = row * S + t.offb[j];
+  }
+  return o;
+}
+
+inline std::int64_t head_row(int hadd) { return static_cast<std::int64_t>(hadd) * (hadd + 1) / 2; }
+
+// The gather (Sd = 0: block T[P, x] += w c[y], dst = T) and the scatter (Sd = 1: sigma[y] +=
+// w G[P, x], src = G) over the entries of a head, both sides of an entry in one pass: x is the
+// CSF whose pair row of the block is used, y the one of the vector. `blk` and `vec` point at the
+// block's element (row 0, CSF 0) and the vector's CSF 0 (block rows of stride S).
+template <int Sd>
+void apply_head(const LoopTable& t, const HeadVisit& hv, const BlockOffsets& bo,
+                const std::int32_t* symmap, std::int64_t S, const double* src, double* dst,
+                std::int64_t a, std::int64_t b, bool aligned) {
   const std::int32_t* offk = t.offk.data();
   const std::int32_t* offb = t.offb.data();
   const std::int32_t* len = t.len.data();
   const std::uint16_t* code = t.code.data();
   const double* w = t.w.data();
-  // Sd / Ss: 1 for a vector over CSFs, 0 for a block with one row of sd / ss CSFs per pair
-  auto put = [&](std::int64_t o, std::int64_t in, std::int64_t P, double v, std::int64_t l0,
-                 std::int64_t l1) {
-    double* d = dst + (Sd ? o : P * sd + o);
-    const double* s = src + (Ss ? in : P * ss + in);
-    for (std::int64_t l = l0; l < l1; ++l) d[l] += v * s[l];
+  const std::int64_t* bk = bo.k.data();
+  const std::int64_t* bb = bo.b.data();
+  // block element bi (row part included) and vector element vi
+  auto at = [&](std::int64_t bi, std::int64_t vi, double v, std::int64_t n) {
+    if (Sd)
+      axpy(dst + vi, src + bi, v, n);
+    else
+      axpy(dst + bi, src + vi, v, n);
   };
-  bool ket_side = true, bra_side = true;  // the ket (bra) as the output side (for the gather)
+  bool ket_side = true, bra_side = true;  // the ket (bra) as the block side x
   if (hv.cut && hv.hadd > 0 && aligned) {
     // a lower head's kets fill one cell: all inside [a, b) or all outside (bras the same)
     const std::int64_t k = hv.U[0] + hv.hk, m = hv.U[0] + hv.hb;
-    const bool kin = k >= a && k < b, min = m >= a && m < b;
-    // gather: outputs at the kets (side 0) / bras; scatter (Sd): G read at the kets / bras
-    ket_side = kin;
-    bra_side = min;
-    if (!kin && !min) return;
-  } else if (hv.cut) {
+    ket_side = k >= a && k < b;
+    bra_side = m >= a && m < b;
+    if (!ket_side && !bra_side) return;
+  } else if (hv.cut) {  // a loop may be cut at a range border: the block side inside [a, b)
     const std::int64_t U = hv.U[0];
     for (std::int64_t j = hv.e0; j < hv.e1; ++j) {
       const std::int64_t ok = U + hv.hk + offk[j], ob = U + hv.hb + offb[j], n = len[j];
       const double v = hv.hw * w[j];
       const std::int64_t P = symmap[code[j] + hv.hadd];
-      // outputs in [a, b): the ket side for the gather (Sd == 0), the G side for the scatter
-      const std::int64_t ko = Sd ? ob : ok, ki = Sd ? ok : ob;
-      std::int64_t l0 = std::max<std::int64_t>(0, a - (Sd ? ki : ko));
-      std::int64_t l1 = std::min<std::int64_t>(n, b - (Sd ? ki : ko));
-      if (l0 < l1) put(ko, ki, P, v, l0, l1);
-      l0 = std::max<std::int64_t>(0, a - (Sd ? ko : ki));
-      l1 = std::min<std::int64_t>(n, b - (Sd ? ko : ki));
-      if (l0 < l1) put(ki, ko, P, v, l0, l1);
+      for (int side = 0; side < 2; ++side) {
+        const std::int64_t x = side ? ob : ok, y = side ? ok : ob;
+        const std::int64_t l0 = std::max<std::int64_t>(0, a - x);
+        const std::int64_t l1 = std::min<std::int64_t>(n, b - x);
+        if (l0 < l1) at(P * S + x + l0, y + l0, v, l1 - l0);
+      }
     }
     return;
   }
-  if (!(ket_side && bra_side)) {
-    // one side only: the gather writes T at the kets (ket_side) from c at the bras; the scatter
-    // reads G at the kets (ket_side) into sigma at the bras
+  const double hw = hv.hw;
+  const std::int64_t hr = head_row(hv.hadd) * S;
+  if (!(ket_side && bra_side)) {  // one side only (nU = 1)
     const std::int64_t hk = hv.U[0] + hv.hk, hb = hv.U[0] + hv.hb;
-    for (std::int64_t j = hv.e0; j < hv.e1; ++j) {
-      const std::int64_t ok = hk + offk[j], ob = hb + offb[j], n = len[j];
-      const double v = hv.hw * w[j];
-      const std::int64_t P = symmap[code[j] + hv.hadd];
-      if (ket_side)
-        Sd ? put(ob, ok, P, v, 0, n) : put(ok, ob, P, v, 0, n);
-      else
-        Sd ? put(ok, ob, P, v, 0, n) : put(ob, ok, P, v, 0, n);
+    if (ket_side) {
+      for (std::int64_t j = hv.e0; j < hv.e1; ++j)
+        at(hr + hk + bk[j], hb + offb[j], hw * w[j], len[j]);
+    } else {
+      for (std::int64_t j = hv.e0; j < hv.e1; ++j)
+        at(hr + hb + bb[j], hk + offk[j], hw * w[j], len[j]);
     }
     return;
   }
   for (std::int64_t u = 0; u < hv.nU; ++u) {
     const std::int64_t hk = hv.U[u] + hv.hk, hb = hv.U[u] + hv.hb;
     for (std::int64_t j = hv.e0; j < hv.e1; ++j) {
-      const std::int64_t ok = hk + offk[j], ob = hb + offb[j], n = len[j];
-      const double v = hv.hw * w[j];
-      const std::int64_t P = symmap[code[j] + hv.hadd];
-      if (n == 1) {
-        dst[Sd ? ob : P * sd + ok] += v * src[Ss ? ob : P * ss + ok];
-        dst[Sd ? ok : P * sd + ob] += v * src[Ss ? ok : P * ss + ob];
-      } else {
-        put(ok, ob, P, v, 0, n);
-        put(ob, ok, P, v, 0, n);
-      }
+      const double v = hw * w[j];
+      const std::int64_t n = len[j];
+      at(hr + hk + bk[j], hb + offb[j], v, n);
+      at(hr + hb + bb[j], hk + offk[j], v, n);
     }
   }
 }
@@ -728,6 +755,7 @@ void loop_gather_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* 
   nthreads = threads_or_default(nthreads);
   const std::vector<std::int64_t> cuts = sub_ranges(lt, k0, count);
   const bool aligned = lt.aligned(k0, count);
+  const BlockOffsets bo = block_offsets(lt, n, ld);
   const std::int64_t nsub = static_cast<std::int64_t>(cuts.size()) - 1;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -744,7 +772,7 @@ void loop_gather_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* 
       }
       double* base = T - k0;
       visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
-        apply_head<0, 1>(lt, hv, symmap, ld, 1, c, base, a, b, aligned);
+        apply_head<0>(lt, hv, bo, symmap, ld, c, base, a, b, aligned);
       });
     }
   }
@@ -759,6 +787,7 @@ void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t*
   if (nthreads > nbuf) nthreads = nbuf;
   const std::vector<std::int64_t> cuts = sub_ranges(lt, k0, count);
   const bool aligned = lt.aligned(k0, count);
+  const BlockOffsets bo = block_offsets(lt, n, ld);
   const std::int64_t nsub = static_cast<std::int64_t>(cuts.size()) - 1;
   (void)npair;
 #pragma omp parallel num_threads(nthreads)
@@ -775,7 +804,68 @@ void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t*
       }
       // G's columns are the range [a, b) here: sigma_m += w G[P, k]
       visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
-        apply_head<1, 0>(lt, hv, symmap, 1, ld, G - k0, out, a, b, aligned);
+        apply_head<1>(lt, hv, bo, symmap, ld, G - k0, out, a, b, aligned);
+      });
+    }
+  }
+}
+
+void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
+                const double* c, int rows, const double* W1, int mid, const double* W2,
+                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range) {
+  const int n = drt.norb;
+  const std::int64_t ncsf = drt.ncsf;
+  nthreads = threads_or_default(nthreads);
+  if (nthreads > nbuf) nthreads = nbuf;
+  const std::vector<std::int64_t> cuts = sub_ranges(lt, 0, ncsf, range);
+  const bool aligned = lt.aligned(0, ncsf);
+  const std::int64_t nsub = static_cast<std::int64_t>(cuts.size()) - 1;
+  std::int64_t widest = 0;
+  for (std::int64_t s = 0; s < nsub; ++s) widest = std::max(widest, cuts[s + 1] - cuts[s]);
+  const int m1 = W2 ? mid : npair;         // rows of W1 T
+  const int S = static_cast<int>(widest);  // the row stride of T, X and G
+  const BlockOffsets bo = block_offsets(lt, n, S);
+#pragma omp parallel num_threads(nthreads)
+  {
+    double* out = sigma + static_cast<std::int64_t>(thread_id()) * ncsf;
+    std::vector<double> T(static_cast<size_t>(rows * widest)),
+        G(static_cast<size_t>(npair * widest));
+    std::vector<double> X(W2 ? static_cast<size_t>(mid * widest) : 0);
+    std::vector<std::uint8_t> occ;
+    const double one = 1.0, zero = 0.0;
+    // a static schedule: every buffer adds the same terms in the same order on every call
+#pragma omp for schedule(static, 1)
+    for (std::int64_t s = 0; s < nsub; ++s) {
+      const std::int64_t a = cuts[s], b = cuts[s + 1], R = b - a;
+      const int r32 = static_cast<int>(R);
+      // 1. T (rows x R, row stride S): pair rows from the loops, n_r c_k, and c_k in row npair
+      for (int P = 0; P < rows; ++P)
+        std::fill(T.data() + P * widest, T.data() + P * widest + R, 0.0);
+      if (rows > npair) std::copy(c + a, c + b, T.data() + npair * widest);
+      occupations(drt, a, b, occ);
+      for (int r = 0; r < n; ++r) {
+        double* row = T.data() + static_cast<std::int64_t>(symmap[r * n + r]) * S - a;
+        for (std::int64_t k = a; k < b; ++k) row[k] = occ[(k - a) * n + r] * c[k];
+      }
+      double* tb = T.data() - a;
+      visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
+        apply_head<0>(lt, hv, bo, symmap, S, c, tb, a, b, aligned);
+      });
+      // 2. G = W1 T (or W2 (W1 T)): column-major, G^T = T^T W1^T
+      if (W2) {
+        gemm("N", "N", &r32, &m1, &rows, &one, T.data(), &S, W1, &rows, &zero, X.data(), &S);
+        gemm("N", "N", &r32, &npair, &mid, &one, X.data(), &S, W2, &mid, &zero, G.data(), &S);
+      } else {
+        gemm("N", "N", &r32, &npair, &rows, &one, T.data(), &S, W1, &rows, &zero, G.data(), &S);
+      }
+      // 3. sigma_k += sum_r n_r G[P(r,r), k]; sigma_m += w G[P, k] over the loops
+      for (int r = 0; r < n; ++r) {
+        const double* g = G.data() + static_cast<std::int64_t>(symmap[r * n + r]) * S - a;
+        for (std::int64_t k = a; k < b; ++k) out[k] += occ[(k - a) * n + r] * g[k];
+      }
+      const double* gb = G.data() - a;
+      visit_heads(drt, lt, a, b, [&](const HeadVisit& hv) {
+        apply_head<1>(lt, hv, bo, symmap, S, gb, out, a, b, aligned);
       });
     }
   }

@@ -79,6 +79,20 @@ void loop_gather_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* 
 void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
                         const double* G, std::int64_t ld, std::int64_t k0, std::int64_t count,
                         double* sigma, int nbuf, int nthreads);
+// Fortran BLAS dgemm (column-major), as scipy.linalg.cython_blas exports it.
+using Dgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const double*,
+                       const double*, const int*, const double*, const int*, const double*, double*,
+                       const int*);
+// The whole loop-driven sigma in one pass over output ranges of about `range` CSFs (cell
+// borders), each range by one thread from start to end: T of the range (rows x R, as
+// loop_gather_pairs; rows = npair, or npair + 1 with c_k in the last row), G = W1 T (W1 row-major
+// npair x rows) or G = W2 (W1 T) (W1 mid x rows, W2 npair x mid) by `gemm` on the thread, then
+// sigma += the scatter of G (as loop_scatter_pairs) into the thread's buffer (nbuf of ncsf).
+// T and G stay in the thread's cache, the range's occupations are found once, and there is no
+// barrier between the steps. The caller keeps the BLAS at one thread.
+void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
+                const double* c, int rows, const double* W1, int mid, const double* W2,
+                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range);
 // out[k - k0] = sum of <m|E_pq|k>^2 K[p, q] over p != q.
 void loop_exchange_diagonal(const Drt& drt, const LoopTable& lt, const double* K, double* out,
                             std::int64_t k0, std::int64_t count, int nthreads);
