@@ -3,8 +3,10 @@
 # by side on the one GPU (benchmarks/accuracy_small.py --jobs), under the CUDA MPS daemon when it
 # starts, so that the small kernels of the many processes overlap. The tree's compiled modules are
 # prebuilt (tools/prebuild_py312.sh), so nothing is compiled on the device: run it with
-# PYTHONPATH set to the tree. Each argument is a group, LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON]]
-# (SYSTEMS comma-separated; the JSONs replace Runner / Ansatz defaults for that group). Every run
+# PYTHONPATH set to the tree. Each argument is a group,
+# LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON[|ITERS]]] (SYSTEMS comma-separated; the JSONs replace
+# Runner / Ansatz defaults for that group; ITERS, the group's iteration count and with it its
+# rate schedule, replaces the ITERS below). Every run
 # stops DEADLINE seconds after the start (default 130); CACHE=DIR holds reference energies and
 # integrals made elsewhere (accuracy_small.py --cache); SEEDS (default 0,1,2); ITERS (default:
 # the default iteration count); DEVICE (default cuda, cpu for a dry run). Logs, JSON and
@@ -34,15 +36,15 @@ done) > "$out/gpu.log" 2>&1 &
 sampler=$!
 extra=()
 [ -n "${CACHE:-}" ] && extra+=(--cache "$root/$CACHE")
-[ -n "${ITERS:-}" ] && extra+=(--iters "$ITERS")
 pids=()
 for group in "$@"; do
-  IFS='|' read -r label systems runner ansatz <<< "$group"
+  IFS='|' read -r label systems runner ansatz iters <<< "$group"
+  iters=${iters:-${ITERS:-}}
   read -ra names <<< "${systems//,/ }"
   nseeds=$(tr ',' '\n' <<< "${SEEDS:-0,1,2}" | wc -l)
   python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "${SEEDS:-0,1,2}" --device "${DEVICE:-cuda}" \
     --jobs $((${#names[@]} * nseeds)) --deadline "${DEADLINE:-130}" \
-    --runner "${runner:-{\}}" --ansatz "${ansatz:-{\}}" "${extra[@]}" \
+    --runner "${runner:-{\}}" --ansatz "${ansatz:-{\}}" ${iters:+--iters "$iters"} "${extra[@]}" \
     --out "$out/acc/$label" --json-out "$out/acc_$label.json" > "$out/acc_$label.log" 2>&1 &
   pids+=($!)
 done
