@@ -49,6 +49,8 @@ import math
 
 import torch
 
+from cuscikit.nnqs._triton import pow2, tl, triton
+
 __all__ = ["FusedInference", "token_key", "unsupported_reason"]
 
 PRECISIONS = ("tf32x3", "ieee", "tf32")
@@ -56,17 +58,6 @@ _MAX_D = 64  # widest d_model laid out (one 64-column tile)
 _MAX_LP = 64  # longest padded sequence
 _GROUP = 16  # feature columns per attention group (the tensor cores' smallest K)
 _FC = 64  # MLP hidden columns per chunk
-
-try:  # Triton ships with CUDA builds of torch; the module imports without it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the installation
-    triton = None
-    tl = None
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def unsupported_reason(ansatz) -> str | None:
@@ -89,7 +80,7 @@ def unsupported_reason(ansatz) -> str | None:
     hd = d // h
     if _GROUP % hd:
         return f"head width {hd} does not divide {_GROUP}"
-    if _pow2(ansatz.norb) > _MAX_LP:
+    if pow2(ansatz.norb) > _MAX_LP:
         return f"norb={ansatz.norb} is above {_MAX_LP}"
     if triton is None:
         return "Triton is not installed"
@@ -378,7 +369,7 @@ class FusedInference:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.ansatz = ansatz
         self.precision = precision
-        self.lp = max(16, _pow2(ansatz.norb))
+        self.lp = max(16, pow2(ansatz.norb))
         # measured on an H200 (docs/performance.md): 16 positions, 8 configurations and 8 warps
         # per program; 32 positions, one configuration and 4 warps (larger tiles spill)
         short = self.lp <= 16
@@ -400,7 +391,7 @@ class FusedInference:
     def pack(self) -> dict[str, torch.Tensor]:
         """The weights in the kernel's layout (float32, (in, out), padded with zeros)."""
         a = self.ansatz
-        d, dp, lp = a.d_model, max(16, _pow2(a.d_model)), self.lp
+        d, dp, lp = a.d_model, max(16, pow2(a.d_model)), self.lp
         f = 4 * d
         fp = _FC * math.ceil(f / _FC)
         nl = a.n_layers
@@ -495,7 +486,7 @@ class FusedInference:
         w = self._weights()
         m = self._meta
         na, nb = a.nelec
-        sp = max(16, _pow2(k1 - k0))
+        sp = max(16, pow2(k1 - k0))
         bn = max(1, (self.block * self.lp) // sp)  # the rows per program of the whole pass
         n = x.shape[0]
         dummy = out
@@ -516,8 +507,8 @@ class FusedInference:
             K0=k0,
             K1=k1,
             SP=sp,
-            LPC=max(16, _pow2(k0)),
-            LPS=max(16, _pow2(k1)),
+            LPC=max(16, pow2(k0)),
+            LPS=max(16, pow2(k1)),
             WORDS=a.n_words,
             D=m["D"],
             DP=m["DP"],
@@ -564,10 +555,10 @@ class FusedInference:
         distinct[norb] = n
 
         def rows(a, b):
-            return distinct[b] * max(16, _pow2(b - a))
+            return distinct[b] * max(16, pow2(b - a))
 
         # best[b]: fewest padded rows for positions 0..b-1, one extra stage costing 1/32 pass
-        overhead = n * max(16, _pow2(norb)) / 32
+        overhead = n * max(16, pow2(norb)) / 32
         best = {0: (0.0, [])}
         for b in [*range(1, top + 1), norb]:
             best[b] = min(
@@ -625,7 +616,7 @@ class FusedInference:
             rep = torch.nonzero(start).squeeze(1)
             cnt = len(rep)
             store = torch.empty(
-                (cnt, m["NL"], 2, m["NGR"], max(16, _pow2(e)), 16),
+                (cnt, m["NL"], 2, m["NGR"], max(16, pow2(e)), 16),
                 dtype=torch.float32,
                 device=x.device,
             )

@@ -42,6 +42,8 @@ import warnings
 
 import torch
 
+from cuscikit.nnqs._triton import pow2, tl, triton
+
 __all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
 
 #: False: the Ansatz keeps torch's kernels everywhere.
@@ -54,17 +56,6 @@ _ROW_TILE = 2048  # elements of a LayerNorm tile
 _SEQUENCES = 4  # sequences per attention program
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
-
-try:  # Triton ships with CUDA builds of torch; the module imports without it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the installation
-    triton = None
-    tl = None
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _interpreting() -> bool:
@@ -307,7 +298,7 @@ class _LayerNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps):
         d = x.shape[-1]
         x2 = x.reshape(-1, d).contiguous()
-        m, dp = x2.shape[0], _pow2(d)
+        m, dp = x2.shape[0], pow2(d)
         block = _row_tile(dp)
         y = torch.empty_like(x2)
         mean = torch.empty(m, dtype=x.dtype, device=x.device)
@@ -326,7 +317,7 @@ class _LayerNorm(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
         m, d = x2.shape
-        dp = _pow2(d)
+        dp = pow2(d)
         block = _row_tile(dp)
         programs = triton.cdiv(m, block)
         dy2 = dy.reshape(-1, d).contiguous()
@@ -349,7 +340,7 @@ class _CausalAttention(torch.autograd.Function):
         lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
         scale = _split(1.0 / math.sqrt(hd))
         f64 = qkv.dtype == torch.float64
-        consts = (length, _pow2(length), n_heads, hd, _pow2(hd), _SEQUENCES, f64)
+        consts = (length, pow2(length), n_heads, hd, pow2(hd), _SEQUENCES, f64)
         if n:
             grid = (triton.cdiv(n, _SEQUENCES),)
             with _on(qkv):

@@ -1,0 +1,23 @@
+"""Triton where the installation has it (CUDA builds of torch ship it; the package imports
+without it) and the helpers the Triton kernels of `fast_infer` and `fused_ops` share."""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the installation
+    triton = None
+    tl = None
+
+__all__ = ["pow2", "tl", "triton"]
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's block shapes.
+
+    Example:
+        >>> pow2(10), pow2(16), pow2(1)
+        (16, 16, 1)
+    """
+    return 1 << max(0, int(n) - 1).bit_length()
