@@ -32,8 +32,10 @@ struct DrtView {
   std::int64_t ncsf = 0;
 };
 
-// Steps (orbital 0 first) and vertices (level 0..norb) of the CSF of index r.
-CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, int* steps, int* verts) {
+// The walk of the CSF of index r from the head down: vertices (level 0..norb) into verts and
+// put(k, step) for every orbital k.
+template <class Put>
+CSK_HD void walk_of_rank(const DrtView& d, std::int64_t r, int* verts, Put&& put) {
   int v = d.head;
   verts[d.norb] = v;
   for (int k = d.norb - 1; k >= 0; --k) {
@@ -46,10 +48,15 @@ CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, int* steps, int* verts)
       }
     }
     r -= d.y[4 * v + chosen];
-    steps[k] = chosen;
+    put(k, chosen);
     v = d.down[4 * v + chosen];
     verts[k] = v;
   }
+}
+
+// Steps (orbital 0 first) and vertices (level 0..norb) of the CSF of index r.
+CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, int* steps, int* verts) {
+  walk_of_rank(d, r, verts, [&](int k, int s) { steps[k] = s; });
 }
 
 struct LoopFrame {
@@ -77,22 +84,9 @@ struct PackedSteps {
 template <int MaxOrb>
 CSK_HD void unrank_csf(const DrtView& d, std::int64_t r, PackedSteps<MaxOrb>& steps, int* verts) {
   for (int j = 0; j < PackedSteps<MaxOrb>::kWords; ++j) steps.w[j] = 0;
-  int v = d.head;
-  verts[d.norb] = v;
-  for (int k = d.norb - 1; k >= 0; --k) {
-    int chosen = 0;
-    for (int s = 3; s >= 0; --s) {
-      if (d.down[4 * v + s] < 0) continue;
-      if (r >= d.y[4 * v + s]) {
-        chosen = s;
-        break;
-      }
-    }
-    r -= d.y[4 * v + chosen];
-    steps.w[k >> 5] |= static_cast<std::uint64_t>(chosen) << (2 * (k & 31));
-    v = d.down[4 * v + chosen];
-    verts[k] = v;
-  }
+  walk_of_rank(d, r, verts, [&](int k, int s) {
+    steps.w[k >> 5] |= static_cast<std::uint64_t>(s) << (2 * (k & 31));
+  });
 }
 
 // Calls emit(m, code, w) for every w = <m|E_pq|n> != 0 of the ket n = rank (steps and vertices
