@@ -3,6 +3,8 @@ without it) and the helpers the Triton kernels of `fast_infer` and `fused_ops` s
 
 from __future__ import annotations
 
+import os
+
 try:
     import triton
     import triton.language as tl
@@ -10,7 +12,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
     tl = None
 
-__all__ = ["pow2", "tl", "triton"]
+__all__ = ["interpreting", "pow2", "tl", "triton"]
 
 
 def pow2(n: int) -> int:
@@ -21,3 +23,8 @@ def pow2(n: int) -> int:
         (16, 16, 1)
     """
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its kernels in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

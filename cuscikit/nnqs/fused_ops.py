@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import struct
 import warnings
 
 import torch
 
-from cuscikit.nnqs._triton import pow2, tl, triton
+from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
 __all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
 
@@ -58,10 +57,6 @@ _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def active(x: torch.Tensor) -> bool:
     """Whether the Ansatz's pass over ``x`` takes these kernels: enabled, Triton present, a
     gradient being recorded, float32/float64 on a CUDA device (any device under the Triton
@@ -75,7 +70,7 @@ def active(x: torch.Tensor) -> bool:
         return False
     if not torch.is_grad_enabled() or x.dtype not in (torch.float32, torch.float64):
         return False
-    if not (x.is_cuda or _interpreting()):
+    if not (x.is_cuda or interpreting()):
         return False
     return not torch.compiler.is_compiling()
 

@@ -18,7 +18,7 @@ from cuscikit.nnqs import fused_ops  # noqa: E402
 
 def test_cpu_passes_keep_torch_kernels():
     """On the CPU (no interpreter) the kernels are not taken and the results are torch's."""
-    if fused_ops._interpreting():
+    if fused_ops.interpreting():
         pytest.skip("the Triton interpreter runs the kernels on the CPU")
     x = torch.randn(6, 5, 8, dtype=torch.float64, requires_grad=True)
     w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
