@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from cuscikit.nnqs._triton import pow2, tl, triton
+from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
 __all__ = ["FusedInference", "token_key", "unsupported_reason"]
 
@@ -361,7 +361,7 @@ class FusedInference:
         share_prefixes: bool = True,
     ) -> None:
         why = unsupported_reason(ansatz)
-        if why is None and ansatz.device.type != "cuda" and not _interpreting():
+        if why is None and ansatz.device.type != "cuda" and not interpreting():
             why = f"the ansatz is on {ansatz.device.type}, the fused kernel needs CUDA"
         if why is not None:
             raise ValueError(f"fused inference unavailable: {why}")
@@ -543,12 +543,19 @@ class FusedInference:
     @staticmethod
     def plan_for(ansatz, configs: torch.Tensor, share_prefixes: bool = True):
         """`plan` without a `FusedInference` (the planning needs no GPU)."""
+        return FusedInference._planned(ansatz, configs, share_prefixes)[:2]
+
+    @staticmethod
+    def _planned(ansatz, configs: torch.Tensor, share_prefixes: bool):
+        """(ends, counts, sorted) of `plan_for`; ``sorted``: (keys, permutation) of the
+        configurations' `token_key` sort that the plan was made from (None for one stage)."""
         norb, n = ansatz.norb, len(configs)
         if not share_prefixes or n < 2 or norb <= 16:
-            return [norb], [n]
+            return [norb], [n], None
         top = min(norb - 1, 32)
         ends = torch.arange(1, top + 1, device=configs.device)
-        key = torch.sort(token_key(configs))[0]
+        srt = torch.sort(token_key(configs))
+        key = srt[0]
         d = key[1:] ^ key[:-1]
         counts = (((d[None, :] >> (64 - 2 * ends)[:, None]) != 0).sum(1) + 1).tolist()
         distinct = {0: 0, **{int(e): c for e, c in zip(ends.tolist(), counts, strict=True)}}
@@ -567,7 +574,7 @@ class FusedInference:
                 if a < b
             )
         ends_best = best[norb][1]
-        return ends_best, [distinct[e] for e in ends_best]
+        return ends_best, [distinct[e] for e in ends_best], srt
 
     def order(self, configs: torch.Tensor) -> torch.Tensor:
         """A permutation that puts configurations sharing their first orbitals next to each
@@ -590,8 +597,9 @@ class FusedInference:
         out = torch.empty(n, dtype=torch.float32, device=a.device)
         if n == 0:
             return out
+        srt = None
         if ends is None:
-            ends = self.plan(x)[0]
+            ends, _, srt = self._planned(a, x, self.share_prefixes)
         ends = [int(e) for e in ends]
         if ends[-1] != a.norb or ends[0] < 1 or sorted(set(ends)) != ends:
             raise ValueError(f"ends must increase to norb={a.norb}, got {ends}")
@@ -603,8 +611,7 @@ class FusedInference:
             return out
         self._weights()
         m = self._meta
-        key = token_key(x)
-        key, perm = torch.sort(key)
+        key, perm = srt if srt is not None else torch.sort(token_key(x))
         xs = x[perm]
         d = key[1:] ^ key[:-1]
         parent = pamp = pkv = None
@@ -691,9 +698,3 @@ def token_key(configs: torch.Tensor) -> torch.Tensor:
     for shift, mask in _PAIR_MASKS:
         x = ((x >> shift) & mask) | ((x & mask) << shift)
     return x ^ _SIGN
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"

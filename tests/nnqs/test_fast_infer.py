@@ -116,6 +116,11 @@ _INTERPRETED = textwrap.dedent(
             err = float((amp[fin] - ref[fin]).abs().max())
             print(norb, d, ends, err)
             assert err < 1e-5, err
+        amp = fast.amplitude(a.config_words(x)).double()  # the plan's own stages and sort
+        assert torch.equal(torch.isfinite(amp), fin), (fast.last_plan, amp)
+        err = float((amp[fin] - ref[fin]).abs().max())
+        print(norb, d, fast.last_plan, err)
+        assert err < 1e-5, err
     """
 )
 
