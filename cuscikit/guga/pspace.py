@@ -54,6 +54,13 @@ def _rows_drt(drt: DRT):
     )
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of a 1-D array: ``np.unique(a)``, which without an inverse or
+    counts imports numpy.ma on its first call (0.1 s inside a timed first solve)."""
+    srt = np.sort(a)
+    return srt[np.r_[True, srt[1:] != srt[:-1]]] if len(srt) else srt
+
+
 def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1 << 16):
     """H[i, j] = <csfs[i]|H|csfs[j]> for H = sum_PQ V[P,Q] E^sym_P E^sym_Q + sum_P h[P] E^sym_P.
 
@@ -78,8 +85,7 @@ def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1
     csfs = np.asarray(csfs, dtype=np.int64).reshape(-1)
     p, n = len(csfs), drt.norb
     npair = n * (n + 1) // 2
-    srt = np.sort(csfs)  # np.unique without an inverse or counts imports numpy.ma (once: 0.1 s)
-    if p == 0 or np.any(srt[1:] == srt[:-1]):
+    if p == 0 or len(_distinct(csfs)) != p:
         raise ValueError("csfs must be a non-empty list of distinct CSF indices")
     if diag is not None:
         diag = np.asarray(diag, dtype=np.float64).reshape(-1)
@@ -138,7 +144,7 @@ def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int = 1
         R = np.bincount(flat, w[e0:e1], minlength=(r1 - r0) * npair).reshape(r1 - r0, npair)
         RV = times_v(R)
         gs, gsz = starts[g0:g1] - r0, sizes[g0:g1]
-        for g in np.unique(gsz, return_counts=True)[0]:
+        for g in _distinct(gsz):
             first = gs[gsz == g]
             idx = first[:, None] + np.arange(g)[None, :]  # (groups, g) rows
             M = np.matmul(RV[idx], R[idx].transpose(0, 2, 1))  # (groups, g, g)
