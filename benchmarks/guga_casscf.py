@@ -110,7 +110,7 @@ def run_casscf(mf, ncas: int, nelecas, mo, solver: str, device: str, max_macro: 
         marks[it] = time.perf_counter()
 
     mc.callback = callback
-    peak = None
+    torch = None
     if device.startswith("cuda"):
         import torch
 
@@ -118,10 +118,7 @@ def run_casscf(mf, ncas: int, nelecas, mo, solver: str, device: str, max_macro: 
     t0 = time.perf_counter()
     mc.kernel(mo)
     wall = time.perf_counter() - t0
-    if device.startswith("cuda"):
-        import torch
-
-        peak = torch.cuda.max_memory_allocated() / 2**30
+    peak = None if torch is None else torch.cuda.max_memory_allocated() / 2**30
     ends = [marks[k] for k in sorted(marks)]
     steps = np.diff([t0, *ends])
     print(f"    macro {len(ends):3d}  {steps[-1]:7.2f} s (last)  E = {mc.e_tot:.10f}", flush=True)
