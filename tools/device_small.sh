@@ -70,7 +70,7 @@ for step in "$@"; do
         --iterations "${ITERS64:-60}" --variants graph-torch-ops graph eager) \
         > "$out/f64_ops.log" 2>&1 &
       timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/gpu/test_fused_ops.py tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
+        tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
       wait
       echo "check: done at $((SECONDS - t0)) s" ;;
     *) echo "unknown step $step"; exit 2 ;;
