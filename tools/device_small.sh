@@ -13,8 +13,9 @@
 #   ops     float32, recorded stage, torch's kernels against the Triton training kernels
 #           (cuscikit/nnqs/fused_ops.py) in one process, profiled, alone on the GPU
 #   check   side by side: float64 over ITERS64 iterations (default 60) recorded with torch's
-#           kernels, recorded and eager with the Triton ones; the gpu tests of the kernels
-#           and of the recorded stage
+#           kernels, recorded and eager with the Triton ones; the gpu tests of TEST_FILES
+#           (default: the kernels and the recorded stage), one pytest process per file,
+#           selected by TEST_K
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
 set -uo pipefail
@@ -69,8 +70,12 @@ for step in "$@"; do
       (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
         --iterations "${ITERS64:-60}" --variants graph-torch-ops graph eager) \
         > "$out/f64_ops.log" 2>&1 &
-      timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
+      # one pytest process per file, side by side (each compiles its own Triton kernels)
+      for f in ${TEST_FILES:-tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py}; do
+        timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+          -k "${TEST_K:-fused or graph or small or fast_infer or inner_steps}" "$f" \
+          > "$out/tests_$(basename "$f" .py).log" 2>&1 &
+      done
       wait
       echo "check: done at $((SECONDS - t0)) s" ;;
     *) echo "unknown step $step"; exit 2 ;;
@@ -79,5 +84,5 @@ done
 for f in f32_before f32_after f64 compile f64_repro f32_ops f64_ops; do
   [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
 done
-[ -f "$out/tests.log" ] && { echo "== tests"; tail -6 "$out/tests.log"; }
+for f in "$out"/tests*.log; do [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; }; done
 exit 0
