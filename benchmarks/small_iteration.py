@@ -314,7 +314,8 @@ def main():
         for name in args.systems:
             kernel_times(Molecule.load(name), dtype, args.kernel_rows)
         return
-    print(f"# attention programs of {fused_ops._ATTN_WARPS} warps")
+    warps = getattr(fused_ops, "_ATTN_WARPS", None)  # None: a package without the option
+    print(f"# attention programs of {warps} warps")
     for name in args.systems:
         mol = Molecule.load(name)
         hist = {}
