@@ -32,8 +32,11 @@ The replays apply their AdamW steps: the profile comes after the timed run.
 
 --kernels: only the Triton training kernels at the model's shapes (--kernel-rows sequences,
 1,920 = N2's padded |S|), microseconds per forward and backward call against torch's, the
-attention with 1, 2 and 4 warps per program; prints the fastest. --attn-warps sets the warps
-of the attention programs for the runs (default: `cuscikit.nnqs.fused_ops._ATTN_WARPS`).
+attention with 1, 2 and 4 warps per program; prints the fastest. The calls are launched one by
+one from Python, so a call's time includes its launch and autograd overhead where that exceeds
+the kernel (on the H200 it does for the backward passes): a coarse choice, not kernel times.
+--attn-warps sets the warps of the attention programs for the runs (default:
+`cuscikit.nnqs.fused_ops._ATTN_WARPS`).
 """
 
 from __future__ import annotations
@@ -283,7 +286,9 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     rows.append(["LayerNorm, torch", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     print_table(
         f"Training kernels at {mol.name}'s shapes: {n} sequences x {length} positions, d_model "
-        f"{d}, {h} heads, {dtype}; microseconds per call (CUDA events, {reps} calls)",
+        f"{d}, {h} heads, {dtype}; microseconds per call launched from Python, CUDA events over "
+        f"{reps} calls: the host's launch and autograd overhead included (the profile of "
+        "--profile gives the kernels' own times)",
         ["kernel", "forward us", "backward us", "max |y - torch|"],
         rows,
     )

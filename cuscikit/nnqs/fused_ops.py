@@ -55,8 +55,8 @@ _MAX_LENGTH = 16  # longest sequence of the attention kernel (its key loop is un
 _MAX_HEAD = 64  # widest head
 _ROW_TILE = 2048  # elements of a LayerNorm tile
 _SEQUENCES = 4  # sequences per attention program (one head each: heads are the grid's 2nd axis)
-_ATTN_WARPS = 2  # warps per attention program (a tile of 4 x 16 x 8 elements: few warps keep
-# the reductions of its serial key loop inside a warp; `small_iteration.py --kernels` times 1/2/4)
+_ATTN_WARPS = 4  # warps per attention program (measured on the H200 at N2's shapes: the forward
+# takes twice as long with 1 or 2; `small_iteration.py --kernels` times 1/2/4)
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 
