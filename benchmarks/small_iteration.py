@@ -11,6 +11,8 @@ first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
         [--variants eager graph graph-torch-ops eager-compiled] [--profile] [--profile-compile]
+        [--attn-warps {1,2,4,8}]
+    python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
@@ -27,6 +29,14 @@ The same for two levers recorded in the stage through `OptimizerGraph(log_psi=..
 the seconds their first call took (compilation, warm-up and recording): the phase MLP on a
 second stream beside the transformer, and with --profile-compile a `torch.compile`d ln psi.
 The replays apply their AdamW steps: the profile comes after the timed run.
+
+--kernels: only the Triton training kernels at the model's shapes (--kernel-rows sequences,
+1,920 = N2's padded |S|), microseconds per forward and backward call against torch's, the
+attention with 1, 2 and 4 warps per program; prints the fastest. The calls are launched one by
+one from Python, so a call's time includes its launch and autograd overhead where that exceeds
+the kernel (on the H200 it does for the backward passes): a coarse choice, not kernel times.
+--attn-warps sets the warps of the attention programs for the runs (default:
+`cuscikit.nnqs.fused_ops._ATTN_WARPS`).
 """
 
 from __future__ import annotations
@@ -217,6 +227,75 @@ def _phase_aside(ansatz):
     return log_psi
 
 
+def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
+    """--kernels: microseconds per call of the training kernels at the model's shapes (n
+    sequences), forward and backward, the attention for 1, 2 and 4 warps per program, against
+    torch's written-out attention and LayerNorm; returns the fastest attention warps."""
+    psi = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
+    length, d, h = psi.norb, psi.d_model, psi.n_heads
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(n, length, 3 * d, dtype=dtype, device="cuda", generator=g)
+    qkv.requires_grad_()
+    x = torch.randn(n, length, d, dtype=dtype, device="cuda", generator=g).requires_grad_()
+    w = torch.ones(d, dtype=dtype, device="cuda", requires_grad=True)
+    b = torch.zeros(d, dtype=dtype, device="cuda", requires_grad=True)
+    gy = torch.randn(n, length, d, dtype=dtype, device="cuda", generator=g)
+
+    def torch_attention(t):
+        q, k, v = (u.reshape(n, length, h, d // h).transpose(1, 2) for u in t.split(d, -1))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (d // h) ** 0.5)
+        future = torch.ones(length, length, dtype=torch.bool, device="cuda").triu(1)
+        y = torch.softmax(att.masked_fill(future, -float("inf")), -1) @ v
+        return y.transpose(1, 2).reshape(n, length, d)
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / reps * 1e3
+
+    def both(forward, inputs) -> tuple[float, float]:
+        y = forward()
+        fwd = timed(forward)
+        bwd = timed(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True))
+        return fwd, bwd
+
+    rows, best = [], (float("inf"), fused_ops._ATTN_WARPS)
+    keep = fused_ops._ATTN_WARPS
+    y_torch = torch_attention(qkv).detach()
+    for warps in (1, 2, 4):
+        fused_ops._ATTN_WARPS = warps
+        fwd, bwd = both(lambda: fused_ops.causal_attention(qkv, h), qkv)
+        err = float((fused_ops.causal_attention(qkv, h).detach() - y_torch).abs().max())
+        rows.append([f"attention, Triton, {warps} warps", f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
+        best = min(best, (fwd + bwd, warps))
+    fused_ops._ATTN_WARPS = keep
+    fwd, bwd = both(lambda: torch_attention(qkv), qkv)
+    rows.append(["attention, torch (written out)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    y_ln = torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5).detach()
+    fwd, bwd = both(lambda: fused_ops.layer_norm(x, w, b, 1e-5), (x, w, b))
+    err = float((fused_ops.layer_norm(x, w, b, 1e-5).detach() - y_ln).abs().max())
+    rows.append(["LayerNorm, Triton", f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
+    fwd, bwd = both(lambda: torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5), (x, w, b))
+    rows.append(["LayerNorm, torch", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    print_table(
+        f"Training kernels at {mol.name}'s shapes: {n} sequences x {length} positions, d_model "
+        f"{d}, {h} heads, {dtype}; microseconds per call launched from Python, CUDA events over "
+        f"{reps} calls: the host's launch and autograd overhead included (the profile of "
+        "--profile gives the kernels' own times)",
+        ["kernel", "forward us", "backward us", "max |y - torch|"],
+        rows,
+    )
+    print(f"# best attention warps: {best[1]}", flush=True)
+    return best[1]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--systems", nargs="+", default=["N2"])
@@ -226,11 +305,22 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-compile", action="store_true")
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--kernel-rows", type=int, default=1920)
+    ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
     args = ap.parse_args()
+    if args.attn_warps:
+        fused_ops._ATTN_WARPS = args.attn_warps
     profiles = []
     dtype = torch.float64 if args.float64 else torch.float32
     print(f"# {machine()}, torch {torch.__version__}, {dtype}")
     rows = []
+    if args.kernels:
+        for name in args.systems:
+            kernel_times(Molecule.load(name), dtype, args.kernel_rows)
+        return
+    warps = getattr(fused_ops, "_ATTN_WARPS", None)  # None: a package without the option
+    print(f"# attention programs of {warps} warps")
     for name in args.systems:
         mol = Molecule.load(name)
         hist = {}

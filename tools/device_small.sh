@@ -3,6 +3,8 @@
 # defaults: 200 iterations, medians over iterations 20-200). Steps, run in the order given:
 #   before  float32, recorded optimiser stage, profiled (--profile), with the nnqs package of
 #           BASE_NNQS laid over this tree (e.g. the main branch's cuscikit/nnqs), alone on the GPU
+#   kernels the training kernels alone (small_iteration.py --kernels): microseconds per call,
+#           the attention at 1/2/4 warps per program; "after" then runs with the fastest
 #   after   the same with this tree, alone on the GPU
 #   side    side by side (their timings share the GPU; only their results count): float64 eager
 #           against recorded over 200 iterations, the gpu tests of the recorded stage, and the
@@ -12,9 +14,10 @@
 #           default 200): does the eager path reproduce itself, and the recorded one it?
 #   ops     float32, recorded stage, torch's kernels against the Triton training kernels
 #           (cuscikit/nnqs/fused_ops.py) in one process, profiled, alone on the GPU
-#   check   side by side: float64 over ITERS64 iterations (default 60) recorded with torch's
-#           kernels, recorded and eager with the Triton ones; the gpu tests of the kernels
-#           and of the recorded stage
+#   check   side by side: float64 over ITERS64 iterations (default 60) of VARIANTS64 (default:
+#           recorded with torch's kernels, recorded and eager with the Triton ones); the gpu
+#           tests of TEST_FILES (default: the kernels and the recorded stage), one pytest
+#           process per file, selected by TEST_K
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
 set -uo pipefail
@@ -38,8 +41,15 @@ for step in "$@"; do
       (cd benchmarks && PYTHONPATH=$base timeout "${T1:-40}" python3 small_iteration.py \
         --iterations "${ITERS:-200}" --variants graph --profile) > "$out/f32_before.log" 2>&1
       echo "before: exit $? at $((SECONDS - t0)) s" ;;
+    kernels)
+      (cd benchmarks && timeout "${TK:-40}" python3 small_iteration.py --kernels) \
+        > "$out/kernels.log" 2>&1
+      echo "kernels: exit $? at $((SECONDS - t0)) s"
+      warps=$(sed -n 's/^# best attention warps: \([0-9]*\)$/\1/p' "$out/kernels.log")
+      [ -n "$warps" ] && warps_arg="--attn-warps $warps" ;;
     after)
-      (cd benchmarks && timeout "${T1:-40}" python3 small_iteration.py \
+      # shellcheck disable=SC2086  # warps_arg: empty, or the option and its value
+      (cd benchmarks && timeout "${T1:-40}" python3 small_iteration.py ${warps_arg:-} \
         --iterations "${ITERS:-200}" --variants graph --profile) > "$out/f32_after.log" 2>&1
       echo "after: exit $? at $((SECONDS - t0)) s" ;;
     side)
@@ -66,18 +76,23 @@ for step in "$@"; do
         > "$out/f32_ops.log" 2>&1
       echo "ops: exit $? at $((SECONDS - t0)) s" ;;
     check)
-      (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
-        --iterations "${ITERS64:-60}" --variants graph-torch-ops graph eager) \
+      # shellcheck disable=SC2086  # the variants: words
+      (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 ${warps_arg:-} \
+        --iterations "${ITERS64:-60}" --variants ${VARIANTS64:-graph-torch-ops graph eager}) \
         > "$out/f64_ops.log" 2>&1 &
-      timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
-        tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py > "$out/tests.log" 2>&1 &
+      # one pytest process per file, side by side (each compiles its own Triton kernels)
+      for f in ${TEST_FILES:-tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py}; do
+        timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+          -k "${TEST_K:-fused or graph or small or fast_infer or inner_steps}" "$f" \
+          > "$out/tests_$(basename "$f" .py).log" 2>&1 &
+      done
       wait
       echo "check: done at $((SECONDS - t0)) s" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
-for f in f32_before f32_after f64 compile f64_repro f32_ops f64_ops; do
+for f in kernels f32_before f32_after f64 compile f64_repro f32_ops f64_ops; do
   [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
 done
-[ -f "$out/tests.log" ] && { echo "== tests"; tail -6 "$out/tests.log"; }
+for f in "$out"/tests*.log; do [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; }; done
 exit 0

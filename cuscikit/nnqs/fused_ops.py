@@ -14,7 +14,9 @@ module gives two autograd functions with one Triton kernel each way:
   ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes a
   few sequences; the keys are visited one position at a time with an online softmax, so every
   tensor is (sequences, positions, head width); the backward recomputes the probabilities from
-  the saved log-sum-exp and writes the gradient of ``qkv`` in the same layout.
+  the saved log-sum-exp and writes the gradient of ``qkv`` in the same layout. The heads are
+  the launch grid's second axis (a program runs one head), and both kernels take their tile's
+  offsets and masks from one helper, `_attn_tile`.
 
 The arithmetic is that of `torch.nn.functional.layer_norm` and of the written-out attention in
 `cuscikit.nnqs.ansatz` (same formulas, other summation orders): float64 agrees to rounding
@@ -52,7 +54,9 @@ _MAX_LENGTH = 16  # longest sequence of the attention kernel (its key loop is un
 # at 10 positions, longer sequences keep torch's kernels)
 _MAX_HEAD = 64  # widest head
 _ROW_TILE = 2048  # elements of a LayerNorm tile
-_SEQUENCES = 4  # sequences per attention program
+_SEQUENCES = 4  # sequences per attention program (one head each: heads are the grid's 2nd axis)
+_ATTN_WARPS = 4  # warps per attention program (measured on the H200 at N2's shapes: the forward
+# takes twice as long with 1 or 2; `small_iteration.py --kernels` times 1/2/4)
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 
@@ -168,6 +172,35 @@ if triton is not None:
         else:
             return x * hi
 
+    @triton.jit
+    def _attn_tile(
+        n,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """The tile of a program of either attention kernel: sequences ``program_id(0)``,
+        head ``program_id(1)``. Offsets of its queries in ``qkv`` (BLOCK, LP, HDP), of its
+        rows in ``y`` (same shape), of key 0 in ``qkv`` (BLOCK, HDP; value 0 is ``d``
+        further, key j ``j * 3d``), of its log-sum-exps (BLOCK, LP), with their masks."""
+        d = H * HD
+        h = tl.program_id(1)
+        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        pos = tl.arange(0, LP)
+        col = tl.arange(0, HDP)
+        smask = seq < n
+        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
+        mask2 = smask[:, None] & (col < HD)[None, :]
+        mask_lse = smask[:, None] & (pos < L)[None, :]
+        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
+        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
+        k_at = seq[:, None] * (L * 3 * d) + d + col[None, :]
+        lse_at = (seq[:, None] * H + h) * L + pos[None, :]
+        return pos, mask3, mask2, mask_lse, q_at + h * HD, y_at + h * HD, k_at + h * HD, lse_at
+
     @triton.jit(do_not_specialize=["n"])
     def _attn_fwd_kernel(
         qkv_ptr,
@@ -185,37 +218,26 @@ if triton is not None:
         F64: tl.constexpr,
     ):
         d = H * HD
-        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        pos = tl.arange(0, LP)
-        col = tl.arange(0, HDP)
-        smask = seq < n
-        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
-        mask2 = smask[:, None] & (col < HD)[None, :]
-        mask_lse = smask[:, None] & (pos < L)[None, :]
-        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
-        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
-        kv_at = seq[:, None] * (L * 3 * d) + col[None, :]
-        for h in tl.static_range(H):
-            q = _scaled(
-                tl.load(qkv_ptr + q_at + h * HD, mask=mask3, other=0.0), scale_hi, scale_lo, F64
-            )
-            m_i = tl.full((BLOCK, LP), float("-inf"), q.dtype)
-            l_i = tl.zeros((BLOCK, LP), q.dtype)
-            acc = tl.zeros((BLOCK, LP, HDP), q.dtype)
-            for j in tl.static_range(L):
-                k = tl.load(qkv_ptr + kv_at + j * 3 * d + d + h * HD, mask=mask2, other=0.0)
-                v = tl.load(qkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, mask=mask2, other=0.0)
-                s = tl.sum(q * k[:, None, :], 2)
-                s = tl.where(pos[None, :] >= j, s, float("-inf"))
-                m_new = tl.maximum(m_i, s)  # finite from j = 0 on (position 0 is always seen)
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new)
-                l_i = l_i * alpha + p
-                acc = acc * alpha[:, :, None] + p[:, :, None] * v[:, None, :]
-                m_i = m_new
-            tl.store(y_ptr + y_at + h * HD, acc / l_i[:, :, None], mask=mask3)
-            lse_at = (seq[:, None] * H + h) * L + pos[None, :]
-            tl.store(lse_ptr + lse_at, m_i + tl.log(l_i), mask=mask_lse)
+        pos, mask3, mask2, mask_lse, q_at, y_at, k_at, lse_at = _attn_tile(
+            n, L, LP, H, HD, HDP, BLOCK
+        )
+        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask3, other=0.0), scale_hi, scale_lo, F64)
+        m_i = tl.full((BLOCK, LP), float("-inf"), q.dtype)
+        l_i = tl.zeros((BLOCK, LP), q.dtype)
+        acc = tl.zeros((BLOCK, LP, HDP), q.dtype)
+        for j in tl.static_range(L):
+            k = tl.load(qkv_ptr + k_at + j * 3 * d, mask=mask2, other=0.0)
+            v = tl.load(qkv_ptr + k_at + j * 3 * d + d, mask=mask2, other=0.0)
+            s = tl.sum(q * k[:, None, :], 2)
+            s = tl.where(pos[None, :] >= j, s, float("-inf"))
+            m_new = tl.maximum(m_i, s)  # finite from j = 0 on (position 0 is always seen)
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            l_i = l_i * alpha + p
+            acc = acc * alpha[:, :, None] + p[:, :, None] * v[:, None, :]
+            m_i = m_new
+        tl.store(y_ptr + y_at, acc / l_i[:, :, None], mask=mask3)
+        tl.store(lse_ptr + lse_at, m_i + tl.log(l_i), mask=mask_lse)
 
     @triton.jit(do_not_specialize=["n"])
     def _attn_bwd_kernel(
@@ -236,38 +258,29 @@ if triton is not None:
         F64: tl.constexpr,
     ):
         d = H * HD
-        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        pos = tl.arange(0, LP)
-        col = tl.arange(0, HDP)
-        smask = seq < n
-        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
-        mask2 = smask[:, None] & (col < HD)[None, :]
-        mask_lse = smask[:, None] & (pos < L)[None, :]
-        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
-        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
-        kv_at = seq[:, None] * (L * 3 * d) + col[None, :]
-        for h in tl.static_range(H):
-            q = tl.load(qkv_ptr + q_at + h * HD, mask=mask3, other=0.0)
-            qs = _scaled(q, scale_hi, scale_lo, F64)
-            dy = tl.load(dy_ptr + y_at + h * HD, mask=mask3, other=0.0)
-            y = tl.load(y_ptr + y_at + h * HD, mask=mask3, other=0.0)
-            lse_at = (seq[:, None] * H + h) * L + pos[None, :]
-            lse = tl.load(lse_ptr + lse_at, mask=mask_lse, other=0.0)
-            delta = tl.sum(dy * y, 2)  # sum_j p_ij dp_ij = dy_i . y_i
-            dq = tl.zeros((BLOCK, LP, HDP), q.dtype)
-            for j in tl.static_range(L):
-                k = tl.load(qkv_ptr + kv_at + j * 3 * d + d + h * HD, mask=mask2, other=0.0)
-                v = tl.load(qkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, mask=mask2, other=0.0)
-                s = tl.sum(qs * k[:, None, :], 2)
-                seen = (pos[None, :] >= j) & mask_lse
-                p = tl.where(seen, tl.exp(s - lse), 0.0)
-                dv = tl.sum(p[:, :, None] * dy, 1)
-                ds = p * (tl.sum(dy * v[:, None, :], 2) - delta)
-                dq += ds[:, :, None] * k[:, None, :]
-                dk = _scaled(tl.sum(ds[:, :, None] * q, 1), scale_hi, scale_lo, F64)
-                tl.store(dqkv_ptr + kv_at + j * 3 * d + d + h * HD, dk, mask=mask2)
-                tl.store(dqkv_ptr + kv_at + j * 3 * d + 2 * d + h * HD, dv, mask=mask2)
-            tl.store(dqkv_ptr + q_at + h * HD, _scaled(dq, scale_hi, scale_lo, F64), mask=mask3)
+        pos, mask3, mask2, mask_lse, q_at, y_at, k_at, lse_at = _attn_tile(
+            n, L, LP, H, HD, HDP, BLOCK
+        )
+        q = tl.load(qkv_ptr + q_at, mask=mask3, other=0.0)
+        qs = _scaled(q, scale_hi, scale_lo, F64)
+        dy = tl.load(dy_ptr + y_at, mask=mask3, other=0.0)
+        y = tl.load(y_ptr + y_at, mask=mask3, other=0.0)
+        lse = tl.load(lse_ptr + lse_at, mask=mask_lse, other=0.0)
+        delta = tl.sum(dy * y, 2)  # sum_j p_ij dp_ij = dy_i . y_i
+        dq = tl.zeros((BLOCK, LP, HDP), q.dtype)
+        for j in tl.static_range(L):
+            k = tl.load(qkv_ptr + k_at + j * 3 * d, mask=mask2, other=0.0)
+            v = tl.load(qkv_ptr + k_at + j * 3 * d + d, mask=mask2, other=0.0)
+            s = tl.sum(qs * k[:, None, :], 2)
+            seen = (pos[None, :] >= j) & mask_lse
+            p = tl.where(seen, tl.exp(s - lse), 0.0)
+            dv = tl.sum(p[:, :, None] * dy, 1)
+            ds = p * (tl.sum(dy * v[:, None, :], 2) - delta)
+            dq += ds[:, :, None] * k[:, None, :]
+            dk = _scaled(tl.sum(ds[:, :, None] * q, 1), scale_hi, scale_lo, F64)
+            tl.store(dqkv_ptr + k_at + j * 3 * d, dk, mask=mask2)
+            tl.store(dqkv_ptr + k_at + j * 3 * d + d, dv, mask=mask2)
+        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, F64), mask=mask3)
 
 
 # ------------------------------------------------------------------------- autograd functions
@@ -337,9 +350,9 @@ class _CausalAttention(torch.autograd.Function):
         f64 = qkv.dtype == torch.float64
         consts = (length, pow2(length), n_heads, hd, pow2(hd), _SEQUENCES, f64)
         if n:
-            grid = (triton.cdiv(n, _SEQUENCES),)
+            grid = (triton.cdiv(n, _SEQUENCES), n_heads)
             with _on(qkv):
-                _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts)
+                _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts, num_warps=_ATTN_WARPS)
         ctx.save_for_backward(qkv, y, lse)
         ctx.consts, ctx.scale = consts, scale
         return y
@@ -350,10 +363,18 @@ class _CausalAttention(torch.autograd.Function):
         n = qkv.shape[0]
         dqkv = torch.empty_like(qkv)
         if n:
-            grid = (triton.cdiv(n, _SEQUENCES),)
+            grid = (triton.cdiv(n, _SEQUENCES), ctx.consts[2])
             with _on(qkv):
                 _attn_bwd_kernel[grid](
-                    qkv, y, dy.contiguous(), lse, dqkv, n, *ctx.scale, *ctx.consts
+                    qkv,
+                    y,
+                    dy.contiguous(),
+                    lse,
+                    dqkv,
+                    n,
+                    *ctx.scale,
+                    *ctx.consts,
+                    num_warps=_ATTN_WARPS,
                 )
         return dqkv, None
 
