@@ -680,15 +680,18 @@ std::uint64_t Resident::submit(const Task& t) {
   return std::uint64_t(k) * r.nslots + i;
 }
 
-int Resident::poll(std::vector<Done>& out, int part, int parts) {
+int Resident::poll(std::vector<Done>& out, int part, int parts, bool claim) {
   Impl& r = *impl_;
   int got = 0;
   for (int j = part; j < 2 * r.nslots; j += parts) {
     const int k = j / r.nslots, i = j - k * r.nslots;
-    const Impl::Ring& g = r.ring[k];
-    if (!g.busy[i].load(std::memory_order_acquire)) continue;
+    Impl::Ring& g = r.ring[k];
+    if (g.busy[i].load(std::memory_order_acquire) != 1) continue;  // free, or claimed
     const Slot& s = g.host[i];
     if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != g.ticket[i] + 1) continue;
+    int submitted = 1;  // 1: submitted, 2: claimed by a collector
+    if (claim && !g.busy[i].compare_exchange_strong(submitted, 2, std::memory_order_acq_rel))
+      continue;
     out.push_back(Done{std::uint64_t(j), s.energy, s.signs, s.solve_ns});
     ++got;
   }
