@@ -224,6 +224,30 @@ def preempted(pid: int) -> int:
     return total
 
 
+def when_slow(rep, slow_us: float) -> tuple:
+    """When the slow round trips (above slow_us) were sent: how many in the first 10 and 50 ms
+    of the row (from its first send), and the p99 of the requests sent after the first 50 ms,
+    as a line and a dict."""
+    ok = rep.rtt_ns >= 0
+    slow = ok & (rep.rtt_ns > slow_us * 1e3)
+    sent_ms = (rep.sent_ns - rep.sent_ns[rep.sent_ns >= 0].min()) / 1e6  # since the first send
+    n = int(slow.sum())
+    first10 = int((slow & (sent_ms < 10)).sum())
+    first50 = int((slow & (sent_ms < 50)).sum())
+    later = ok & (sent_ms >= 50)
+    p99_later = float(np.percentile(rep.rtt_ns[later], 99) / 1e3) if later.any() else None
+    q = np.percentile(sent_ms[slow], [0, 50, 100]) if n else [0, 0, 0]
+    info = {"slow_rtt": n, "sent_first_10ms": first10, "sent_first_50ms": first50,
+            "sent_ms_min_median_max": [round(float(v), 1) for v in q],
+            "rtt_p99_after_50ms_us": p99_later}  # fmt: skip
+    line = (
+        f"    round trips > {slow_us:.0f} us: {n}, sent in the first 10 ms {first10}, first 50 ms "
+        f"{first50}, send times min/median/max {q[0]:.1f}/{q[1]:.1f}/{q[2]:.1f} ms; "
+        f"p99 of those sent after 50 ms: {p99_later if p99_later is None else round(p99_later)}"
+    )
+    return line, info
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", nargs="+", default=["resident", "launch", "cpu"],
@@ -353,6 +377,17 @@ def main(argv=None) -> int:
                     )
                     extra, info_t = trace_lines(after, before, sched1, sched0,
                                                 rep.generator_stalls)  # fmt: skip
+                    line, info_w = when_slow(rep, args.slow_us)
+                    extra.append(line)
+                    info_t["when_slow"] = info_w
+                    batches = diff(after, before, "feed_batches")
+                    if batches:
+                        fed_ns = diff(after, before, "feed_busy_ns")
+                        per = fed_ns / max(diff(after, before, "fed"), 1)
+                        extra.append(f"    feeder: {fed_ns / 1e6:.1f} ms submitting in "
+                                     f"{batches} batches, {per:.0f} ns a request")  # fmt: skip
+                        info_t["feed_busy_ms"] = fed_ns / 1e6
+                        info_t["feed_ns_per_request"] = per
                     row["trace"] = info_t
                     print(f"    steal ms: server cores {steal_s:.0f}, generator cores "
                           f"{steal_c:.0f}")  # fmt: skip

@@ -442,6 +442,9 @@ class LoadReport:
     # per sending thread (spin only): passes of its loop more than 50 us apart, as
     # (count, total us, longest us): the generator's own stalls
     generator_stalls: np.ndarray | None = None
+    # per request: when it was sent (ns since the start) and its round trip (ns; -1: none)
+    sent_ns: np.ndarray | None = None
+    rtt_ns: np.ndarray | None = None
 
     @property
     def loss(self) -> float:
@@ -544,4 +547,6 @@ def load_test(
         residence_us=_percentiles(residence[ok].astype(np.float64)),
         energies=np.where(ok, energy, np.iinfo(np.int64).max),
         generator_stalls=stalls * np.array([1, 1e-3, 1e-3]),
+        sent_ns=sent,
+        rtt_ns=np.where(ok, rtt, -1),
     )

@@ -661,7 +661,9 @@ std::int64_t Resident::free_slot(const Task& t) const {
   return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(k) * r.nslots + i;
 }
 
-std::uint64_t Resident::submit(const Task& t) {
+void Resident::expect(std::uint64_t count) { impl_->inflight.fetch_add(count); }
+
+std::uint64_t Resident::submit(const Task& t, bool counted) {
   Impl& r = *impl_;
   check_task(t);
   const int k = warp_sized(t) ? 0 : 1;
@@ -674,7 +676,7 @@ std::uint64_t Resident::submit(const Task& t) {
   if (t.h != nullptr) std::memcpy(s.h, t.h, sizeof(std::int32_t) * t.model->n);
   g.ticket[i] = g.head;
   g.busy[i].store(1, std::memory_order_release);
-  r.inflight++;
+  if (!counted) r.inflight++;
   ++g.head;
   __atomic_store_n(r.pub + 8 * k, g.head, __ATOMIC_RELEASE);
   return std::uint64_t(k) * r.nslots + i;

@@ -52,7 +52,7 @@ struct GpuWorkers {
     std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0}, reply_ns{0};
   } done_stats;
   struct alignas(64) {
-    std::atomic<std::uint64_t> fed{0}, wait_ns{0};
+    std::atomic<std::uint64_t> fed{0}, wait_ns{0}, busy_ns{0}, batches{0};
   } feed_stats;
   // Work sharing (Server::share()): when each collector and the feeder last made a pass, the
   // feeding try-lock, and how much the others did for a stalled one.
@@ -107,20 +107,29 @@ struct GpuWorkers {
     feeder_done = false;
     coll_beat.reset(new Beat[std::size_t(collectors)]);
     // Moves popped jobs into the ring (waiting for a free slot where needed).
+    // The shared counters (fed, in flight) go up once for the batch, before its first submit
+    // (so fed >= solved always): a locked update drains the store buffer, and one per request
+    // made every submission wait for its own slot writes.
     auto submit_all = [this](svc::Server& s, std::vector<svc::Job>& jobs) {
+      if (jobs.empty()) return;
+      const std::int64_t t0 = svc::now_ns();
+      feed_stats.fed.fetch_add(jobs.size(), std::memory_order_relaxed);
+      resident->expect(jobs.size());
+      std::uint64_t wait_ns = 0;
       for (svc::Job& job : jobs) {
         const gi::Task task = task_of(job);
         std::int64_t slot;
         while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
         const std::int64_t now = svc::now_ns();
-        // counted before the submit (a line only the feeding thread writes): fed >= solved
-        feed_stats.wait_ns.fetch_add(std::uint64_t(now - job.t_recv), std::memory_order_relaxed);
-        feed_stats.fed.fetch_add(1, std::memory_order_relaxed);
+        wait_ns += std::uint64_t(now - job.t_recv);
         svc::Job& held_job = held[std::size_t(slot)];
         held_job = std::move(job);
         if (s.tracing()) held_job.t_submit = now;
-        resident->submit(task);
+        resident->submit(task, true);
       }
+      feed_stats.wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
+      feed_stats.busy_ns.fetch_add(std::uint64_t(svc::now_ns() - t0), std::memory_order_relaxed);
+      feed_stats.batches.fetch_add(1, std::memory_order_relaxed);
     };
     // With sharing, feeding is a role any thread takes by a try-lock, a few jobs at a time:
     // the feeder holds it most of the time, a collector takes it when the feeder has not fed
@@ -230,6 +239,8 @@ struct GpuWorkers {
     st["reply_ns"] = done_stats.reply_ns.load();
     st["fed"] = feed_stats.fed.load();
     st["feed_wait_ns"] = feed_stats.wait_ns.load();
+    st["feed_busy_ns"] = feed_stats.busy_ns.load();  // submitting (batches of feed_batches)
+    st["feed_batches"] = feed_stats.batches.load();
     st["helped_collects"] = helped_collects.load();
     st["helped_feeds"] = helped_feeds.load();
   }
