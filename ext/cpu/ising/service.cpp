@@ -287,7 +287,6 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   res.status.assign(count, -1);
   res.residence_ns.assign(count, 0);
   res.energy.assign(count, 0);
-  const std::int64_t t0 = now_ns();
   std::vector<std::thread> threads;
   const int flight = in_flight > 0 ? std::max(1, in_flight / senders) : 0;
   const std::vector<int> cpus = pin ? svc::allowed_cpus() : std::vector<int>{};
@@ -295,14 +294,27 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   std::vector<std::array<std::int64_t, 8>> stalls(
       static_cast<std::size_t>(senders));  // a line each
   for (auto& st : stalls) st.fill(0);
+  // The schedule starts once every thread runs where it is pinned: a thread that started late
+  // would otherwise send all its requests already due at once, a burst the offered load does
+  // not have.
+  std::atomic<int> ready{0};
+  std::atomic<std::int64_t> start{0};
   for (int k = 0; k < senders; ++k)
     threads.emplace_back([&, k] {
       if (!cpus.empty()) svc::pin_to(cpus[std::size_t(k) % cpus.size()]);
       ::pthread_setname_np(::pthread_self(), ("gen" + std::to_string(k)).c_str());
+      ready++;
+      std::int64_t t_start;
+      while ((t_start = start.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+      while (now_ns() < t_start) {
+      }
       load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               spin, offload, rng_seed + std::uint64_t(k), request, t0, res,
+               spin, offload, rng_seed + std::uint64_t(k), request, t_start, res,
                stalls[std::size_t(k)].data());
     });
+  while (ready.load() < senders) std::this_thread::yield();
+  const std::int64_t t0 = now_ns() + 200000;  // 200 us from now
+  start.store(t0, std::memory_order_release);
   for (auto& t : threads) t.join();
   for (int f : fds) ::close(f);
   for (int k = 0; k < senders; ++k)
