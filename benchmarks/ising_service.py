@@ -11,8 +11,10 @@ the resident kernel the column "dev" is the mean time a request's solver spent o
 "wait" the mean time from receipt to its submission to the kernel's ring, "rest" the mean of
 the residence less both.
 Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
-socket, sending and receiving) spin for work instead of sleeping (--spin-us) and are pinned to
-one core each (--no-pin: not); keep the spinning threads of each side below its cores. With
+socket, sending and receiving) spin for work instead of sleeping (--spin-us; 1000000 keeps the
+server's threads from falling asleep between rows, as tools/device_ising_service.sh runs it)
+and are pinned to one core each (--no-pin: not; --isolate, default on, moves the server's
+other threads to its spare cores); keep the spinning threads of each side below its cores. With
 --offload (default; --no-offload: off) both sides use UDP segmentation offload: requests due at
 once and the replies of a batch to one socket leave as one UDP_SEGMENT send, read in one piece
 (UDP_GRO).
@@ -283,7 +285,7 @@ def main(argv=None) -> int:
     p.add_argument("--slow-us", type=float, default=200.0, help="slow residence for --trace")
     p.add_argument("--share", action=argparse.BooleanOptionalAction, default=False,
                    help="server work sharing (a stalled thread's work taken over)")  # fmt: skip
-    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                    help="server: other threads off the pinned cores")  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="run every rate this many times")
     p.add_argument("--label", default="", help="a name for this configuration in the output")

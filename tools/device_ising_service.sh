@@ -10,7 +10,8 @@
 # Env: RATES (resident offered rates), ECHO_RATES, SIZES, DURATION, VARIANTS (benchmark options
 # of each variant run at n = 64 at VARIANT_RATES, separated by ';'; empty: none), ECHO_VARIANTS
 # (the same for the echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
-# BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
+# BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run), SPIN_US (the
+# server's --spin-us, default 1000000: its threads stay awake between rows).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -34,7 +35,8 @@ RATES=${RATES:-100000 200000 400000 600000 800000 1000000 1200000}
 DURATION=${DURATION:-0.4}
 half=$(( $(nproc) / 2 ))
 CORES="--server-cores 0-$((half - 1)) --client-cores $half-$(( $(nproc) - 1 ))"
-BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES ${BENCH_OPTS:-}"
+BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES \
+  --spin-us ${SPIN_US:-1000000} ${BENCH_OPTS:-}"
 
 if [ "${TESTS:-}" != none ]; then
   echo "== GPU tests"
