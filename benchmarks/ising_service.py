@@ -11,11 +11,25 @@ the resident kernel the column "dev" is the mean time a request's solver spent o
 "wait" the mean time from receipt to its submission to the kernel's ring, "rest" the mean of
 the residence less both.
 Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
-socket, sending and receiving) spin for work instead of sleeping (--spin-us) and are pinned to
-one core each (--no-pin: not); keep the spinning threads of each side below its cores. With
+socket, sending and receiving) spin for work instead of sleeping (--spin-us; 1000000 keeps the
+server's threads from falling asleep between rows, as tools/device_ising_service.sh runs it)
+and are pinned to one core each (--no-pin: not; --isolate, default on, moves the server's
+other threads to its spare cores); keep the spinning threads of each side below its cores. With
 --offload (default; --no-offload: off) both sides use UDP segmentation offload: requests due at
 once and the replies of a batch to one socket leave as one UDP_SEGMENT send, read in one piece
 (UDP_GRO).
+
+Where the time of the slow requests goes (--trace, default on): the server stamps every
+request at each stage and, for those whose residence passes --slow-us, sums each stage and
+counts which stage was the longest: read (recvmmsg to parsing, the rest of the read batch
+first), admit (parsing to the queue), queue (in the queue), feed (popped to submitted to the GPU
+ring; CPU workers: popped to answered), kernel (submitted to a collector finding it done, less
+the solve), reply (found done to the reply written). Each server thread also counts its stalls
+(passes of its loop more than 50 us apart) and slow sends; per row the benchmark prints the
+slow requests' breakdown, the threads that stalled (with their run-queue wait and involuntary
+switches from /proc), the load generator's own stalls, and the hypervisor's steal on the server
+and the generator cores. --share turns on the server's work sharing, --isolate moves its other
+threads off the pinned cores; --repeat runs every rate several times.
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -61,6 +75,9 @@ def start_server(backend: str, sizes, kind: str, server_cores, args):
            "--collectors", str(args.collectors), "--blocks", str(args.blocks)]  # fmt: skip
     cmd += ["--offload"] if args.offload else []
     cmd += ["--pin"] if args.pin else []
+    cmd += ["--trace", "--slow-us", str(args.slow_us)] if args.trace else []
+    cmd += ["--share"] if args.share else []
+    cmd += ["--isolate"] if args.isolate else []
     for n in sizes:
         cmd += ["--random", f"{n}:{kind}"]
     if backend == "cpu":
@@ -92,15 +109,107 @@ def server_stats(proc) -> dict:
     return json.loads(line[len("stats ") :])
 
 
-def steal_ms() -> float:
-    """CPU time the hypervisor took from this machine's CPUs so far (all CPUs, ms; 0 if the
-    kernel does not say)."""
+def steal_ms(cpus=None) -> float:
+    """CPU time the hypervisor took from this machine's CPUs so far (all CPUs, or those in
+    `cpus`; ms, in clock ticks of 10 ms on most kernels; 0 if the kernel does not say)."""
     try:
         with open("/proc/stat") as fh:
-            fields = fh.readline().split()
-        return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+            lines = fh.read().splitlines()
+        tick = 1000.0 / os.sysconf("SC_CLK_TCK")
+        if cpus is None:
+            return int(lines[0].split()[8]) * tick
+        total = 0
+        for line in lines[1:]:
+            f = line.split()
+            if f[0].startswith("cpu") and f[0][3:].isdigit() and int(f[0][3:]) in cpus:
+                total += int(f[8])
+        return total * tick
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def thread_sched(pid: int) -> dict:
+    """Per thread of a process (by name): ns waiting on a run queue, involuntary switches."""
+    out = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        base = f"/proc/{pid}/task/{task}"
+        try:
+            with open(f"{base}/comm") as fh:
+                name = fh.read().strip()
+            with open(f"{base}/schedstat") as fh:
+                wait_ns = int(fh.read().split()[1])
+            with open(f"{base}/status") as fh:
+                inv = next(int(x.split()[1]) for x in fh if x.startswith("nonvoluntary"))
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+        w, i = out.get(name, (0, 0))
+        out[name] = (w + wait_ns, i + inv)
+    return out
+
+
+def diff(after: dict, before: dict, key: str) -> int:
+    return after.get(key, 0) - before.get(key, 0)
+
+
+def trace_lines(after: dict, before: dict, sched1: dict, sched0: dict, gen) -> tuple:
+    """The slow requests' breakdown, the stalled server threads and the generator's stalls
+    of one row, as printable lines and a dict for the JSON."""
+    info, lines = {}, []
+    answered = diff(after, before, "trace_answered")
+    slow = diff(after, before, "trace_slow")
+    stages = ["read", "admit", "queue", "feed", "kernel", "device", "reply"]
+    if answered > 0:
+        hist = [diff(after, before, f"trace_hist{b}") for b in range(8)]
+        dom = {g: diff(after, before, f"trace_dominant_{g}") for g in stages}
+        mean = {g: diff(after, before, f"trace_slow_{g}_ns") / max(slow, 1) / 1e3 for g in stages}
+        info.update(answered=answered, slow=slow, residence_hist=hist, slow_dominant=dom,
+                    slow_mean_us=mean)  # fmt: skip
+        top = ", ".join(f"{g} {dom[g]}" for g in stages if dom[g])
+        means = " ".join(f"{g} {mean[g]:.0f}" for g in stages if mean[g] >= 0.5)
+        lines.append(
+            f"    slow (> {after.get('trace_slow_us', 0)} us): {slow} of {answered} "
+            f"({100 * slow / answered:.2f} %); longest stage: {top or '-'}; "
+            f"their mean us: {means or '-'}; residence histogram <50/100/150/200/300/500/1000/"
+            f"more us: {'/'.join(map(str, hist))}"
+        )
+    names = sorted({k.split("_")[1] for k in after if k.startswith("thread_")})
+    threads = {}
+    parts = []
+    for name in names:
+        k = f"thread_{name}_"
+        st = diff(after, before, k + "stalls")
+        w0, i0 = sched0.get(name, (0, 0))
+        w1, i1 = sched1.get(name, (0, 0))
+        t = {"stalls": st, "stall_us": diff(after, before, k + "stall_ns") / 1e3,
+             "stall_max_us": after.get(k + "stall_max_ns", 0) / 1e3,
+             "slow_flushes": diff(after, before, k + "slow_flushes"),
+             "flush_max_us": after.get(k + "flush_max_ns", 0) / 1e3,
+             "slow": diff(after, before, k + "slow"),
+             "episodes": diff(after, before, k + "episodes"),
+             "runqueue_wait_us": (w1 - w0) / 1e3, "preempted": i1 - i0}  # fmt: skip
+        threads[name] = t
+        if st or t["slow_flushes"] or t["preempted"] or t["runqueue_wait_us"] >= 10:
+            parts.append(
+                f"{name} {st}x{t['stall_us']:.0f}us (max so far {t['stall_max_us']:.0f}) "
+                f"rq {t['runqueue_wait_us']:.0f}us/{t['preempted']}p "
+                f"sends>50us {t['slow_flushes']} slow {t['slow']}/{t['episodes']}ep"
+            )
+    info["threads"] = threads
+    lines.append("    server stalls: " + ("; ".join(parts) if parts else "none"))
+    if gen is not None and len(gen):
+        info["generator_stalls"] = gen.tolist()
+        lines.append(
+            f"    generator stalls: {int(gen[:, 0].sum())} ({gen[:, 1].sum():.0f} us in all, "
+            f"longest {gen[:, 2].max():.0f} us)"
+        )
+    for k in ("helped_reads", "helped_collects", "helped_feeds", "isolated_threads"):
+        if k in after:
+            info[k] = after[k] - (before.get(k, 0) if k != "isolated_threads" else 0)
+    return lines, info
 
 
 def preempted(pid: int) -> int:
@@ -115,6 +224,30 @@ def preempted(pid: int) -> int:
     except OSError:
         pass
     return total
+
+
+def when_slow(rep, slow_us: float) -> tuple:
+    """When the slow round trips (above slow_us) were sent: how many in the first 10 and 50 ms
+    of the row (from its first send), and the p99 of the requests sent after the first 50 ms,
+    as a line and a dict."""
+    ok = rep.rtt_ns >= 0
+    slow = ok & (rep.rtt_ns > slow_us * 1e3)
+    sent_ms = (rep.sent_ns - rep.sent_ns[rep.sent_ns >= 0].min()) / 1e6  # since the first send
+    n = int(slow.sum())
+    first10 = int((slow & (sent_ms < 10)).sum())
+    first50 = int((slow & (sent_ms < 50)).sum())
+    later = ok & (sent_ms >= 50)
+    p99_later = float(np.percentile(rep.rtt_ns[later], 99) / 1e3) if later.any() else None
+    q = np.percentile(sent_ms[slow], [0, 50, 100]) if n else [0, 0, 0]
+    info = {"slow_rtt": n, "sent_first_10ms": first10, "sent_first_50ms": first50,
+            "sent_ms_min_median_max": [round(float(v), 1) for v in q],
+            "rtt_p99_after_50ms_us": p99_later}  # fmt: skip
+    line = (
+        f"    round trips > {slow_us:.0f} us: {n}, sent in the first 10 ms {first10}, first 50 ms "
+        f"{first50}, send times min/median/max {q[0]:.1f}/{q[1]:.1f}/{q[2]:.1f} ms; "
+        f"p99 of those sent after 50 ms: {p99_later if p99_later is None else round(p99_later)}"
+    )
+    return line, info
 
 
 def main(argv=None) -> int:
@@ -147,6 +280,14 @@ def main(argv=None) -> int:
         default=True,
         help="pin server and generator threads to one core each",
     )
+    p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
+                   help="the server traces request stages and thread stalls")  # fmt: skip
+    p.add_argument("--slow-us", type=float, default=200.0, help="slow residence for --trace")
+    p.add_argument("--share", action=argparse.BooleanOptionalAction, default=False,
+                   help="server work sharing (a stalled thread's work taken over)")  # fmt: skip
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                   help="server: other threads off the pinned cores")  # fmt: skip
+    p.add_argument("--repeat", type=int, default=1, help="run every rate this many times")
     p.add_argument("--label", default="", help="a name for this configuration in the output")
     p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
     n_cpu = os.cpu_count() or 2
@@ -177,15 +318,20 @@ def main(argv=None) -> int:
         try:
             for model_id, n in enumerate(args.n, start=1):
                 seed = 1000 * model_id
-                for rate in args.rates:
+                for rate in [r for r in args.rates for _ in range(max(1, args.repeat))]:
                     count = max(1, int(rate * args.duration))
                     before = server_stats(proc)
+                    sched0 = thread_sched(proc.pid)
                     steal0, nvcsw0 = steal_ms(), preempted(proc.pid)
+                    steal_s0, steal_c0 = steal_ms(server_cores), steal_ms(client_cores)
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
                                     senders=args.senders, spin=True, offload=args.offload,
                                     pin=args.pin)  # fmt: skip
                     after = server_stats(proc)
+                    sched1 = thread_sched(proc.pid)
+                    steal_s = steal_ms(server_cores) - steal_s0
+                    steal_c = steal_ms(client_cores) - steal_c0
                     steal = steal_ms() - steal0
                     nvcsw = preempted(proc.pid) - nvcsw0
                     solved = after.get("device_solved", 0) - before.get("device_solved", 0)
@@ -213,6 +359,7 @@ def main(argv=None) -> int:
                            "runs_in": after["runs_in"] - before["runs_in"],
                            "runs_out": after["runs_out"] - before["runs_out"],
                            "steal_ms": steal, "server_preempted": nvcsw,
+                           "steal_server_cores_ms": steal_s, "steal_client_cores_ms": steal_c,
                            "received_by_receiver": [
                                after[k] - before[k] for k in sorted(after)
                                if k.startswith("received_udp")]}  # fmt: skip
@@ -230,6 +377,23 @@ def main(argv=None) -> int:
                         f"{nvcsw:>7} {checked:>7}",
                         flush=True,
                     )
+                    extra, info_t = trace_lines(after, before, sched1, sched0,
+                                                rep.generator_stalls)  # fmt: skip
+                    line, info_w = when_slow(rep, args.slow_us)
+                    extra.append(line)
+                    info_t["when_slow"] = info_w
+                    batches = diff(after, before, "feed_batches")
+                    if batches:
+                        fed_ns = diff(after, before, "feed_busy_ns")
+                        per = fed_ns / max(diff(after, before, "fed"), 1)
+                        extra.append(f"    feeder: {fed_ns / 1e6:.1f} ms submitting in "
+                                     f"{batches} batches, {per:.0f} ns a request")  # fmt: skip
+                        info_t["feed_busy_ms"] = fed_ns / 1e6
+                        info_t["feed_ns_per_request"] = per
+                    row["trace"] = info_t
+                    print(f"    steal ms: server cores {steal_s:.0f}, generator cores "
+                          f"{steal_c:.0f}")  # fmt: skip
+                    print("\n".join(extra), flush=True)
                     time.sleep(0.2)  # let the queue drain between rates
         finally:
             proc.terminate()

@@ -8,9 +8,10 @@
 # cuscikit/ when present (tools/prebuild_py312.sh), else builds. Logs and JSON go to $OUT; the
 # merged table to $OUT/ising_service_h200.json (the layout of benchmarks/results/).
 # Env: RATES (resident offered rates), ECHO_RATES, SIZES, DURATION, VARIANTS (benchmark options
-# of each variant run at n = 64, separated by ';'; empty: none), ECHO_VARIANTS (the same for the
-# echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
-# BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run).
+# of each variant run at n = 64 at VARIANT_RATES, separated by ';'; empty: none), ECHO_VARIANTS
+# (the same for the echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
+# BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run), SPIN_US (the
+# server's --spin-us, default 1000000: its threads stay awake between rows).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -34,7 +35,8 @@ RATES=${RATES:-100000 200000 400000 600000 800000 1000000 1200000}
 DURATION=${DURATION:-0.4}
 half=$(( $(nproc) / 2 ))
 CORES="--server-cores 0-$((half - 1)) --client-cores $half-$(( $(nproc) - 1 ))"
-BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES ${BENCH_OPTS:-}"
+BENCH="python3 benchmarks/ising_service.py --duration $DURATION --check 2003 $CORES \
+  --spin-us ${SPIN_US:-1000000} ${BENCH_OPTS:-}"
 
 if [ "${TESTS:-}" != none ]; then
   echo "== GPU tests"
@@ -70,7 +72,7 @@ k=0
 IFS=';' read -ra variants <<< "${VARIANTS---no-offload;--no-offload --no-pin}"
 for v in "${variants[@]}"; do
   k=$((k + 1))
-  run "variant$k" 30 --backends resident --n 64 --rates 400000 1000000 $v
+  run "variant$k" 30 --backends resident --n 64 --rates ${VARIANT_RATES:-400000 1000000} $v
 done
 if [ "${BASELINES:-1}" != 0 ]; then
   run launch 40 --backends launch --n $SIZES --rates 20000 40000

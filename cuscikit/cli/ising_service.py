@@ -111,6 +111,19 @@ def register(sub) -> None:
         "runs of requests are read in one piece (UDP_GRO)",
     )  # fmt: skip
     s.add_argument("--pin", action="store_true", help="pin receivers and workers to one CPU each")
+    s.add_argument(
+        "--trace", action="store_true",
+        help="record each request's stage times and break down the slow ones in the counters",
+    )  # fmt: skip
+    s.add_argument("--slow-us", type=finite_float, default=200.0, help="slow for --trace (us)")
+    s.add_argument(
+        "--share", action="store_true",
+        help="work sharing: threads take over the work of a peer that stalled for 20 us",
+    )  # fmt: skip
+    s.add_argument(
+        "--isolate", action="store_true",
+        help="with --pin: the process's other threads onto the CPUs no pinned thread uses",
+    )  # fmt: skip
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -176,6 +189,8 @@ def run_serve(args) -> int:
         raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
     if not 0 <= args.spin_us <= 1e6:
         raise UsageError(f"--spin-us must be in [0, 1e6], got {args.spin_us}")
+    if not 0 < args.slow_us <= 1e7:
+        raise UsageError(f"--slow-us must be in (0, 1e7], got {args.slow_us}")
     if args.mode == "echo" and args.device != "cpu":
         raise UsageError("--mode echo runs on --device cpu")
     if args.device == "cuda":
@@ -187,6 +202,7 @@ def run_serve(args) -> int:
         mode=args.mode if args.mode == "echo" or args.device != "cpu" else None,
         blocks=args.blocks, streams=args.streams, receivers=args.receivers,
         collectors=args.collectors, spin_us=args.spin_us, offload=args.offload, pin=args.pin,
+        trace=args.trace, slow_us=args.slow_us, share=args.share, isolate=args.isolate,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     asked = []  # SIGUSR1: print the counters so far as one JSON line

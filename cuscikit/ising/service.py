@@ -233,6 +233,17 @@ class IsingServer:
             datagram by datagram where the kernel refuses it.
         pin: pin each receiver and worker thread to its own CPU (of those the process may use,
             in order: receivers, then workers).
+        trace: record each request's stage times (read, admit, queue, feed, kernel, device,
+            reply) and break down those slower than `slow_us` in `stats()` (``trace_*``); the
+            per-thread stall counters (``thread_<name>_*``) are kept either way.
+        slow_us: the residence above which a traced request counts as slow.
+        share: work sharing, so that one stalled thread holds few requests back: a receiver
+            whose own socket is empty also reads a peer's that nobody read for 20 us; resident
+            GPU mode: feeding is taken by a try-lock, 16 requests at a time, by the feeder or
+            (after 20 us without it) a collector, and a collector also scans the slots of a
+            peer that has not made a pass for 20 us (each finished slot claimed once).
+        isolate: with `pin`, move every other thread of the process (the caller's, the TCP
+            threads, the GPU runtime's) onto the CPUs that no pinned thread uses, if any.
 
     Use it as a context manager, or call `start` and `close`. While a resident GPU server runs,
     its kernel occupies the GPU: other CUDA work of the process must use non-default streams.
@@ -254,6 +265,10 @@ class IsingServer:
         spin_us: float = 0.0,
         offload: bool = False,
         pin: bool = False,
+        trace: bool = False,
+        slow_us: float = 200.0,
+        share: bool = False,
+        isolate: bool = False,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
@@ -268,6 +283,8 @@ class IsingServer:
                 raise ValueError(f"{name} must be a port number, got {p!r}")
         if not isinstance(spin_us, int | float) or not 0 <= spin_us <= 1e6:
             raise ValueError(f"spin_us must be a number in [0, 1e6], got {spin_us!r}")
+        if not isinstance(slow_us, int | float) or not 0 < slow_us <= 1e7:
+            raise ValueError(f"slow_us must be a number in (0, 1e7], got {slow_us!r}")
         if device == "cpu":
             if mode not in (None, "cpu", "echo"):
                 raise ValueError(f"the CPU service has no mode {mode!r}")
@@ -285,7 +302,8 @@ class IsingServer:
         tcp = port if tcp_port is None else tcp_port
         try:
             self._server = ext.Server(host, port, tcp, depth, mode, param, receivers, collectors,
-                                      float(spin_us), bool(offload), bool(pin))  # fmt: skip
+                                      float(spin_us), bool(offload), bool(pin), bool(trace),
+                                      float(slow_us), bool(share), bool(isolate))  # fmt: skip
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host
@@ -421,6 +439,12 @@ class LoadReport:
     rtt_us: dict = field(default_factory=dict)
     residence_us: dict = field(default_factory=dict)
     energies: np.ndarray | None = None
+    # per sending thread (spin only): passes of its loop more than 50 us apart, as
+    # (count, total us, longest us): the generator's own stalls
+    generator_stalls: np.ndarray | None = None
+    # per request: when it was sent (ns since the start) and its round trip (ns; -1: none)
+    sent_ns: np.ndarray | None = None
+    rtt_ns: np.ndarray | None = None
 
     @property
     def loss(self) -> float:
@@ -501,7 +525,7 @@ def load_test(
     if not isinstance(senders, int) or senders < 1:
         raise ValueError(f"senders must be a positive integer, got {senders!r}")
     request = encode_request(model_id, n, steps, replicas, dt, seed, h)
-    sent, rtt, status, residence, energy, send_s = _core_ising().loadgen(
+    sent, rtt, status, residence, energy, send_s, stalls = _core_ising().loadgen(
         host, port, request, count, float(rate or 0.0), int(in_flight or 0), drain_s, seed,
         senders, bool(spin), bool(offload), bool(pin),
     )  # fmt: skip
@@ -522,4 +546,7 @@ def load_test(
         rtt_us=_percentiles(rtt[ok]),
         residence_us=_percentiles(residence[ok].astype(np.float64)),
         energies=np.where(ok, energy, np.iinfo(np.int64).max),
+        generator_stalls=stalls * np.array([1, 1e-3, 1e-3]),
+        sent_ns=sent,
+        rtt_ns=np.where(ok, rtt, -1),
     )

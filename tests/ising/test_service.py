@@ -298,6 +298,58 @@ def test_gpu_resident_service_with_offload_and_pinning():
     assert st["feed_wait_ns"] > 0 and st["reply_ns"] > st["device_solve_ns"]
 
 
+@pytest.mark.gpu
+def test_gpu_resident_service_sharing_and_tracing():
+    # work sharing on (feeding by try-lock, collectors claiming slots and helping a stalled
+    # peer, receivers reading a stalled peer's socket), tracing and isolation: every sampled
+    # reply right, each request answered once, fed == solved, every answer traced
+    model = random_model(64, "binary", seed=31)
+    with IsingServer(port=0, device="cuda", receivers=2, collectors=3, spin_us=20, offload=True,
+                     pin=True, trace=True, share=True, isolate=True) as s:  # fmt: skip
+        s.load_model(1, model)
+        rep = load_test(1, 64, 40, seed=80, count=6000, rate=200000.0, senders=2, port=s.port,
+                        offload=True, spin=True)  # fmt: skip
+        closed = load_test(1, 64, 40, seed=80, count=3000, in_flight=256, senders=2,
+                           port=s.port)  # fmt: skip
+        st = s.stats()
+    assert rep.completed + rep.busy == 6000 and rep.lost == 0 and rep.errors == 0
+    assert (closed.completed, closed.lost) == (3000, 0)
+    for k in range(0, 3000, 271):
+        assert closed.energies[k] == reference(model, 40, 1, 0.5, 80 + k)[0]
+    assert st["fed"] == st["device_solved"] == st["ok"] == rep.completed + 3000
+    assert st["trace_answered"] == st["ok"]
+    assert sum(st[f"trace_hist{b}"] for b in range(8)) == st["ok"]
+    assert {"thread_feed_stalls", "thread_coll2_stalls", "thread_rx1_stalls"} <= st.keys()
+
+
+def test_tracing_sharing_and_isolation_on_the_cpu():
+    # the echo and CPU workers behind two receivers with work sharing and isolation: nothing
+    # lost, energies right; tracing counts every answer in the residence histogram, and the
+    # slow ones (a 1 us threshold: nearly all of them) are broken down by stage
+    n = 32
+    model = random_model(n, "binary", seed=12)
+    for mode in ("echo", "cpu"):
+        with IsingServer(port=0, workers=2, receivers=2, mode=mode, tcp_port=-1, spin_us=20,
+                         pin=True, trace=True, slow_us=1.0, share=True,
+                         isolate=True) as s:  # fmt: skip
+            s.load_model(1, model)
+            rep = load_test(1, n, 10, seed=3, count=500, in_flight=16, senders=2, port=s.port,
+                            spin=True)  # fmt: skip
+            st = s.stats()
+        assert (rep.completed, rep.lost) == (500, 0)
+        if mode == "cpu":
+            for i in (0, 1, 250, 499):
+                assert rep.energies[i] == reference(model, 10, 1, 0.5, 3 + i)[0]
+        assert st["trace_answered"] == 500 and 400 <= st["trace_slow"] <= 500
+        assert sum(st[f"trace_hist{b}"] for b in range(8)) == 500
+        dominant = sum(st[f"trace_dominant_{g}"] for g in ("read", "admit", "queue", "feed"))
+        assert dominant == st["trace_slow"]
+        assert st["trace_slow_feed_ns"] > 0 and st["trace_slow_us"] == 1
+        assert rep.generator_stalls.shape == (2, 3)
+    with pytest.raises(ValueError, match="slow_us"):
+        IsingServer(port=0, slow_us=0)
+
+
 def test_echo_answers_without_solving():
     with IsingServer(port=0, workers=1, mode="echo", tcp_port=-1, spin_us=10) as s:
         s.load_model(1, random_model(40, "binary", seed=1))

@@ -11,6 +11,7 @@
 // cuscikit/dsb_protocol.hpp. Linux only.
 #pragma once
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <linux/filter.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -150,6 +151,92 @@ struct Job {
   std::int64_t t_recv;
   sockaddr_in addr;              // UDP peer
   std::shared_ptr<TcpConn> tcp;  // or the TCP connection
+  // Stage times (steady clock, ns; 0: not recorded): the read that brought the request, its
+  // push into the queue, its pop by a worker, its submission to a GPU ring, a collector finding
+  // it done, and the device's solve time. Set while the server traces (Server::set_trace).
+  std::int64_t t_read = 0, t_push = 0, t_pop = 0, t_submit = 0, t_seen = 0;
+  std::uint64_t solve_ns = 0;
+};
+
+// What one server thread saw, written by that thread only (relaxed atomics on lines of their
+// own, so stats() may read them while it runs):
+//  - stalls: gaps between two consecutive passes of its loop longer than kStallNs (the thread
+//    lost its CPU to another thread or the hypervisor, or one system call took that long);
+//  - with tracing on, for every request it answered: the residence histogram and, for the
+//    requests slower than the slow threshold, the sum of each stage's time and which stage
+//    took the longest (read, admit, queue, feed, kernel, device, reply: see Stage), and how many
+//    separate episodes they came in (slow requests received more than 1 ms apart);
+//  - the slowest reply send (flush) and how many sends took longer than kStallNs.
+struct ThreadTrace {
+  static constexpr std::int64_t kStallNs = 50000;
+  enum Stage { kRead, kAdmit, kQueue, kFeed, kKernel, kDevice, kReply, kStages };
+  static constexpr const char* kStageNames[kStages] = {"read",   "admit",  "queue", "feed",
+                                                       "kernel", "device", "reply"};
+  // residence histogram bucket upper bounds (us); the last bucket is everything above
+  static constexpr int kBuckets = 8;
+  static constexpr std::int64_t kBucketUs[kBuckets - 1] = {50, 100, 150, 200, 300, 500, 1000};
+
+  std::string name;
+  alignas(64) std::atomic<std::uint64_t> stalls{0}, stall_ns{0}, stall_max_ns{0};
+  std::atomic<std::uint64_t> flush_max_ns{0}, slow_flushes{0};
+  std::atomic<std::uint64_t> answered{0}, slow{0}, episodes{0};
+  std::atomic<std::uint64_t> hist[kBuckets] = {};
+  std::atomic<std::uint64_t> slow_ns[kStages] = {}, dominant[kStages] = {};
+  std::int64_t last = 0, last_slow = 0;
+
+  explicit ThreadTrace(std::string n) : name(std::move(n)) {}
+
+  static void add(std::atomic<std::uint64_t>& a, std::uint64_t v) {
+    a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  }
+  static void raise(std::atomic<std::uint64_t>& a, std::uint64_t v) {
+    if (v > a.load(std::memory_order_relaxed)) a.store(v, std::memory_order_relaxed);
+  }
+  // One pass of the thread's loop at time `now`.
+  void tick(std::int64_t now) {
+    if (last != 0 && now - last > kStallNs) {
+      add(stalls, 1);
+      add(stall_ns, std::uint64_t(now - last));
+      raise(stall_max_ns, std::uint64_t(now - last));
+    }
+    last = now;
+  }
+  void tick() { tick(now_ns()); }
+  void idle() { last = 0; }  // about to block: the wait is no stall
+  void flushed(std::int64_t ns) {
+    raise(flush_max_ns, std::uint64_t(ns));
+    if (ns > kStallNs) add(slow_flushes, 1);
+  }
+  // A request answered at time `now` (its residence: now - job.t_recv).
+  void answer(const Job& j, std::int64_t now, std::int64_t slow_ns_threshold) {
+    const std::int64_t res = now - j.t_recv;
+    int b = 0;
+    while (b < kBuckets - 1 && res > kBucketUs[b] * 1000) ++b;
+    add(hist[b], 1);
+    add(answered, 1);
+    if (res <= slow_ns_threshold) return;
+    add(slow, 1);
+    if (j.t_recv - last_slow > 1000000) add(episodes, 1);
+    last_slow = j.t_recv;
+    std::int64_t st[kStages] = {};
+    auto span = [](std::int64_t a, std::int64_t b) { return a > 0 && b >= a ? b - a : 0; };
+    st[kRead] = span(j.t_read, j.t_recv);
+    st[kAdmit] = span(j.t_recv, j.t_push);
+    st[kQueue] = span(j.t_push, j.t_pop);
+    const std::int64_t fed = j.t_submit > 0 ? j.t_submit : now;  // CPU workers: pop to reply
+    st[kFeed] = span(j.t_pop, fed);
+    if (j.t_submit > 0 && j.t_seen > 0) {
+      st[kDevice] = std::int64_t(j.solve_ns);
+      st[kKernel] = std::max<std::int64_t>(0, span(j.t_submit, j.t_seen) - st[kDevice]);
+      st[kReply] = span(j.t_seen, now);
+    }
+    int top = 0;
+    for (int k = 0; k < kStages; ++k) {
+      add(slow_ns[k], std::uint64_t(st[k]));
+      if (k != kDevice && st[k] > st[top]) top = k;  // the device time is the solve itself
+    }
+    add(dominant[top], 1);
+  }
 };
 
 // The bounded queue between the receivers and the workers: D. Vyukov's bounded multi-producer
@@ -183,15 +270,19 @@ class Queue {
   }
   // Takes up to `most` jobs; waits for work (or stop), first spinning up to spin_ns without
   // sleeping, then sleeping (50 ms at most, so that stop is seen).
+  // A thread trace, if given, sees every spinning pass (and not the blocking wait).
   bool pop(std::vector<Job>& out, std::size_t most, const std::atomic<bool>& stop,
-           std::int64_t spin_ns = 0) {
+           std::int64_t spin_ns = 0, ThreadTrace* trace = nullptr) {
     if (take(out, most) > 0) return true;
     if (spin_ns > 0) {
       const std::int64_t until = now_ns() + spin_ns;
-      while (!stop && now_ns() < until) {
+      std::int64_t now;
+      while (!stop && (now = now_ns()) < until) {
+        if (trace != nullptr) trace->tick(now);
         if (take(out, most) > 0) return true;
       }
     }
+    if (trace != nullptr) trace->idle();
     std::unique_lock<std::mutex> lock(m_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -201,6 +292,8 @@ class Queue {
     take(out, most);
     return !out.empty();
   }
+  // Takes up to `most` jobs without waiting; returns how many.
+  std::size_t try_pop(std::vector<Job>& out, std::size_t most) { return take(out, most); }
   void wake() {
     std::lock_guard<std::mutex> lock(m_);
     cv_.notify_all();
@@ -553,11 +646,15 @@ class Server {
     const std::vector<int> cpus = pin_ ? allowed_cpus() : std::vector<int>{};
     std::size_t next_cpu = 0;
     auto cpu = [&]() { return cpus.empty() ? -1 : cpus[next_cpu++ % cpus.size()]; };
+    rx_beat_.reset(new Beat[udp_fds_.size()]);
+    const std::size_t pinned = cpus.empty() ? 0 : udp_fds_.size() + workers.size();
+    started_ = 0;
     for (std::size_t r = 0; r < udp_fds_.size(); ++r) {
-      const int c = cpu(), fd = udp_fds_[r];
-      threads_.emplace_back([this, fd, r, c] {
+      const int c = cpu();
+      threads_.emplace_back([this, r, c] {
         if (c >= 0) pin_to(c);
-        udp_loop(fd, per_receiver_[r]);
+        started_++;
+        udp_loop(r);
       });
     }
     if (tcp_ >= 0) threads_.emplace_back([this] { tcp_accept_loop(); });
@@ -565,14 +662,59 @@ class Server {
       const int c = cpu();
       threads_.emplace_back([this, w, c] {
         if (c >= 0) pin_to(c);
+        started_++;
         w(*this);
       });
     }
+    // With isolate_: every other thread of the process (the caller's, the TCP threads, a GPU
+    // runtime's helpers) onto the CPUs no pinned thread uses, so that none of them preempts a
+    // pinned one; nothing moves when no CPU is left over.
+    if (isolate_ && pinned > 0 && pinned < cpus.size()) {
+      while (started_.load() < pinned) std::this_thread::yield();
+      const std::vector<int> spare(cpus.begin() + std::ptrdiff_t(pinned), cpus.end());
+      isolated_ = move_unpinned_threads(spare);
+    }
   }
 
-  bool pop(std::vector<Job>& jobs, std::size_t most) {
-    return queue_.pop(jobs, most, stop_, spin_ns_);
+  // Takes up to `most` queued jobs, waiting (spinning, then blocking) for them; false when
+  // none came (stopping() says whether to end). trace: the calling thread's (ThreadTrace).
+  bool pop(std::vector<Job>& jobs, std::size_t most, ThreadTrace* trace = nullptr) {
+    const std::size_t before = jobs.size();
+    const bool got = queue_.pop(jobs, most, stop_, spin_ns_, trace);
+    if (got && trace_) stamp_pop(jobs, before);
+    return got;
   }
+  // Takes up to `most` queued jobs without waiting; returns how many.
+  std::size_t try_pop(std::vector<Job>& jobs, std::size_t most) {
+    const std::size_t before = jobs.size();
+    const std::size_t got = queue_.try_pop(jobs, most);
+    if (got > 0 && trace_) stamp_pop(jobs, before);
+    return got;
+  }
+  // The calling thread's trace (registered once per thread; the thread takes the name, at most
+  // 15 characters, so that /proc shows it).
+  ThreadTrace* thread_trace(const std::string& name) {
+    ::pthread_setname_np(::pthread_self(), name.substr(0, 15).c_str());
+    std::lock_guard<std::mutex> lock(traces_m_);
+    traces_.push_back(std::make_unique<ThreadTrace>(name));
+    return traces_.back().get();
+  }
+  // Record each request's stages and the slow ones' (residence above slow_us) breakdown.
+  void set_trace(bool on, double slow_us = 200.0) {
+    trace_ = on;
+    slow_ns_ = std::int64_t(slow_us * 1000.0);
+  }
+  bool tracing() const { return trace_; }
+  // Work sharing: a receiver whose own socket is empty also reads a peer's that has not been
+  // read for help_ns (a stalled peer); backends may use share() and help_ns() alike.
+  void set_share(bool on, std::int64_t help_ns = 20000) {
+    share_ = on;
+    help_ns_ = help_ns;
+  }
+  bool share() const { return share_; }
+  std::int64_t help_ns() const { return help_ns_; }
+  // With pinning, move the process's other threads to the CPUs left over (before start).
+  void set_isolate(bool on) { isolate_ = on; }
   // Receivers and workers waiting for work spin this long (no sleep, no wake-up latency) before
   // they block; 0: block at once.
   void set_spin(std::int64_t ns) { spin_ns_ = ns; }
@@ -584,8 +726,10 @@ class Server {
   bool stopping() const { return stop_; }
 
   // Answers a solved request (UDP replies go into `out`, sent by flush()).
-  void reply_ok(const Job& job, std::int64_t energy, const std::uint32_t* signs, UdpBatch& out) {
+  void reply_ok(const Job& job, std::int64_t energy, const std::uint32_t* signs, UdpBatch& out,
+                ThreadTrace* trace = nullptr) {
     const std::uint32_t n = job.req.n;
+    if (trace_ && trace != nullptr) trace->answer(job, now_ns(), slow_ns_);
     if (job.tcp) {
       std::vector<std::uint8_t> frame(wire::reply_bytes(wire::kOk, n));
       wire::write_reply(frame.data(), wire::kOk, job.req.request_id, energy, residence(job.t_recv),
@@ -600,13 +744,16 @@ class Server {
     replies_[wire::kOk]++;
   }
   // Sends the batched UDP replies, through receiver socket `via` (any: all share the port).
-  void flush(UdpBatch& out, std::size_t via = 0) {
+  void flush(UdpBatch& out, std::size_t via = 0, ThreadTrace* trace = nullptr) {
     if (out.ok > 0) {
       replies_[wire::kOk].fetch_add(out.ok, std::memory_order_relaxed);
       out.ok = 0;
     }
+    if (out.used == 0) return;
+    const std::int64_t t0 = trace != nullptr ? now_ns() : 0;
     const std::size_t runs = out.flush(udp_fds_[via % udp_fds_.size()], offload_);
     if (runs > 0) runs_out_ += runs;
+    if (trace != nullptr) trace->flushed(now_ns() - t0);
   }
 
   void stop() {
@@ -633,6 +780,7 @@ class Server {
     if (prepare_) prepare_(*m);
     std::lock_guard<std::mutex> lock(models_m_);
     models_[id] = std::move(m);
+    models_version_.fetch_add(1, std::memory_order_release);
   }
   void set_prepare(std::function<void(Model&)> f) { prepare_ = std::move(f); }
 
@@ -649,6 +797,33 @@ class Server {
     s["runs_in"] = runs_in_.load();    // reads that held a run of datagrams (UDP_GRO)
     s["runs_out"] = runs_out_.load();  // sends of a run of replies (UDP_SEGMENT)
     s["queue_peak"] = queue_.peak();
+    s["isolated_threads"] = isolated_;
+    s["helped_reads"] = helped_reads_.load();
+    // per thread: stalls (count, total and longest ns), slow sends; with tracing on, the
+    // residence histogram, slow requests, their stage sums and dominant stages (summed over
+    // the threads that answer), and the slow episodes
+    std::lock_guard<std::mutex> lock(traces_m_);
+    for (const auto& t : traces_) {
+      const std::string k = "thread_" + t->name + "_";
+      s[k + "stalls"] = t->stalls.load();
+      s[k + "stall_ns"] = t->stall_ns.load();
+      s[k + "stall_max_ns"] = t->stall_max_ns.load();
+      s[k + "flush_max_ns"] = t->flush_max_ns.load();
+      s[k + "slow_flushes"] = t->slow_flushes.load();
+      if (!trace_) continue;
+      s[k + "slow"] = t->slow.load();
+      s[k + "episodes"] = t->episodes.load();
+      s["trace_answered"] += t->answered.load();
+      s["trace_slow"] += t->slow.load();
+      for (int b = 0; b < ThreadTrace::kBuckets; ++b)
+        s["trace_hist" + std::to_string(b)] += t->hist[b].load();
+      for (int g = 0; g < ThreadTrace::kStages; ++g) {
+        const std::string name = ThreadTrace::kStageNames[g];
+        s["trace_slow_" + name + "_ns"] += t->slow_ns[g].load();
+        s["trace_dominant_" + name] += t->dominant[g].load();
+      }
+    }
+    s["trace_slow_us"] = std::uint64_t(slow_ns_ / 1000);
     return s;
   }
 
@@ -679,11 +854,19 @@ class Server {
     return fd;
   }
 
+  // A receiver's last model looked up (valid while no model was loaded since).
+  struct ModelCache {
+    std::uint64_t version = ~0ull;
+    std::uint32_t id = 0;
+    std::shared_ptr<const Model> model;
+  };
+
   // Parses one request; answers errors and loads at once (into `now`), queues good solves.
-  // Returns true when a job was added to `jobs`. The caller counts it received.
+  // Returns true when a job was added to `jobs`. The caller counts it received. cache: the
+  // receiver's (null: look the model up under the lock).
   template <typename Reply>
   bool admit(const std::uint8_t* p, std::size_t len, bool truncated, std::vector<Job>& jobs,
-             Reply reply) {
+             Reply reply, ModelCache* cache = nullptr) {
     const std::int64_t t = now_ns();
     wire::Request r{};
     wire::Status st = wire::parse(p, len, r);
@@ -701,14 +884,20 @@ class Server {
       return false;
     }
     if (st == wire::kOk) {
-      std::lock_guard<std::mutex> lock(models_m_);
-      auto it = models_.find(r.model_id);
-      if (it == models_.end()) {
-        st = wire::kNoModel;
-      } else if (int(r.n) != it->second->n) {
-        st = wire::kBadParam;
+      const std::uint64_t version = models_version_.load(std::memory_order_acquire);
+      if (cache != nullptr && cache->version == version && cache->id == r.model_id) {
+        model = cache->model;
       } else {
-        model = it->second;
+        std::lock_guard<std::mutex> lock(models_m_);
+        auto it = models_.find(r.model_id);
+        if (it != models_.end()) model = it->second;
+        if (cache != nullptr) *cache = ModelCache{version, r.model_id, model};
+      }
+      if (!model) {
+        st = wire::kNoModel;
+      } else if (int(r.n) != model->n) {
+        st = wire::kBadParam;
+        model.reset();
       }
     }
     if (st != wire::kOk) {
@@ -729,27 +918,58 @@ class Server {
     return true;
   }
 
+  void stamp_pop(std::vector<Job>& jobs, std::size_t from) const {
+    const std::int64_t t = now_ns();
+    for (std::size_t j = from; j < jobs.size(); ++j) jobs[j].t_pop = t;
+  }
+
+  // Moves every thread of this process except the pinned ones (those that called pin_to: their
+  // affinity is one CPU) onto `cpus`; returns how many moved.
+  static std::uint64_t move_unpinned_threads(const std::vector<int>& cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    std::uint64_t moved = 0;
+    DIR* dir = ::opendir("/proc/self/task");
+    if (dir == nullptr) return 0;
+    while (dirent* e = ::readdir(dir)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      const pid_t tid = pid_t(std::atol(e->d_name));
+      cpu_set_t now;
+      CPU_ZERO(&now);
+      if (::sched_getaffinity(tid, sizeof(now), &now) != 0 || CPU_COUNT(&now) == 1) continue;
+      if (::sched_setaffinity(tid, sizeof(set), &set) == 0) ++moved;
+    }
+    ::closedir(dir);
+    return moved;
+  }
+
   std::uint32_t residence(std::int64_t t_recv) const {
     const std::int64_t d = now_ns() - t_recv;
     return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
   }
 
-  void udp_loop(int fd, std::atomic<std::uint64_t>& mine) {
+  // Receiver r: reads its socket (with share_, also a peer's that nobody read for help_ns_),
+  // admits the requests, queues them (in chunks of kChunk, so that the first of a large read
+  // do not wait for the last to be parsed) and answers BUSY for those the queue refused.
+  void udp_loop(std::size_t r) {
     constexpr int kBatch = 64;
+    constexpr std::size_t kChunk = 32;
     constexpr std::size_t kBuf = 65536;  // a datagram, or a run of them (UDP_GRO)
+    ThreadTrace* trace = thread_trace("rx" + std::to_string(r));
+    const int own = udp_fds_[r];
+    const std::size_t nfds = udp_fds_.size();
     std::vector<std::vector<std::uint8_t>> bufs(kBatch, std::vector<std::uint8_t>(kBuf));
     std::vector<sockaddr_in> from(kBatch);
     std::vector<iovec> iov(kBatch);
     std::vector<mmsghdr> msgs(kBatch);
     std::vector<std::array<char, 64>> ctrl(kBatch);
     UdpBatch out;
-    std::vector<Job> jobs;
+    std::vector<Job> jobs, refused;
+    ModelCache cache;
     std::int64_t last = 0;  // the last datagram
-    while (!stop_) {
-      if (spin_ns_ <= 0 || now_ns() - last > spin_ns_) {  // idle: block in poll()
-        pollfd pfd{fd, POLLIN, 0};
-        if (::poll(&pfd, 1, 50) <= 0) continue;
-      }
+    // Reads socket k once; returns how many messages it took.
+    auto serve = [&](std::size_t k) -> int {
       for (int i = 0; i < kBatch; ++i) {
         point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &from[i]);
         if (offload_) {
@@ -757,11 +977,24 @@ class Server {
           msgs[i].msg_hdr.msg_controllen = ctrl[i].size();
         }
       }
-      const int got = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
-      if (got <= 0) continue;
-      last = now_ns();
+      const int got = ::recvmmsg(udp_fds_[k], msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (got <= 0) return 0;
+      const std::int64_t t_read = now_ns();
       jobs.clear();
       std::uint64_t pieces = 0;  // requests read (a run counts each of its datagrams)
+      auto push = [&]() {        // queues what was admitted; the queue's refusals to `refused`
+        if (jobs.empty()) return;
+        if (trace_) {
+          const std::int64_t t_push = now_ns();
+          for (Job& j : jobs) {
+            j.t_read = t_read;
+            j.t_push = t_push;
+          }
+        }
+        const std::size_t in = queue_.push(jobs);
+        for (std::size_t j = in; j < jobs.size(); ++j) refused.push_back(std::move(jobs[j]));
+        jobs.clear();
+      };
       for (int i = 0; i < got; ++i) {
         const bool truncated = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0;
         const sockaddr_in peer = from[i];
@@ -780,21 +1013,50 @@ class Server {
         for (std::size_t off = 0; off < len || off == 0; off += step) {
           const std::size_t piece = std::min(step, len - off);
           ++pieces;
-          if (admit(bufs[i].data() + off, piece, truncated, jobs, reply)) jobs.back().addr = peer;
+          if (admit(bufs[i].data() + off, piece, truncated, jobs, reply, &cache))
+            jobs.back().addr = peer;
+          if (jobs.size() >= kChunk) push();
           if (step == 0) break;
         }
       }
+      push();
       received_.fetch_add(pieces, std::memory_order_relaxed);
-      mine.fetch_add(pieces, std::memory_order_relaxed);
-      const std::size_t taken = queue_.push(jobs);
-      for (std::size_t i = taken; i < jobs.size(); ++i) {  // the queue is full: BUSY, not silence
-        std::uint8_t* b = out.next(wire::kReplyHeader, jobs[i].addr);
-        wire::write_reply(b, wire::kBusy, jobs[i].req.request_id, 0, residence(jobs[i].t_recv), 0,
-                          nullptr);
+      per_receiver_[k].fetch_add(pieces, std::memory_order_relaxed);
+      return got;
+    };
+    while (!stop_) {
+      const std::int64_t now = now_ns();
+      if (spin_ns_ <= 0 || now - last > spin_ns_) {  // idle: block in poll()
+        trace->idle();
+        pollfd pfd{own, POLLIN, 0};
+        if (::poll(&pfd, 1, 50) <= 0) continue;
+      } else {
+        trace->tick(now);
       }
-      if (taken < jobs.size()) replies_[wire::kBusy].fetch_add(jobs.size() - taken);
-      const std::size_t runs = out.flush(fd, offload_);
+      rx_beat_[r].t.store(now, std::memory_order_relaxed);  // socket r is being read
+      int got = serve(r);
+      if (share_ && got == 0 && nfds > 1) {  // a peer's socket nobody has read for a while
+        const std::int64_t t = now_ns();
+        for (std::size_t d = 1; d < nfds && got == 0; ++d) {
+          const std::size_t k = (r + d) % nfds;
+          if (t - rx_beat_[k].t.load(std::memory_order_relaxed) <= help_ns_) continue;
+          got = serve(k);
+          if (got > 0) helped_reads_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      if (got <= 0) continue;
+      last = now_ns();
+      // BUSY, not silence, for what the queue refused
+      for (const Job& j : refused) {
+        std::uint8_t* b = out.next(wire::kReplyHeader, j.addr);
+        wire::write_reply(b, wire::kBusy, j.req.request_id, 0, residence(j.t_recv), 0, nullptr);
+      }
+      if (!refused.empty()) replies_[wire::kBusy].fetch_add(refused.size());
+      refused.clear();
+      const std::int64_t t0 = now_ns();
+      const std::size_t runs = out.flush(own, offload_);
       if (runs > 0) runs_out_ += runs;
+      trace->flushed(now_ns() - t0);
     }
   }
 
@@ -877,6 +1139,18 @@ class Server {
   std::atomic<std::uint64_t> received_{0}, loads_{0}, runs_in_{0}, runs_out_{0};
   std::vector<std::atomic<std::uint64_t>> per_receiver_;
   bool spread_ = false;
+  // tracing, work sharing, isolation
+  struct alignas(64) Beat {
+    std::atomic<std::int64_t> t{0};  // when a receiver last read its socket
+  };
+  std::unique_ptr<Beat[]> rx_beat_;
+  bool trace_ = false, share_ = false, isolate_ = false;
+  std::int64_t slow_ns_ = 200000, help_ns_ = 20000;
+  std::atomic<std::size_t> started_{0};
+  std::uint64_t isolated_ = 0;
+  std::atomic<std::uint64_t> helped_reads_{0}, models_version_{0};
+  std::mutex traces_m_;
+  std::vector<std::unique_ptr<ThreadTrace>> traces_;
 };
 
 }  // namespace csk::dsb::service

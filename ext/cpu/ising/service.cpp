@@ -59,26 +59,28 @@ std::int64_t solve_request(const Job& job, std::vector<std::uint32_t>& best_sign
 // A CPU worker: requests in batches of up to 16, each solved on this thread. echo: answers at
 // once with energy 0 and all spins -1, without solving (a measurement of the front end and the
 // load generator alone; its replies are not solutions).
-void cpu_worker(svc::Server& s, bool echo) {
+void cpu_worker(svc::Server& s, bool echo, int index) {
+  svc::ThreadTrace* trace = s.thread_trace((echo ? "echo" : "cpu") + std::to_string(index));
   std::vector<Job> jobs;
   std::vector<std::uint32_t> signs;
   const std::vector<std::uint32_t> none(std::size_t(wire::kMaxN / 32), 0u);
   svc::UdpBatch out;
   while (true) {
     jobs.clear();
-    if (!s.pop(jobs, 16)) {
+    if (!s.pop(jobs, 16, trace)) {
       if (s.stopping()) return;
       continue;
     }
+    trace->tick();
     for (const Job& job : jobs) {
       if (echo) {
-        s.reply_ok(job, 0, none.data(), out);
+        s.reply_ok(job, 0, none.data(), out, trace);
         continue;
       }
       const std::int64_t energy = solve_request(job, signs);  // fills signs
-      s.reply_ok(job, energy, signs.data(), out);
+      s.reply_ok(job, energy, signs.data(), out, trace);
     }
-    s.flush(out);
+    s.flush(out, std::size_t(index), trace);
   }
 }
 
@@ -97,11 +99,14 @@ struct LoadResult {
   std::vector<std::uint32_t> residence_ns;
   std::vector<std::int64_t> energy;
   double send_s = 0.0;
+  // per sending thread: passes of its loop more than 50 us apart (count, total ns, longest ns)
+  std::vector<std::int64_t> stalls;
 };
 
 void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, double rate,
               int in_flight, double drain_s, bool spin, bool offload, std::uint64_t rng_seed,
-              const std::vector<std::uint8_t>& request, std::int64_t t0, LoadResult& res) {
+              const std::vector<std::uint8_t>& request, std::int64_t t0, LoadResult& res,
+              std::int64_t* stalls) {
   const std::uint64_t seed0 = wire::load<std::uint64_t>(request.data() + 36);
   const std::size_t mine = first < count ? (count - first + stride - 1) / stride : 0;
   const std::int64_t drain_ns = std::int64_t(drain_s * 1e9);
@@ -171,8 +176,15 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
   std::int64_t due_ns = t0 + std::int64_t(gap(rng) * 1e9);  // the next arrival (open loop)
   std::size_t sent = 0;
   std::int64_t last_activity = t0;  // the last send or reply
+  std::int64_t last_pass = 0;
   while (received < mine) {
     std::int64_t now = now_ns();
+    if (spin && last_pass != 0 && now - last_pass > svc::ThreadTrace::kStallNs) {
+      stalls[0] += 1;
+      stalls[1] += now - last_pass;
+      stalls[2] = std::max(stalls[2], now - last_pass);
+    }
+    last_pass = now;
     std::size_t k = 0;
     if (sent < mine) {
       if (in_flight > 0) {
@@ -275,18 +287,38 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   res.status.assign(count, -1);
   res.residence_ns.assign(count, 0);
   res.energy.assign(count, 0);
-  const std::int64_t t0 = now_ns();
   std::vector<std::thread> threads;
   const int flight = in_flight > 0 ? std::max(1, in_flight / senders) : 0;
   const std::vector<int> cpus = pin ? svc::allowed_cpus() : std::vector<int>{};
+  res.stalls.assign(std::size_t(senders) * 3, 0);
+  std::vector<std::array<std::int64_t, 8>> stalls(
+      static_cast<std::size_t>(senders));  // a line each
+  for (auto& st : stalls) st.fill(0);
+  // The schedule starts once every thread runs where it is pinned: a thread that started late
+  // would otherwise send all its requests already due at once, a burst the offered load does
+  // not have.
+  std::atomic<int> ready{0};
+  std::atomic<std::int64_t> start{0};
   for (int k = 0; k < senders; ++k)
     threads.emplace_back([&, k] {
       if (!cpus.empty()) svc::pin_to(cpus[std::size_t(k) % cpus.size()]);
+      ::pthread_setname_np(::pthread_self(), ("gen" + std::to_string(k)).c_str());
+      ready++;
+      std::int64_t t_start;
+      while ((t_start = start.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+      while (now_ns() < t_start) {
+      }
       load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               spin, offload, rng_seed + std::uint64_t(k), request, t0, res);
+               spin, offload, rng_seed + std::uint64_t(k), request, t_start, res,
+               stalls[std::size_t(k)].data());
     });
+  while (ready.load() < senders) std::this_thread::yield();
+  const std::int64_t t0 = now_ns() + 200000;  // 200 us from now
+  start.store(t0, std::memory_order_release);
   for (auto& t : threads) t.join();
   for (int f : fds) ::close(f);
+  for (int k = 0; k < senders; ++k)
+    for (int j = 0; j < 3; ++j) res.stalls[std::size_t(k) * 3 + j] = stalls[std::size_t(k)][j];
   std::int64_t last_send = t0;
   for (std::size_t j = 0; j < count; ++j) {  // sent_ns: since the start; recv_ns: round trip
     if (res.recv_ns[j] >= 0) res.recv_ns[j] -= res.sent_ns[j];
@@ -313,8 +345,9 @@ struct CpuWorkers {
   void prepare(Model&) {}
   std::vector<svc::Server::Worker> workers() {
     const bool e = echo;
-    return std::vector<svc::Server::Worker>(std::size_t(count),
-                                            [e](svc::Server& s) { cpu_worker(s, e); });
+    std::vector<svc::Server::Worker> all;
+    for (int i = 0; i < count; ++i) all.push_back([e, i](svc::Server& s) { cpu_worker(s, e, i); });
+    return all;
   }
   void stop() {}
   void add_stats(std::map<std::string, std::uint64_t>&) {}
@@ -346,13 +379,15 @@ void bind_ising_service(nb::module_& m) {
                               csk::to_numpy(std::move(r.recv_ns), {count}),
                               csk::to_numpy(std::move(r.status), {count}),
                               csk::to_numpy(std::move(r.residence_ns), {count}),
-                              csk::to_numpy(std::move(r.energy), {count}), r.send_s);
+                              csk::to_numpy(std::move(r.energy), {count}), r.send_s,
+                              csk::to_numpy(std::move(r.stalls), {std::size_t(senders), 3}));
       },
       "host"_a, "port"_a, "request"_a, "count"_a, "rate"_a, "in_flight"_a, "drain_s"_a,
       "rng_seed"_a, "senders"_a, "spin"_a = false, "offload"_a = false, "pin"_a = false,
       "Send `count` copies of a request (ids 0.., seeds seed+i) from `senders` sockets, open loop "
       "at `rate`/s (Poisson) "
       "or closed loop with `in_flight` outstanding: (sent_ns, rtt_ns, status, residence_ns, "
-      "energy, send_s); rtt -1 = no reply.");
+      "energy, send_s, stalls); rtt -1 = no reply; stalls: per sending thread, passes of its "
+      "loop more than 50 us apart (count, total ns, longest ns; spin only).");
 }
 #endif  // __linux__

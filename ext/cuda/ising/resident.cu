@@ -661,7 +661,9 @@ std::int64_t Resident::free_slot(const Task& t) const {
   return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(k) * r.nslots + i;
 }
 
-std::uint64_t Resident::submit(const Task& t) {
+void Resident::expect(std::uint64_t count) { impl_->inflight.fetch_add(count); }
+
+std::uint64_t Resident::submit(const Task& t, bool counted) {
   Impl& r = *impl_;
   check_task(t);
   const int k = warp_sized(t) ? 0 : 1;
@@ -674,21 +676,24 @@ std::uint64_t Resident::submit(const Task& t) {
   if (t.h != nullptr) std::memcpy(s.h, t.h, sizeof(std::int32_t) * t.model->n);
   g.ticket[i] = g.head;
   g.busy[i].store(1, std::memory_order_release);
-  r.inflight++;
+  if (!counted) r.inflight++;
   ++g.head;
   __atomic_store_n(r.pub + 8 * k, g.head, __ATOMIC_RELEASE);
   return std::uint64_t(k) * r.nslots + i;
 }
 
-int Resident::poll(std::vector<Done>& out, int part, int parts) {
+int Resident::poll(std::vector<Done>& out, int part, int parts, bool claim) {
   Impl& r = *impl_;
   int got = 0;
   for (int j = part; j < 2 * r.nslots; j += parts) {
     const int k = j / r.nslots, i = j - k * r.nslots;
-    const Impl::Ring& g = r.ring[k];
-    if (!g.busy[i].load(std::memory_order_acquire)) continue;
+    Impl::Ring& g = r.ring[k];
+    if (g.busy[i].load(std::memory_order_acquire) != 1) continue;  // free, or claimed
     const Slot& s = g.host[i];
     if (__atomic_load_n(&s.done, __ATOMIC_ACQUIRE) != g.ticket[i] + 1) continue;
+    int submitted = 1;  // 1: submitted, 2: claimed by a collector
+    if (claim && !g.busy[i].compare_exchange_strong(submitted, 2, std::memory_order_acq_rel))
+      continue;
     out.push_back(Done{std::uint64_t(j), s.energy, s.signs, s.solve_ns});
     ++got;
   }

@@ -71,10 +71,15 @@ class Resident {
   // The slot the task's next submit() takes, or -1 while that slot is still in use.
   std::int64_t free_slot(const Task& t) const;
   // Publishes a task in its ring's next slot (free_slot(t) must not be -1); returns the slot.
-  std::uint64_t submit(const Task& t);
+  // counted: the caller has counted it in flight already (expect()), so that a batch of
+  // submissions costs one shared update instead of one each.
+  std::uint64_t submit(const Task& t, bool counted = false);
+  void expect(std::uint64_t count);  // counts `count` submissions to come in flight
   // Appends the finished requests of slots part, part + parts, ... to `out`; returns how many.
-  // Each stays reported until release(slot). Several collectors may poll disjoint parts.
-  int poll(std::vector<Done>& out, int part = 0, int parts = 1);
+  // Each stays reported until release(slot). Several collectors may poll disjoint parts; with
+  // claim, a finished slot is reported once only (taken by compare-and-swap), so that several
+  // collectors may poll the same part.
+  int poll(std::vector<Done>& out, int part = 0, int parts = 1, bool claim = false);
   void release(std::uint64_t slot);
   void release(const std::uint64_t* slots, int count);  // several at once
   std::uint64_t in_flight() const;

@@ -8,6 +8,7 @@
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -51,8 +52,18 @@ struct GpuWorkers {
     std::atomic<std::uint64_t> solved{0}, solve_ns{0}, solve_max_ns{0}, reply_ns{0};
   } done_stats;
   struct alignas(64) {
-    std::atomic<std::uint64_t> fed{0}, wait_ns{0};
+    std::atomic<std::uint64_t> fed{0}, wait_ns{0}, busy_ns{0}, batches{0};
   } feed_stats;
+  // Work sharing (Server::share()): when each collector and the feeder last made a pass, the
+  // feeding try-lock, and how much the others did for a stalled one.
+  static constexpr std::size_t kShareFeed = 16;
+  struct alignas(64) Beat {
+    std::atomic<std::int64_t> t{0};
+  };
+  std::unique_ptr<Beat[]> coll_beat;
+  Beat feed_beat;
+  alignas(64) std::atomic<bool> feeding{false};
+  alignas(64) std::atomic<std::uint64_t> helped_collects{0}, helped_feeds{0};
 
   GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
     if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
@@ -94,44 +105,106 @@ struct GpuWorkers {
       return std::vector<svc::Server::Worker>(std::size_t(param), one);
     }
     feeder_done = false;
-    auto feeder = [this](svc::Server& s) {
+    coll_beat.reset(new Beat[std::size_t(collectors)]);
+    // Moves popped jobs into the ring (waiting for a free slot where needed).
+    // The shared counters (fed, in flight) go up once for the batch, before its first submit
+    // (so fed >= solved always): a locked update drains the store buffer, and one per request
+    // made every submission wait for its own slot writes.
+    auto submit_all = [this](svc::Server& s, std::vector<svc::Job>& jobs) {
+      if (jobs.empty()) return;
+      const std::int64_t t0 = svc::now_ns();
+      feed_stats.fed.fetch_add(jobs.size(), std::memory_order_relaxed);
+      resident->expect(jobs.size());
+      std::uint64_t wait_ns = 0;
+      for (svc::Job& job : jobs) {
+        const gi::Task task = task_of(job);
+        std::int64_t slot;
+        while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+        const std::int64_t now = svc::now_ns();
+        wait_ns += std::uint64_t(now - job.t_recv);
+        svc::Job& held_job = held[std::size_t(slot)];
+        held_job = std::move(job);
+        if (s.tracing()) held_job.t_submit = now;
+        resident->submit(task, true);
+      }
+      feed_stats.wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
+      feed_stats.busy_ns.fetch_add(std::uint64_t(svc::now_ns() - t0), std::memory_order_relaxed);
+      feed_stats.batches.fetch_add(1, std::memory_order_relaxed);
+    };
+    // With sharing, feeding is a role any thread takes by a try-lock, a few jobs at a time:
+    // the feeder holds it most of the time, a collector takes it when the feeder has not fed
+    // for help_ns (a stalled feeder then holds at most kShareFeed jobs back).
+    auto try_feed = [this, submit_all](svc::Server& s, std::vector<svc::Job>& jobs) {
+      if (feeding.exchange(true, std::memory_order_acquire)) return std::size_t(0);
+      jobs.clear();
+      const std::size_t got = s.try_pop(jobs, kShareFeed);
+      submit_all(s, jobs);
+      feeding.store(false, std::memory_order_release);
+      return got;
+    };
+    auto feeder = [this, submit_all, try_feed](svc::Server& s) {
+      svc::ThreadTrace* trace = s.thread_trace("feed");
       std::vector<svc::Job> jobs;
       while (true) {
+        if (s.share()) {
+          if (s.stopping()) break;
+          const std::int64_t now = svc::now_ns();
+          trace->tick(now);
+          feed_beat.t.store(now, std::memory_order_relaxed);
+          try_feed(s, jobs);
+          continue;
+        }
         jobs.clear();
-        if (!s.pop(jobs, 64)) {
+        if (!s.pop(jobs, 64, trace)) {
           if (s.stopping()) break;
           continue;
         }
-        for (svc::Job& job : jobs) {
-          const gi::Task task = task_of(job);
-          std::int64_t slot;
-          while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
-          // counted before the submit (a line only this thread writes): fed >= solved always
-          feed_stats.wait_ns.fetch_add(std::uint64_t(svc::now_ns() - job.t_recv),
-                                       std::memory_order_relaxed);
-          feed_stats.fed.fetch_add(1, std::memory_order_relaxed);
-          held[std::size_t(slot)] = std::move(job);
-          resident->submit(task);
-        }
+        trace->tick();
+        submit_all(s, jobs);
       }
       feeder_done = true;
     };
-    auto collector = [this](svc::Server& s, int part) {
+    auto collector = [this, try_feed](svc::Server& s, int part) {
+      svc::ThreadTrace* trace = s.thread_trace("coll" + std::to_string(part));
+      const bool share = s.share();
+      const std::int64_t help = s.help_ns();
       std::vector<gi::Done> done;
       std::vector<std::uint64_t> slots;
+      std::vector<svc::Job> jobs;
       svc::UdpBatch out;
       while (true) {
         done.clear();
-        if (resident->poll(done, part, collectors) == 0) {
+        const std::int64_t now = svc::now_ns();
+        trace->tick(now);
+        coll_beat[std::size_t(part)].t.store(now, std::memory_order_relaxed);
+        int got = resident->poll(done, part, collectors, share);
+        if (share && got == 0) {  // help a collector or the feeder that has stalled
+          for (int q = 1; q < collectors; ++q) {
+            const int other = (part + q) % collectors;
+            if (now - coll_beat[std::size_t(other)].t.load(std::memory_order_relaxed) > help) {
+              const int more = resident->poll(done, other, collectors, true);
+              got += more;
+              if (more > 0) helped_collects.fetch_add(std::uint64_t(more));
+            }
+          }
+          if (got == 0 && now - feed_beat.t.load(std::memory_order_relaxed) > help) {
+            const std::size_t fed = try_feed(s, jobs);
+            if (fed > 0) helped_feeds.fetch_add(fed);
+          }
+        }
+        if (got == 0) {
           if (feeder_done && resident->in_flight() == 0) return;
           std::this_thread::yield();
           continue;
         }
+        const std::int64_t seen = s.tracing() ? svc::now_ns() : 0;
         std::uint64_t dev_ns = 0, dev_max = 0, res_ns = 0;
         slots.clear();
         for (const gi::Done& d : done) {
           svc::Job& job = held[d.slot];
-          s.reply_ok(job, d.energy, d.signs, out);  // copies the spins out of the slot
+          job.t_seen = seen;
+          job.solve_ns = d.solve_ns;
+          s.reply_ok(job, d.energy, d.signs, out, trace);  // copies the spins out of the slot
           res_ns += std::uint64_t(svc::now_ns() - job.t_recv);
           dev_ns += d.solve_ns;
           dev_max = std::max<std::uint64_t>(dev_max, d.solve_ns);
@@ -147,7 +220,7 @@ struct GpuWorkers {
         while (dev_max > m && !st.solve_max_ns.compare_exchange_weak(m, dev_max)) {
         }
         st.solved.fetch_add(done.size());  // last: a reader seeing it sees the sums
-        s.flush(out, std::size_t(part));
+        s.flush(out, std::size_t(part), trace);
       }
     };
     std::vector<svc::Server::Worker> all{feeder};
@@ -166,6 +239,10 @@ struct GpuWorkers {
     st["reply_ns"] = done_stats.reply_ns.load();
     st["fed"] = feed_stats.fed.load();
     st["feed_wait_ns"] = feed_stats.wait_ns.load();
+    st["feed_busy_ns"] = feed_stats.busy_ns.load();  // submitting (batches of feed_batches)
+    st["feed_batches"] = feed_stats.batches.load();
+    st["helped_collects"] = helped_collects.load();
+    st["helped_feeds"] = helped_feeds.load();
   }
 
   std::string info() {
