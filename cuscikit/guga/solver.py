@@ -219,23 +219,22 @@ class GUGASolver(Solver):
 
                 cap = None if self.gpu_memory is None else int(float(self.gpu_memory) * 1e6)
                 # the Davidson space (max_space + a few) stays on the device beside the buffers,
-                # or its first `resident` columns do and the rest spill to pinned host memory
+                # or its first `resident` columns do and the rest spill to pinned host memory;
+                # 10 vectors more for Davidson's and the preconditioner's temporaries
                 space = self.max_space + 4 * self.nroots
                 resident = space if self.gpu_space is None else min(space, int(self.gpu_space))
                 if resident < 0:
                     raise ValueError(f"gpu_space must be >= 0, got {self.gpu_space}")
                 self._engines = {}  # the old engine's device buffers go first
                 try:
-                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 8))
+                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 10))
                 except ValueError:
                     if self.gpu_space is not None:
                         raise
-                    from cuscikit.backends.loader import resolve_device
-                    from cuscikit.backends.memory import MemoryBudget
-
-                    avail = MemoryBudget(resolve_device(self.device), cap).available()
-                    resident = max(0, min(space, (avail // 2 // (8 * n) - 8) // 2))
-                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 8))
+                    # what the budget holds beside one tile (this raises if not even that)
+                    avail = GpuEngine(drt, self.device, cap, 0).budget.available()
+                    resident = max(0, min(space, (avail // 2 // (8 * n) - 10) // 2))
+                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 10))
                 eng.davidson_resident = None if resident >= space else resident
                 self._engines = {key: eng}
                 return self._engines[key]

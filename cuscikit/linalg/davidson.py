@@ -309,12 +309,15 @@ def davidson(
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
+        # every root unconverged (always with one): R and X themselves, no indexed copies
+        every = todo.size == R.shape[1]
+        R_t = R if every else R[:, ops.dev(todo)]
         if precond is None:
             denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
-            T = R[:, ops.dev(todo)] / denom
+            T = R_t / denom
         else:
-            T = precond(R[:, ops.dev(todo)], theta_w[todo], X[:, ops.dev(todo)])
-        del R
+            T = precond(R_t, theta_w[todo], X if every else X[:, ops.dev(todo)])
+        del R, R_t
         if m + T.shape[1] > max_space:
             # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
             # its image follows by linearity: no extra matvec.
@@ -333,5 +336,6 @@ def davidson(
         k = Q.shape[1]
         del T
         put(m, Q, matvec(Q))
+        del Q  # not held through the next iteration
         m += k
     return DavidsonResult(theta_w, X, False, max_iter, res_norms)

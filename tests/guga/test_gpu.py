@@ -357,6 +357,29 @@ def test_solver_spilled_space_on_host_twin(monkeypatch):
         GUGASolver(device="cuda", gpu_space=-1, **opts).kernel(h1, g4, 8, (4, 4))
 
 
+def test_solver_spills_by_itself_under_a_cap(monkeypatch):
+    """Without gpu_space, a cap too small for the whole Davidson space beside one tile makes the
+    solver keep what half the budget holds on the device and spill the rest: the energies of
+    the uncapped solve to 1e-10 (host twin, whose budget is the cap)."""
+    import cuscikit.guga.gpu as gpu_mod
+
+    real = gpu_mod.GpuEngine
+
+    def host_engine(drt, device, max_memory=None, reserve=0):
+        return real(drt, "cpu", max_memory, reserve, tile_rows=300, kernels=_HostKernels())
+
+    monkeypatch.setattr(gpu_mod, "GpuEngine", host_engine)
+    h1, g4, _ = packed_random_integrals(8, 25)
+    opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200, max_space=6)
+    e_all, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, 8, (4, 4))
+    # 1764 CSFs: the whole space (2 x 14 + 10 vectors) does not fit in 0.9 x 0.55 MB
+    solver = GUGASolver(device="cuda", gpu_memory=0.55, **opts)
+    e_cap, _ = solver.kernel(h1, g4, 8, (4, 4))
+    resident = next(iter(solver._engines.values())).davidson_resident
+    assert resident is not None and 0 < resident < 14
+    assert np.abs(np.asarray(e_cap) - np.asarray(e_all)).max() < 1e-10
+
+
 def test_cuda_device_without_gpu_is_a_clear_error():
     from cuscikit.backends import cuda_available
     from cuscikit.backends.loader import CudaUnavailableError
