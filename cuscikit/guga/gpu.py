@@ -357,7 +357,7 @@ class GpuEngine:
         |t| <= 2^(fixed_bits - 1) 2^-e (the sums allow up to 2^76). With ||E_pq + E_qp|| <= 4,
         |T[k, P]| <= 4 ||c||_2 and |G[k, Q]| <= 4 ||c||_2 max_Q sum_P |Vh[P, Q]|; a term is at
         most 2 n times that. With ``fixed_bits`` = 62 a term needs the hi word (an atomic of its
-        own) only when it exceeds 2^-18 of that bound: for nearly every term one atomic."""
+        own) only when it exceeds about 2^-17 of that bound: one atomic for most terms."""
         torch = self.torch
         if not 60 <= int(self.fixed_bits) <= 76:
             raise ValueError(f"fixed_bits must be in 60..76, got {self.fixed_bits}")
