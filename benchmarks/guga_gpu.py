@@ -467,6 +467,105 @@ def first_solves(ncas, folder, solves: int, profile=False, small_first=False) ->
         del x
 
 
+def big_solve(ncas, folder, limit: float, args) -> None:
+    """One GPU solve of a space whose G does not fit (the scatter form), with the Davidson space
+    partly spilled to pinned host memory (``--gpu-space`` columns resident). Every step and every
+    sigma vector is timed (synchronised) and every Davidson iteration printed (energy, its
+    change, residual norm, seconds since the start); the solve stops, unconverged, when the next
+    sigma vector would end past ``limit`` seconds after the start (so that a run within a time
+    limit still reports where it got)."""
+    import importlib
+
+    import torch
+
+    import cuscikit.guga.pspace as pspace_mod
+    from cuscikit.guga import GUGASolver
+    from cuscikit.guga.gpu import GpuEngine
+
+    dav_mod = importlib.import_module("cuscikit.linalg.davidson")
+    name, h1, eri, ecore, nelecas = _integrals(ncas, folder)
+    nelec = (nelecas // 2, nelecas // 2)
+    label = f"{name} CAS({nelecas},{ncas})"
+    if args.tile_rows:
+        GpuEngine.tile_rows = args.tile_rows
+    GpuEngine.fixed_bits = args.fixed_bits[0]
+    table: dict = {}
+    sig: list = []
+    patches = [
+        (GUGASolver, "_engine", "engine"),
+        (GpuEngine, "diagonal_device", "diagonal"),
+        (GUGASolver, "_pspace", "P space (all)"),
+        (pspace_mod, "pspace_hamiltonian", "P space H_PP"),
+        (pspace_mod.PSpacePreconditioner, "__call__", "preconditioner"),
+    ]
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    for obj, attr, key in patches:
+        setattr(obj, attr, _synced(getattr(obj, attr), table, key, torch))
+    plain_sigma = GpuEngine.sigma
+
+    def timed_sigma(self, c, Vh):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = plain_sigma(self, c, Vh)
+        torch.cuda.synchronize()
+        sig.append(time.perf_counter() - t)
+        print(
+            f"  sigma {len(sig)}: {sig[-1]:.2f} s (mode {self.mode}, tiles of {self.rows})",
+            flush=True,
+        )
+        return out
+
+    GpuEngine.sigma = timed_sigma
+    plain_dav = dav_mod.davidson
+    t_start = time.perf_counter()
+    last = [np.inf]
+
+    def dav(*a, **k):
+        def cb(it, e, r):
+            now = time.perf_counter() - t_start
+            de = float(np.max(np.abs(e - last[0]))) if np.all(np.isfinite(last[0])) else np.inf
+            last[0] = np.array(e)
+            print(
+                f"  iteration {it}: E = {float(e[0]) + ecore:.12f}, |dE| {de:.2e}, residual "
+                f"{float(np.max(r)):.2e}, {now:.1f} s",
+                flush=True,
+            )
+            return bool(sig) and now + 1.1 * max(sig) > limit
+
+        k["callback"] = cb
+        return plain_dav(*a, **k)
+
+    dav_mod.davidson = dav
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        solver = GUGASolver(
+            conv_tol=args.conv_tol,
+            device="cuda",
+            max_space=args.max_space,
+            gpu_space=args.gpu_space,
+            gpu_memory=args.gpu_memory,
+        )
+        t_start = time.perf_counter()
+        e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
+        dt = time.perf_counter() - t_start
+    finally:
+        GpuEngine.sigma = plain_sigma
+        dav_mod.davidson = plain_dav
+        for obj, attr, fn in saved:
+            setattr(obj, attr, fn)
+    eng = next(iter(solver._engines.values()))
+    steps = ", ".join(f"{k} {v:.2f}" for k, v in table.items())
+    print(
+        f"{label} GPU solve: {eng.ncsf:,} CSFs, {dt:.1f} s, {len(sig)} sigma vectors "
+        f"(median {statistics.median(sig):.2f} s), E = {float(e):.12f}, converged "
+        f"{solver.converged} (conv_tol {args.conv_tol:g}), max_space {args.max_space}, "
+        f"columns of V and of AV on the GPU {eng.davidson_resident} (None: all), "
+        f"fixed_bits {GpuEngine.fixed_bits}, GPU peak "
+        f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; steps (s): {steps}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", type=int, nargs="*", default=[12, 14, 16], choices=[12, 14, 16, 18])
@@ -513,7 +612,30 @@ def main() -> None:
         action="store_true",
         help="only the phases of one GPU sigma per size (--tune-rows, --variants; CAS(18,18))",
     )
+    ap.add_argument(
+        "--big-solve",
+        type=float,
+        default=0,
+        help="only one GPU solve per size, stopped before this many seconds (CAS(18,18): "
+        "--gpu-space, --max-space, --tile-rows, --conv-tol)",
+    )
+    ap.add_argument("--gpu-space", type=int, default=None, help="Davidson columns on the GPU")
+    ap.add_argument("--max-space", type=int, default=12, help="Davidson space (--big-solve)")
+    ap.add_argument("--tile-rows", type=int, default=0, help="kets per tile (--big-solve)")
+    ap.add_argument("--conv-tol", type=float, default=1e-10, help="with --big-solve")
+    ap.add_argument(
+        "--fixed-bits",
+        type=int,
+        nargs="*",
+        default=[62],
+        help="the scatter's fixed-point margin (GpuEngine.fixed_bits); --sigma-only times each",
+    )
     args = ap.parse_args()
+    if args.big_solve:
+        print(f"machine: {machine()}")
+        for ncas in args.sizes:
+            big_solve(ncas, args.integrals, args.big_solve, args)
+        return
     if args.sigma_only:
         from cuscikit.guga import GUGASolver
 
@@ -524,7 +646,12 @@ def main() -> None:
             # a small Davidson reserve: the engine's budget is what the phases need
             solver = GUGASolver(device="cuda", max_space=2, gpu_memory=args.gpu_memory)
             nelec = (nelecas // 2, nelecas // 2)
-            _tune(solver, h1, eri, ncas, nelec, label, args.tune_rows, args.variants)
+            from cuscikit.guga.gpu import GpuEngine
+
+            for bits in args.fixed_bits:
+                GpuEngine.fixed_bits = bits
+                print(f"{label}: scatter fixed_bits {bits}", flush=True)
+                _tune(solver, h1, eri, ncas, nelec, label, args.tune_rows, args.variants)
         return
     if args.first_solve:
         first_solves(

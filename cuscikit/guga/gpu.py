@@ -111,6 +111,7 @@ class GpuEngine:
     chunking: str = "scatter"
     tile_rows: int = 1 << 25
     factor_rows: int = 1 << 16
+    fixed_bits: int = 62
 
     def __init__(
         self,
@@ -353,10 +354,13 @@ class GpuEngine:
     def fixed_exponent(self, c, Vh) -> int:
         """e of the scatter's fixed-point sums (multiples of 2^-e) for this c and operator:
         every term <m|E^sym_P|k> G[k, P] and every diagonal term sum_r n_r G[k, P(r,r)] has
-        |t| <= 2^75 2^-e (below the 2^76 that the sums allow). With ||E_pq + E_qp|| <= 4,
+        |t| <= 2^(fixed_bits - 1) 2^-e (the sums allow up to 2^76). With ||E_pq + E_qp|| <= 4,
         |T[k, P]| <= 4 ||c||_2 and |G[k, Q]| <= 4 ||c||_2 max_Q sum_P |Vh[P, Q]|; a term is at
-        most 2 n times that."""
+        most 2 n times that. With ``fixed_bits`` = 62 a term needs the hi word (an atomic of its
+        own) only when it exceeds about 2^-17 of that bound: one atomic for most terms."""
         torch = self.torch
+        if not 60 <= int(self.fixed_bits) <= 76:
+            raise ValueError(f"fixed_bits must be in 60..76, got {self.fixed_bits}")
         if isinstance(Vh, tuple):
             col = (Vh[0].abs() @ Vh[1].abs()).sum(0).max()
         else:
@@ -366,7 +370,8 @@ class GpuEngine:
             raise ValueError("the vector or the operator holds a non-finite value")
         if bound == 0.0:
             return 0
-        return int(np.clip(75 - int(np.ceil(np.log2(bound))), -1000, 1000))
+        top = int(self.fixed_bits) - 1
+        return int(np.clip(top - int(np.ceil(np.log2(bound))), -1000, 1000))
 
     def contract(self, c, V, h=None):
         """`Engine.contract` on the device: numpy in, numpy out (a tensor stays a tensor)."""

@@ -119,6 +119,10 @@ class GUGASolver(Solver):
             CudaUnavailableError where no GPU or no compiled kernels are present.
         gpu_memory: MB the solve may hold on the GPU (None: what is free); under a tighter
             cap the sigma works in more passes instead of failing.
+        gpu_space: columns of the Davidson subspace (and as many of its image) kept on the
+            GPU; the rest are spilled to pinned host memory and streamed back for each product
+            (`cuscikit.linalg.davidson`, ``resident``). None: all on the GPU when they fit
+            beside one tile of the sigma, else as many as half the budget holds.
         df: factor the integrals passed to `kernel` by pivoted Cholesky (to ``df_tol``) and
             run the sigma as g = L (L^T t) (`cuscikit.guga.df`); False: the dense GEMM.
         df_tol: largest error of a diagonal integral (pq|pq) left by the Cholesky factor
@@ -152,6 +156,7 @@ class GUGASolver(Solver):
     cderi = None
     device: str = "cpu"
     gpu_memory: float | None = None
+    gpu_space: int | None = None
     _keys = {"e_tot", "ci", "converged", "eci", "mol", "stdout", "norb", "nelec"}
 
     def __init__(self, mol=None, spin: int | None = None, **options):
@@ -205,7 +210,7 @@ class GUGASolver(Solver):
             raise ValueError(f"norb = {norb} is beyond the supported maximum {MAX_NORB}")
         gpu = self._on_gpu()
         key = (norb, na + nb, twos, int(self.threads or 0), str(self.device), self.gpu_memory)
-        key += (self.sigma_method,)
+        key += (self.sigma_method, self.gpu_space)
         if key not in self._engines:
             drt = DRT(norb, na + nb, twos)
             n = drt.n_csf
@@ -213,10 +218,25 @@ class GUGASolver(Solver):
                 from cuscikit.guga.gpu import GpuEngine
 
                 cap = None if self.gpu_memory is None else int(float(self.gpu_memory) * 1e6)
-                # the Davidson space (max_space + a few) stays on the device beside the buffers
-                reserve = 8 * n * (2 * (self.max_space + 4 * self.nroots) + 8)
+                # the Davidson space (max_space + a few) stays on the device beside the buffers,
+                # or its first `resident` columns do and the rest spill to pinned host memory;
+                # 10 vectors more for Davidson's and the preconditioner's temporaries
+                space = self.max_space + 4 * self.nroots
+                resident = space if self.gpu_space is None else min(space, int(self.gpu_space))
+                if resident < 0:
+                    raise ValueError(f"gpu_space must be >= 0, got {self.gpu_space}")
                 self._engines = {}  # the old engine's device buffers go first
-                self._engines = {key: GpuEngine(drt, self.device, cap, reserve)}
+                try:
+                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 10))
+                except ValueError:
+                    if self.gpu_space is not None:
+                        raise
+                    # what the budget holds beside one tile (this raises if not even that)
+                    avail = GpuEngine(drt, self.device, cap, 0).budget.available()
+                    resident = max(0, min(space, (avail // 2 // (8 * n) - 10) // 2))
+                    eng = GpuEngine(drt, self.device, cap, 8 * n * (2 * resident + 10))
+                eng.davidson_resident = None if resident >= space else resident
+                self._engines = {key: eng}
                 return self._engines[key]
             if n >= 2**31:
                 raise ValueError(f"{n} CSFs: beyond the 2^31 - 1 supported on the CPU")
@@ -453,6 +473,7 @@ class GUGASolver(Solver):
                 max_space=max(max_space + 4 * (nroots - 1), 2 * nroots + 2),
                 guess=guess,
                 precond=pre,
+                resident=getattr(eng, "davidson_resident", None) if gpu else None,
             )
             e, vecs = res.energies, res.vectors
             if gpu:

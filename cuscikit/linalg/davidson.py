@@ -98,6 +98,64 @@ class _TorchOps(_NumpyOps):
         return self.torch.where(self.torch.abs(a) < eps, eps, a)
 
 
+class _Spilled:
+    """A block of `cols` float64 columns of length n (the Davidson subspace V or its image AV)
+    whose first `resident` columns stay on the device and the rest in host memory (one vector
+    each, made when first written; page-locked when the device is a GPU). Products with the
+    block stream the host columns through one device vector: V^T B and V s, the only uses the
+    algorithm makes."""
+
+    def __init__(self, torch, device, n: int, cols: int, resident: int):
+        self.torch, self.n = torch, n
+        self.resident = max(0, min(int(resident), cols))
+        self.dev = torch.empty((n, self.resident), dtype=torch.float64, device=device)
+        self.host: list = [None] * (cols - self.resident)
+        self.stage = None
+
+    def _host_vector(self):
+        f64 = self.torch.float64
+        if self.dev.device.type == "cuda":  # page-locked: fast, asynchronous copies
+            try:
+                return self.torch.empty(self.n, dtype=f64, pin_memory=True)
+            except RuntimeError:  # no page-locked memory left: pageable, slower copies
+                pass
+        return self.torch.empty(self.n, dtype=f64)
+
+    def _column(self, j: int):
+        if self.stage is None:
+            self.stage = self.torch.empty(self.n, dtype=self.torch.float64, device=self.dev.device)
+        self.stage.copy_(self.host[j - self.resident], non_blocking=True)
+        return self.stage
+
+    def set(self, j: int, Q) -> None:
+        """Columns j .. j + k - 1 from the device block Q (n, k)."""
+        for i in range(Q.shape[1]):
+            if j + i < self.resident:
+                self.dev[:, j + i] = Q[:, i]
+                continue
+            h = j + i - self.resident
+            if self.host[h] is None:
+                self.host[h] = self._host_vector()
+            self.host[h].copy_(Q[:, i].contiguous())
+
+    def tdot(self, m: int, B):
+        """V[:, :m]^T B (m, k) on the device."""
+        r = min(m, self.resident)
+        out = self.torch.empty((m, B.shape[1]), dtype=B.dtype, device=B.device)
+        out[:r] = self.dev[:, :r].T @ B
+        for j in range(r, m):
+            out[j] = self._column(j) @ B
+        return out
+
+    def mul(self, m: int, s):
+        """V[:, :m] s (n, k) on the device."""
+        r = min(m, self.resident)
+        out = self.dev[:, :r] @ s[:r]
+        for j in range(r, m):
+            out.addr_(self._column(j), s[j])
+        return out
+
+
 def _ops_for(diag):
     from cuscikit.backends.keys import is_tensor
 
@@ -125,6 +183,7 @@ def davidson(
     guess: np.ndarray | None = None,
     callback: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
     precond: Callable | None = None,
+    resident: int | None = None,
 ) -> DavidsonResult:
     """Lowest `nroots` eigenpairs of a symmetric operator with a diagonal preconditioner.
 
@@ -140,10 +199,16 @@ def davidson(
         max_space: subspace size before a restart (default max(8*nroots, 40)).
         guess: optional (n, k) starting vectors; default unit vectors on the lowest diagonals
             plus a little seeded noise, so that every symmetry block is reached.
-        callback: called as callback(iteration, energies, residual_norms) every iteration.
+        callback: called as callback(iteration, energies, residual_norms) every iteration; a
+            true return value stops the solve there (unconverged unless the test passes).
         precond: corrections from residuals, called as precond(R, theta, X) with the residuals
             R, Ritz values theta and Ritz vectors X of the unconverged roots (one column
             each); default R / (diag - theta).
+        resident: with tensors on a GPU, how many columns of the subspace V (and as many of its
+            image AV) stay on the device; the others are spilled to pinned host memory and
+            streamed back for each product (None: all on the device). The projected matrix is
+            then updated column by column (V^T AQ for each new block AQ) instead of formed
+            whole, so the energies agree with the resident path to rounding, not bit for bit.
 
     Example:
         >>> import numpy as np
@@ -170,55 +235,107 @@ def davidson(
         G = ops.asarray(guess, n)
     G, _ = ops.qr(G)
     # Subspace and its image live in preallocated blocks: no copies as the space grows.
-    V = ops.empty(n, max_space + G.shape[1])
-    AV = ops.empty(n, max_space + G.shape[1])
+    cols = max_space + G.shape[1]
+    spill = resident is not None and resident < cols and isinstance(ops, _TorchOps)
+    if spill:
+        torch = ops.torch
+        Vb = _Spilled(torch, ops.device, n, cols, resident)
+        AVb = _Spilled(torch, ops.device, n, cols, resident)
+        Hs_all = np.zeros((cols, cols))
+
+        def v_t(m, B):
+            return Vb.tdot(m, B)
+
+        def v_mul(m, s):
+            return Vb.mul(m, s)
+
+        def av_mul(m, s):
+            return AVb.mul(m, s)
+
+        def put(j, Q, AQ):
+            Vb.set(j, Q)
+            AVb.set(j, AQ)
+            # the new columns of the projected matrix, V^T AQ, mirrored (H is symmetric)
+            k = Q.shape[1]
+            col = ops.host(Vb.tdot(j + k, AQ))
+            Hs_all[: j + k, j : j + k] = col
+            Hs_all[j : j + k, :j] = col[:j].T
+
+        def projected(m):
+            return Hs_all[:m, :m].copy()
+    else:
+        V = ops.empty(n, cols)
+        AV = ops.empty(n, cols)
+
+        def v_t(m, B):
+            return V[:, :m].T @ B
+
+        def v_mul(m, s):
+            return V[:, :m] @ s
+
+        def av_mul(m, s):
+            return AV[:, :m] @ s
+
+        def put(j, Q, AQ):
+            k = Q.shape[1]
+            V[:, j : j + k], AV[:, j : j + k] = Q, AQ
+
+        def projected(m):
+            return ops.host(V[:, :m].T @ AV[:, :m])
+
     m = G.shape[1]
-    V[:, :m] = G
-    AV[:, :m] = matvec(G)
+    put(0, G, matvec(G))
     e_old = np.full(nroots, np.inf)
     res_norms = np.full(nroots, np.inf)
     theta_w = e_old
-    X = V[:, :nroots]
+    X = G[:, :nroots]
     for it in range(1, max_iter + 1):
-        Hs = ops.host(V[:, :m].T @ AV[:, :m])
+        Hs = projected(m)
         Hs = 0.5 * (Hs + Hs.T)
         theta, s = np.linalg.eigh(Hs)
         theta_w = theta[:nroots]
         s_w = ops.dev(s[:, :nroots])
-        X = V[:, :m] @ s_w
-        R = AV[:, :m] @ s_w - X * ops.dev(theta_w)
+        X = v_mul(m, s_w)
+        R = av_mul(m, s_w) - X * ops.dev(theta_w)
         res_norms = ops.colnorms(R)
-        if callback is not None:
-            callback(it, theta_w, res_norms)
+        stop = callback is not None and callback(it, theta_w, res_norms)
         converged = np.all(np.abs(theta_w - e_old) < tol) and np.all(res_norms < residual_tol)
         if converged or m >= n:
             return DavidsonResult(theta_w, X, True, it, res_norms)
+        if stop:  # the caller's limit (time, say): the current Ritz pairs, not converged
+            return DavidsonResult(theta_w, X, False, it, res_norms)
         e_old = theta_w
         # Preconditioned corrections for the unconverged roots.
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
+        # every root unconverged (always with one): R and X themselves, no indexed copies
+        every = todo.size == R.shape[1]
+        R_t = R if every else R[:, ops.dev(todo)]
         if precond is None:
             denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
-            T = R[:, ops.dev(todo)] / denom
+            T = R_t / denom
         else:
-            T = precond(R[:, ops.dev(todo)], theta_w[todo], X[:, ops.dev(todo)])
+            T = precond(R_t, theta_w[todo], X if every else X[:, ops.dev(todo)])
+        del R, R_t
         if m + T.shape[1] > max_space:
             # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
             # its image follows by linearity: no extra matvec.
             keep = max(nroots, min(2 * nroots, m))
             s_k = ops.dev(np.ascontiguousarray(s[:, :keep]))
-            Q, AQ = V[:, :m] @ s_k, AV[:, :m] @ s_k
+            Q, AQ = v_mul(m, s_k), av_mul(m, s_k)
             m = keep
-            V[:, :m], AV[:, :m] = Q, AQ
+            put(0, Q, AQ)
+            del Q, AQ
         for _ in range(2):  # orthogonalise twice (Kahan)
-            T -= V[:, :m] @ (V[:, :m].T @ T)
+            T -= v_mul(m, v_t(m, T))
         Q, rr = ops.qr(T)
         Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
         if Q.shape[1] == 0:
             return DavidsonResult(theta_w, X, bool(np.all(res_norms < 1e-4)), it, res_norms)
         k = Q.shape[1]
-        V[:, m : m + k] = Q
-        AV[:, m : m + k] = matvec(Q)
+        del T
+        put(m, Q, matvec(Q))
+        del Q  # not held through the next iteration
         m += k
     return DavidsonResult(theta_w, X, False, max_iter, res_norms)

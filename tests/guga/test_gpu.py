@@ -290,6 +290,96 @@ def test_davidson_on_tensors_matches_numpy():
     assert np.abs(res.energies - ref.energies).max() < 1e-10
 
 
+def test_scatter_fixed_bits_on_host_twin():
+    """The fixed-point margin (2^62 by default: one atomic for nearly every term; 2^76 the
+    largest the sums allow) changes the sums by roundings far below 1e-13; a margin outside
+    60..76 is refused."""
+    drt = DRT(9, 9, 1)
+    V, h = _operator(9, 41)
+    c = np.random.default_rng(42).standard_normal(drt.n_csf)
+    ref = Engine(drt).contract(c, V, h)
+    for bits in (60, 62, 76):
+        eng = GpuEngine(drt, "cpu", kernels=_HostKernels())
+        eng.use_scatter(97)
+        eng.fixed_bits = bits
+        assert _rel(eng.contract(c, V, h), ref) < 1e-13
+    eng.fixed_bits = 77
+    with pytest.raises(ValueError, match="fixed_bits"):
+        eng.contract(c, V, h)
+
+
+@pytest.mark.parametrize("nroots,max_space", [(1, 5), (3, 12)])
+def test_davidson_spilled_subspace_matches_resident(nroots, max_space):
+    """Subspace columns spilled to host memory (here CPU tensors; pinned memory on a GPU): the
+    same energies as the resident subspace to 1e-10, with restarts; a callback can stop it."""
+    from cuscikit.linalg.davidson import davidson
+
+    rng = np.random.default_rng(5)
+    a = np.diag(np.arange(1.0, 401.0) ** 1.2) + 1e-1 * rng.standard_normal((400, 400))
+    a = torch.from_numpy(0.5 * (a + a.T))
+    d = torch.diagonal(a).clone()
+    exact = np.linalg.eigvalsh(a.numpy())[:nroots]
+    ref = davidson(lambda v: a @ v, d, nroots, tol=1e-12, max_space=max_space)
+    assert ref.converged and np.abs(ref.energies - exact).max() < 1e-10
+    for resident in (0, 2, max_space - 1):
+        got = davidson(
+            lambda v: a @ v, d, nroots, tol=1e-12, max_space=max_space, resident=resident
+        )
+        assert got.converged and np.abs(got.energies - ref.energies).max() < 1e-10
+        overlap = np.abs(np.diag(got.vectors.numpy().T @ ref.vectors.numpy()))
+        assert np.abs(overlap - 1.0).max() < 1e-8
+    seen = []
+    stopped = davidson(
+        lambda v: a @ v, d, nroots, tol=1e-12, resident=0, callback=lambda *x: seen.append(x) or 1
+    )
+    assert not stopped.converged and stopped.iterations == 1 and len(seen) == 1
+
+
+def test_solver_spilled_space_on_host_twin(monkeypatch):
+    """GUGASolver(device="cuda", gpu_space=k) spills the Davidson space beyond k columns: the
+    energies of the resident solve to 1e-10 (host twin in place of the GPU)."""
+    import cuscikit.guga.gpu as gpu_mod
+
+    real = gpu_mod.GpuEngine
+
+    def host_engine(drt, device, max_memory=None, reserve=0):
+        return real(drt, "cpu", None, reserve, tile_rows=300, kernels=_HostKernels())
+
+    monkeypatch.setattr(gpu_mod, "GpuEngine", host_engine)
+    h1, g4, _ = packed_random_integrals(8, 23)
+    opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200, max_space=6)
+    e_res, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, 8, (4, 4))
+    solver = GUGASolver(device="cuda", gpu_space=3, **opts)
+    e_spill, _ = solver.kernel(h1, g4, 8, (4, 4))
+    assert next(iter(solver._engines.values())).davidson_resident == 3
+    assert np.abs(np.asarray(e_spill) - np.asarray(e_res)).max() < 1e-10
+    with pytest.raises(ValueError, match="gpu_space"):
+        GUGASolver(device="cuda", gpu_space=-1, **opts).kernel(h1, g4, 8, (4, 4))
+
+
+def test_solver_spills_by_itself_under_a_cap(monkeypatch):
+    """Without gpu_space, a cap too small for the whole Davidson space beside one tile makes the
+    solver keep what half the budget holds on the device and spill the rest: the energies of
+    the uncapped solve to 1e-10 (host twin, whose budget is the cap)."""
+    import cuscikit.guga.gpu as gpu_mod
+
+    real = gpu_mod.GpuEngine
+
+    def host_engine(drt, device, max_memory=None, reserve=0):
+        return real(drt, "cpu", max_memory, reserve, tile_rows=300, kernels=_HostKernels())
+
+    monkeypatch.setattr(gpu_mod, "GpuEngine", host_engine)
+    h1, g4, _ = packed_random_integrals(8, 25)
+    opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200, max_space=6)
+    e_all, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, 8, (4, 4))
+    # 1764 CSFs: the whole space (2 x 14 + 10 vectors) does not fit in 0.9 x 0.55 MB
+    solver = GUGASolver(device="cuda", gpu_memory=0.55, **opts)
+    e_cap, _ = solver.kernel(h1, g4, 8, (4, 4))
+    resident = next(iter(solver._engines.values())).davidson_resident
+    assert resident is not None and 0 < resident < 14
+    assert np.abs(np.asarray(e_cap) - np.asarray(e_all)).max() < 1e-10
+
+
 def test_cuda_device_without_gpu_is_a_clear_error():
     from cuscikit.backends import cuda_available
     from cuscikit.backends.loader import CudaUnavailableError
@@ -355,6 +445,24 @@ def test_gpu_scatter_sigma_matches_cpu(space):
         assert np.array_equal(got, small.contract(c, V, h))
         assert _rel(large.contract(c, V, h), got) < 1e-13
         assert _rel(small.contract(c, (A, B), h), eng.contract(c, (A, B), h)) < 1e-12
+
+
+@pytest.mark.gpu
+def test_gpu_spilled_davidson_matches_resident():
+    """The Davidson space spilled to pinned host memory beyond two columns: the energies of the
+    all-resident solve to 1e-10 (two roots, restarts), bitwise equal on repeat."""
+    h1, g4, _ = packed_random_integrals(10, 24)
+    opts = dict(nroots=2, conv_tol=1e-12, davidson_only=True, max_cycle=200, max_space=6)
+    e_res, _ = GUGASolver(device="cuda", **opts).kernel(h1, g4, 10, (5, 5))
+    e_spill, _ = GUGASolver(device="cuda", gpu_space=2, **opts).kernel(h1, g4, 10, (5, 5))
+    again, _ = GUGASolver(device="cuda", gpu_space=2, **opts).kernel(h1, g4, 10, (5, 5))
+    assert np.abs(np.asarray(e_spill) - np.asarray(e_res)).max() < 1e-10
+    assert np.array_equal(np.asarray(again), np.asarray(e_spill))
+    from cuscikit.linalg.davidson import _Spilled
+
+    block = _Spilled(torch, torch.device("cuda"), 1000, 3, 1)
+    block.set(0, torch.ones((1000, 3), dtype=torch.float64, device="cuda"))
+    assert block.host[0].is_pinned() and float(block.tdot(3, block.dev)[2, 0]) == 1000.0
 
 
 @pytest.mark.gpu
