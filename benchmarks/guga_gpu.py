@@ -333,6 +333,20 @@ def _synced(fn, table, key, torch):
     return wrapped
 
 
+def _patch_timed(patches, table, torch) -> list:
+    """Each (obj, attr, key) of `patches` replaced by its `_synced` form (seconds into
+    table[key]); returns the originals for `_restore`."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    for obj, attr, key in patches:
+        setattr(obj, attr, _synced(getattr(obj, attr), table, key, torch))
+    return saved
+
+
+def _restore(saved) -> None:
+    for obj, attr, fn in saved:
+        setattr(obj, attr, fn)
+
+
 def first_solves(ncas, folder, solves: int, profile=False, small_first=False) -> None:
     """The first GPU solves of a fresh process, each split into its steps (synchronised timers):
     the operator on the host, the engine, the diagonal, the P space, the start vectors, the
@@ -378,9 +392,7 @@ def first_solves(ncas, folder, solves: int, profile=False, small_first=False) ->
         (GpuEngine, "sigma", "sigma"),
         (pspace_mod.PSpacePreconditioner, "__call__", "preconditioner"),
     ]
-    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
-    for obj, attr, key in patches:
-        setattr(obj, attr, _synced(getattr(obj, attr), table, key, torch))
+    saved = _patch_timed(patches, table, torch)
     plain_dav = dav_mod.davidson
 
     def dav(*a, **k):
@@ -447,8 +459,7 @@ def first_solves(ncas, folder, solves: int, profile=False, small_first=False) ->
             del solver
     finally:
         GpuEngine.sigma = plain_sigma
-        for obj, attr, fn in saved:
-            setattr(obj, attr, fn)
+        _restore(saved)
         dav_mod.davidson = plain_dav
     for gib in (1, 4, 1, 4):
         torch.cuda.empty_cache()
@@ -498,9 +509,7 @@ def big_solve(ncas, folder, limit: float, args) -> None:
         (pspace_mod, "pspace_hamiltonian", "P space H_PP"),
         (pspace_mod.PSpacePreconditioner, "__call__", "preconditioner"),
     ]
-    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
-    for obj, attr, key in patches:
-        setattr(obj, attr, _synced(getattr(obj, attr), table, key, torch))
+    saved = _patch_timed(patches, table, torch)
     plain_sigma = GpuEngine.sigma
 
     def timed_sigma(self, c, Vh):
@@ -551,8 +560,7 @@ def big_solve(ncas, folder, limit: float, args) -> None:
     finally:
         GpuEngine.sigma = plain_sigma
         dav_mod.davidson = plain_dav
-        for obj, attr, fn in saved:
-            setattr(obj, attr, fn)
+        _restore(saved)
     eng = next(iter(solver._engines.values()))
     steps = ", ".join(f"{k} {v:.2f}" for k, v in table.items())
     print(
