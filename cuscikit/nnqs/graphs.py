@@ -147,10 +147,9 @@ class OptimizerGraph:
         self.replays = 0
 
     # ----------------------------------------------------------------------------- state
-    def _state(self) -> tuple[list, list, float, tuple]:
-        """AdamW moments (created as torch would on the first step), the common step count
-        and the data pointers of the parameters and moments (for `key_for`). One pass over the
-        parameters; the step counts (CPU tensors) are read together, not one by one."""
+    def _state(self) -> tuple[list, list, float]:
+        """AdamW moments (created as torch would on the first step) and the common step count;
+        the step counts (CPU tensors) are read together, not one by one."""
         from torch.optim.optimizer import _get_scalar_dtype
 
         exp_avg, exp_avg_sq, steps = [], [], []
@@ -168,20 +167,15 @@ class OptimizerGraph:
         lo, hi = float(lo), float(hi)
         if lo != hi:
             raise ValueError("the parameters are at different AdamW step counts")
-        ptrs = tuple(p.data_ptr() for p in self.params)
-        pairs = zip(exp_avg, exp_avg_sq, strict=True)
-        ptrs += tuple(t.data_ptr() for pair in pairs for t in pair)
-        return exp_avg, exp_avg_sq, lo, ptrs
+        return exp_avg, exp_avg_sq, lo
 
-    def key_for(self, n: int, m: int, inner_steps: int, ptrs: tuple | None = None) -> tuple:
-        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads
-        (``ptrs`` from `_state`, else read here)."""
+    def key_for(self, n: int, m: int, inner_steps: int) -> tuple:
+        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads."""
         g = self.optimizer.param_groups[0]
-        if ptrs is None:
-            ptrs = tuple(p.data_ptr() for p in self.params)
-            for p in self.params:
-                st = self.optimizer.state.get(p) or {}
-                ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
+        ptrs = tuple(p.data_ptr() for p in self.params)
+        for p in self.params:
+            st = self.optimizer.state.get(p) or {}
+            ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
         consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
         return (bucket(n), bucket(m), int(inner_steps), consts, ptrs)
 
@@ -201,13 +195,13 @@ class OptimizerGraph:
         weights end non-finite, the weights and the AdamW state are put back as they were and
         the step count is left alone; otherwise the step count advances by 1 + inner_steps.
         """
-        exp_avg, exp_avg_sq, step, ptrs = self._state()
+        exp_avg, exp_avg_sq, step = self._state()
         tokens = self.ansatz.tokens(configs)
         n = tokens.shape[0]
         src, dst, val = pairs if pairs is not None else ((), (), ())
         src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
         m = src.shape[0]
-        key = self.key_for(n, m, inner_steps, ptrs)
+        key = self.key_for(n, m, inner_steps)
         if key != self._key or not self._buf:
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
