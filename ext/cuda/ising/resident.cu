@@ -388,7 +388,8 @@ struct Rings {
   unsigned long long* next[2];   // device: the next ticket to claim
   unsigned long long* avail[2];  // device: tickets published, as the dispatcher last saw them
   int* quit;                     // device: the dispatcher saw the stop flag
-  int nslots, block_servers;
+  int nslots[2];                 // slots of each ring
+  int block_servers;
   int generic;  // 1: every warp-sized request on the solver for any replica count
 };
 
@@ -453,7 +454,7 @@ __device__ void warp_server(const Rings& r, WarpShared& sh) {
     if (lane == 0) t = wait_ticket(r, 0);
     t = __shfl_sync(kFull, t, 0);
     if (t == kQuit) return;
-    Slot* slot = r.slots[0] + t % r.nslots;
+    Slot* slot = r.slots[0] + t % r.nslots[0];
     const unsigned long long t0 = global_ns();
     read_task(slot, &task, lane, 32);
     __syncwarp();
@@ -480,7 +481,7 @@ __device__ void block_server(const Rings& r, BlockShared& sh) {
     __syncthreads();
     const unsigned long long t = sh.ticket;
     if (t == kQuit) return;
-    Slot* slot = r.slots[1] + t % r.nslots;
+    Slot* slot = r.slots[1] + t % r.nslots[1];
     const unsigned long long t0 = global_ns();
     if (threadIdx.x < 32) read_task(slot, &sh.task, threadIdx.x, 32);
     __syncthreads();
@@ -607,14 +608,18 @@ struct Resident::Impl {
   int* stop = nullptr;
   unsigned long long* d_state = nullptr;
   cudaStream_t stream = nullptr;
-  int nslots = 0, nblocks = 0, block_servers = 0;
+  int nslots[2] = {0, 0}, nblocks = 0, block_servers = 0;
+  // slot ids: the warp ring's 0 .. nslots[0] - 1, then the block ring's
+  int base(int k) const { return k == 0 ? 0 : nslots[0]; }
+  int ring_of(std::uint64_t j) const { return j < std::uint64_t(nslots[0]) ? 0 : 1; }
   std::atomic<std::uint64_t> inflight{0};
 };
 
-Resident::Resident(int ring, int blocks, bool generic) : impl_(new Impl) {
-  if (ring < 1) throw std::invalid_argument("ring must be >= 1");
+Resident::Resident(int warp_ring, int block_ring, int blocks, bool generic) : impl_(new Impl) {
+  if (warp_ring < 1 || block_ring < 1) throw std::invalid_argument("rings need >= 1 slot");
   Impl& r = *impl_;
-  r.nslots = ring;
+  r.nslots[0] = warp_ring;
+  r.nslots[1] = block_ring;
   int per_sm = 0;
   CSK_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, resident_kernel, kThreads, 0));
@@ -626,12 +631,14 @@ Resident::Resident(int ring, int blocks, bool generic) : impl_(new Impl) {
   if (r.block_servers > r.nblocks - 2) r.block_servers = r.nblocks - 2;
   for (int k = 0; k < 2; ++k) {
     Impl::Ring& g = r.ring[k];
+    const int ring = r.nslots[k];
     CSK_CUDA_CHECK(cudaHostAlloc(&g.host, sizeof(Slot) * ring, cudaHostAllocMapped));
     std::memset(static_cast<void*>(g.host), 0, sizeof(Slot) * ring);
     CSK_CUDA_CHECK(cudaHostGetDevicePointer(&r.dev.slots[k], g.host, 0));
     g.ticket.assign(ring, 0);
     g.busy.reset(new std::atomic<int>[ring]);
     for (int i = 0; i < ring; ++i) g.busy[i] = 0;
+    r.dev.nslots[k] = ring;
   }
   CSK_CUDA_CHECK(cudaHostAlloc(&r.pub, 128, cudaHostAllocMapped));  // two 64-byte lines
   std::memset(r.pub, 0, 128);
@@ -653,7 +660,6 @@ Resident::Resident(int ring, int blocks, bool generic) : impl_(new Impl) {
   r.dev.avail[0] = r.d_state + 2 * kLine;
   r.dev.avail[1] = r.d_state + 3 * kLine;
   r.dev.quit = reinterpret_cast<int*>(r.d_state + 4 * kLine);
-  r.dev.nslots = ring;
   r.dev.block_servers = r.block_servers;
   r.dev.generic = generic ? 1 : 0;
   resident_kernel<<<r.nblocks, kThreads, 0, r.stream>>>(r.dev);
@@ -675,15 +681,16 @@ Resident::~Resident() {
 int Resident::blocks() const { return impl_->nblocks; }
 int Resident::block_servers() const { return impl_->block_servers; }
 int Resident::warp_servers() const { return kWarps * (impl_->nblocks - 1 - impl_->block_servers); }
-int Resident::slots() const { return 2 * impl_->nslots; }
+int Resident::slots() const { return impl_->nslots[0] + impl_->nslots[1]; }
+int Resident::ring_slots(int k) const { return impl_->nslots[k == 0 ? 0 : 1]; }
 bool Resident::generic() const { return impl_->dev.generic != 0; }
 std::uint64_t Resident::in_flight() const { return impl_->inflight.load(); }
 
 std::int64_t Resident::free_slot(const Task& t) const {
   const Impl& r = *impl_;
   const int k = warp_sized(t) ? 0 : 1;
-  const int i = int(r.ring[k].head % r.nslots);
-  return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(k) * r.nslots + i;
+  const int i = int(r.ring[k].head % r.nslots[k]);
+  return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(r.base(k)) + i;
 }
 
 void Resident::expect(std::uint64_t count) { impl_->inflight.fetch_add(count); }
@@ -693,7 +700,7 @@ std::uint64_t Resident::submit(const Task& t, bool counted, bool publish_now) {
   check_task(t);
   const int k = warp_sized(t) ? 0 : 1;
   Impl::Ring& g = r.ring[k];
-  const int i = int(g.head % r.nslots);
+  const int i = int(g.head % r.nslots[k]);
   if (g.busy[i].load(std::memory_order_acquire))
     throw std::logic_error("Resident::submit: the slot is busy (call free_slot first)");
   Slot& s = g.host[i];
@@ -704,7 +711,7 @@ std::uint64_t Resident::submit(const Task& t, bool counted, bool publish_now) {
   if (!counted) r.inflight++;
   ++g.head;
   if (publish_now) publish();
-  return std::uint64_t(k) * r.nslots + i;
+  return std::uint64_t(r.base(k)) + i;
 }
 
 std::uint64_t Resident::publish() {
@@ -723,8 +730,9 @@ std::uint64_t Resident::publish() {
 int Resident::poll(std::vector<Done>& out, int part, int parts, bool claim) {
   Impl& r = *impl_;
   int got = 0;
-  for (int j = part; j < 2 * r.nslots; j += parts) {
-    const int k = j / r.nslots, i = j - k * r.nslots;
+  const int total = r.nslots[0] + r.nslots[1];
+  for (int j = part; j < total; j += parts) {
+    const int k = r.ring_of(std::uint64_t(j)), i = j - r.base(k);
     Impl::Ring& g = r.ring[k];
     if (g.busy[i].load(std::memory_order_acquire) != 1) continue;  // free, or claimed
     const Slot& s = g.host[i];
@@ -743,7 +751,7 @@ void Resident::release(std::uint64_t slot) { release(&slot, 1); }
 void Resident::release(const std::uint64_t* slots, int count) {
   Impl& r = *impl_;
   for (int j = 0; j < count; ++j) {
-    const int k = int(slots[j] / r.nslots), i = int(slots[j] % r.nslots);
+    const int k = r.ring_of(slots[j]), i = int(slots[j]) - r.base(k);
     r.ring[k].busy[i].store(0, std::memory_order_release);
   }
   r.inflight.fetch_sub(std::uint64_t(count));  // one shared update for the lot

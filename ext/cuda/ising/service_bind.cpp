@@ -59,6 +59,12 @@ struct GpuWorkers {
   // feeding try-lock, and how much the others did for a stalled one.
   static constexpr std::size_t kShareFeed = 16;
   static constexpr std::size_t kPublish = 8;  // tasks a store of the ring's published counter
+  // Ring slots. The feeder waits when the slot of its next ticket is still busy, and then
+  // holds every request behind it: at 1 M req/s 1024 warp slots came round in ~1 ms, and in a
+  // burst the feeder wraps them several times faster, so one collector behind by a few hundred
+  // us stopped all feeding. 4096 warp slots (69 MB of pinned memory) keep that apart; the block
+  // ring stays at 1024 (its requests take ~0.3-0.7 ms: in overload more slots only add wait).
+  static constexpr int kWarpRing = 4096, kBlockRing = 1024;
   struct alignas(64) Beat {
     std::atomic<std::int64_t> t{0};
   };
@@ -72,7 +78,7 @@ struct GpuWorkers {
     if (mode == "resident") {
       const char* generic = std::getenv("CUSCIKIT_DSB_GENERIC_SOLVER");  // for comparison
       resident = std::make_unique<gi::Resident>(
-          1024, param, generic != nullptr && *generic != '\0' && *generic != '0');
+          kWarpRing, kBlockRing, param, generic != nullptr && *generic != '\0' && *generic != '0');
       held.resize(std::size_t(resident->slots()));
     } else if (mode == "launch") {
       if (param < 1) throw std::invalid_argument("streams must be >= 1");
@@ -266,8 +272,9 @@ struct GpuWorkers {
     return "cuda, resident kernel, " + std::to_string(resident->blocks()) +
            " blocks of 256 threads (" + std::to_string(resident->warp_servers()) +
            " warp servers, " + std::to_string(resident->block_servers()) +
-           " block servers, 1 dispatcher), 2 rings of " + std::to_string(held.size() / 2) +
-           " slots, " + std::to_string(collectors) + " collectors" +
+           " block servers, 1 dispatcher), rings of " + std::to_string(resident->ring_slots(0)) +
+           " (warp) and " + std::to_string(resident->ring_slots(1)) + " (block) slots, " +
+           std::to_string(collectors) + " collectors" +
            (resident->generic() ? ", generic warp solver" : "");
   }
 };
