@@ -29,7 +29,9 @@ the solve), reply (found done to the reply written). Each server thread also cou
 slow requests' breakdown, the threads that stalled (with their run-queue wait and involuntary
 switches from /proc), the load generator's own stalls, and the hypervisor's steal on the server
 and the generator cores. --share turns on the server's work sharing, --isolate moves its other
-threads off the pinned cores; --repeat runs every rate several times.
+threads off the pinned cores; --repeat runs every rate several times; --generic-solver runs
+the resident kernel's one-replica requests on its solver for any replica count (the same bytes,
+slower) instead of the one specialised for them, for comparison.
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -86,10 +88,14 @@ def start_server(backend: str, sizes, kind: str, server_cores, args):
         cmd += ["--device", "cpu", "--mode", "echo", "--workers", str(args.collectors)]
     else:
         cmd += ["--device", "cuda", "--mode", backend]
+    env = None
+    if args.generic_solver:  # the resident kernel's warp solver for any replica count
+        env = os.environ | {"CUSCIKIT_DSB_GENERIC_SOLVER": "1"}
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
         preexec_fn=lambda: os.sched_setaffinity(0, server_cores),
     )
     first = proc.stdout.readline()
@@ -288,6 +294,9 @@ def main(argv=None) -> int:
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                    help="server: other threads off the pinned cores")  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="run every rate this many times")
+    p.add_argument("--generic-solver", action="store_true",
+                   help="resident: one-replica requests on the warp solver for any replica "
+                   "count (the same bytes; for comparison with the specialised one)")  # fmt: skip
     p.add_argument("--label", default="", help="a name for this configuration in the output")
     p.add_argument("--check", type=int, default=997, help="check every k-th reply's energy")
     n_cpu = os.cpu_count() or 2

@@ -205,7 +205,8 @@ class IsingServer:
       the sockets and the load generator alone);
     - ``device="cuda", mode="resident"`` (default on the GPU): a persistent kernel, one warp per
       small request (binary or ternary couplings, B * n_p <= 256) and one thread block per
-      other request, fed through two rings of 1024 slots in mapped host memory (`blocks`
+      other request, fed through two rings in mapped host memory (4096 slots for the warp-sized
+      requests, 1024 for the others; `blocks`
       persistent blocks, 0 = as many as fit on the GPU at once; `collectors` reply threads);
     - ``device="cuda", mode="launch"``: the baseline, one kernel launch per request on each of
       `streams` threads.

@@ -3,6 +3,7 @@ request, bad requests get their error status (and the server keeps serving), a f
 answers BUSY instead of dropping, models load and are replaced over the wire."""
 
 import json
+import os
 import signal
 import socket
 import struct
@@ -231,9 +232,14 @@ def test_cli_serve_and_load(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["resident", "launch"])
-def test_gpu_service_replies_equal_the_cpu_reference(mode):
-    # block-sized (B n_p > 256 or int8) and warp-sized requests (W = 1 .. 8 words, B <= 8 / W)
+@pytest.mark.parametrize("mode", ["resident", "resident-generic", "launch"])
+def test_gpu_service_replies_equal_the_cpu_reference(mode, monkeypatch):
+    # block-sized (B n_p > 256 or int8) and warp-sized requests (W = 1 .. 8 words, B <= 8 / W);
+    # resident-generic: one-replica warp-sized requests on the solver for any replica count
+    # instead of the one specialised for them (both must give the reference's bytes)
+    if mode == "resident-generic":
+        monkeypatch.setenv("CUSCIKIT_DSB_GENERIC_SOLVER", "1")
+        mode = "resident"
     cases = [("binary", 64, 16), ("ternary", 100, 8), ("int8", 256, 4), ("binary", 1024, 4),
              ("int8", 33, 64), ("binary", 64, 1), ("binary", 64, 4), ("ternary", 100, 2),
              ("binary", 256, 1), ("ternary", 7, 8), ("binary", 200, 1), ("ternary", 160, 1),
@@ -265,6 +271,9 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode):
             r = udp.solve(3, n=1024, steps=50, seed=7)
         assert r.energy == reference(replaced, 50, 1, 0.5, 7)[0]
         assert "cuda" in s.info
+        if mode == "resident":
+            generic = os.environ.get("CUSCIKIT_DSB_GENERIC_SOLVER", "0") not in ("", "0")
+            assert ("generic warp solver" in s.info) == generic
         # warp-sized requests under load, with several collectors
         rep = load_test(5, 64, 60, replicas=1, seed=900, count=3000, in_flight=128,
                         port=s.port)  # fmt: skip

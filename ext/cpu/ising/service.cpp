@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <functional>
 #include <random>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -105,7 +106,8 @@ struct LoadResult {
 
 void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, double rate,
               int in_flight, double drain_s, bool spin, bool offload, std::uint64_t rng_seed,
-              const std::vector<std::uint8_t>& request, std::int64_t t0, LoadResult& res,
+              const std::vector<std::uint8_t>& request,
+              const std::function<std::int64_t()>& start_at, LoadResult& res,
               std::int64_t* stalls) {
   const std::uint64_t seed0 = wire::load<std::uint64_t>(request.data() + 36);
   const std::size_t mine = first < count ? (count - first + stride - 1) / stride : 0;
@@ -173,6 +175,11 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
   std::vector<iovec> siov(kBatch);
   std::vector<mmsghdr> smsgs(kBatch);
   std::vector<std::array<char, CMSG_SPACE(sizeof(std::uint16_t))>> sctrl(kBatch);
+  // Everything above is allocated and written (its pages faulted in) before the schedule
+  // starts: done after it, a few MB a thread made the first requests due during the setup
+  // leave late and at once, a burst at the start of every run that the offered load does not
+  // have.
+  const std::int64_t t0 = start_at();
   std::int64_t due_ns = t0 + std::int64_t(gap(rng) * 1e9);  // the next arrival (open loop)
   std::size_t sent = 0;
   std::int64_t last_activity = t0;  // the last send or reply
@@ -294,22 +301,25 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
   std::vector<std::array<std::int64_t, 8>> stalls(
       static_cast<std::size_t>(senders));  // a line each
   for (auto& st : stalls) st.fill(0);
-  // The schedule starts once every thread runs where it is pinned: a thread that started late
-  // would otherwise send all its requests already due at once, a burst the offered load does
-  // not have.
+  // The schedule starts once every thread runs where it is pinned and has set up its buffers
+  // (load_one calls start_at when ready): a thread that started late would otherwise send all
+  // its requests already due at once, a burst the offered load does not have.
   std::atomic<int> ready{0};
   std::atomic<std::int64_t> start{0};
+  auto start_at = [&]() {
+    ready++;
+    std::int64_t t_start;
+    while ((t_start = start.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+    while (now_ns() < t_start) {
+    }
+    return t_start;
+  };
   for (int k = 0; k < senders; ++k)
     threads.emplace_back([&, k] {
       if (!cpus.empty()) svc::pin_to(cpus[std::size_t(k) % cpus.size()]);
       ::pthread_setname_np(::pthread_self(), ("gen" + std::to_string(k)).c_str());
-      ready++;
-      std::int64_t t_start;
-      while ((t_start = start.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
-      while (now_ns() < t_start) {
-      }
       load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               spin, offload, rng_seed + std::uint64_t(k), request, t_start, res,
+               spin, offload, rng_seed + std::uint64_t(k), request, start_at, res,
                stalls[std::size_t(k)].data());
     });
   while (ready.load() < senders) std::this_thread::yield();

@@ -113,13 +113,19 @@ __device__ __forceinline__ std::int32_t word_acc(const KernelTask& t, const Coup
 // lane 0 writes the best energy, lanes 0 .. W - 1 the best signs. A step first forms every
 // row's coupling sum (independent loads, or registers: for W <= 4 the lane's W rows of W words
 // are loaded once), then updates, then forms the new sign words, so the latencies overlap.
-template <int K, int W>
+// BF: the replica count when fixed at compile time (0: t.replicas, up to kWarpWords / W). With
+// BF > 0 the loops run over exactly the B W words in use (no guards on the unused ones), and
+// each lane computes the pump of one of the next 32 steps at once (lane l: step s + l), which a
+// step then takes by a shuffle instead of a division of its own: the same values, so the same
+// bytes, in fewer instructions on the step's path.
+template <int K, int W, int BF>
 __device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long* energy_out,
                            std::uint32_t* signs_out) {
-  constexpr int S = kWarpWords, BM = S / W;
+  constexpr int S = BF > 0 ? BF * W : kWarpWords, BM = S / W;
+  static_assert(S <= kWarpWords, "a warp-sized request holds at most kWarpWords sign words");
   constexpr bool kCached = W <= 4;
   constexpr int CW = kCached ? W : 1;
-  const int lane = threadIdx.x & 31, n = t.n, B = t.replicas, np = 32 * W;
+  const int lane = threadIdx.x & 31, n = t.n, B = BF > 0 ? BF : t.replicas, np = 32 * W;
   const Coupling c{t.kind, n, W, nullptr, nullptr, t.degree, nullptr, h};
   float x[S], y[S];
   std::uint32_t sg[S], nsg[S], bsg[S];
@@ -150,9 +156,16 @@ __device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long
 #pragma unroll
   for (int b = 0; b < BM; ++b) best[b] = LLONG_MAX;
   const float dta0 = fmul(t.dt, 1.0f);
+  float pumps = 0.0f;  // BF > 0: lane l holds pump(s + l) for the 32 steps from s = 32 q + 1
   for (int s = 1; s <= t.steps + 1; ++s) {
     const bool score_only = s == t.steps + 1;  // the final pass scores s^(S)
-    const float p = score_only ? 0.0f : pump(s, t.steps, 1.0f);
+    float p;
+    if constexpr (BF > 0) {
+      if (((s - 1) & 31) == 0) pumps = pump(s + lane, t.steps, 1.0f);
+      p = score_only ? 0.0f : __shfl_sync(kFull, pumps, (s - 1) & 31);
+    } else {
+      p = score_only ? 0.0f : pump(s, t.steps, 1.0f);
+    }
     long long twice[BM];
 #pragma unroll
     for (int b = 0; b < BM; ++b) twice[b] = 0;
@@ -230,26 +243,34 @@ __device__ void solve_warp(const KernelTask& t, const std::int32_t* h, long long
       if (b == bb && lane == r) signs_out[r] = bsg[b * W + r];
 }
 
+// One replica (the common request) on the solver specialised for it, unless `generic`.
+template <int K, int W>
+__device__ void solve_warp_w(const KernelTask& t, const std::int32_t* h, long long* e,
+                             std::uint32_t* s, bool generic) {
+  if (!generic && t.replicas == 1) return solve_warp<K, W, 1>(t, h, e, s);
+  return solve_warp<K, W, 0>(t, h, e, s);
+}
+
 template <int K>
 __device__ void solve_warp_k(const KernelTask& t, const std::int32_t* h, long long* e,
-                             std::uint32_t* s) {
+                             std::uint32_t* s, bool generic) {
   switch (t.nwords) {
     case 1:
-      return solve_warp<K, 1>(t, h, e, s);
+      return solve_warp_w<K, 1>(t, h, e, s, generic);
     case 2:
-      return solve_warp<K, 2>(t, h, e, s);
+      return solve_warp_w<K, 2>(t, h, e, s, generic);
     case 3:
-      return solve_warp<K, 3>(t, h, e, s);
+      return solve_warp_w<K, 3>(t, h, e, s, generic);
     case 4:
-      return solve_warp<K, 4>(t, h, e, s);
+      return solve_warp_w<K, 4>(t, h, e, s, generic);
     case 5:
-      return solve_warp<K, 5>(t, h, e, s);
+      return solve_warp_w<K, 5>(t, h, e, s, generic);
     case 6:
-      return solve_warp<K, 6>(t, h, e, s);
+      return solve_warp_w<K, 6>(t, h, e, s, generic);
     case 7:
-      return solve_warp<K, 7>(t, h, e, s);
+      return solve_warp_w<K, 7>(t, h, e, s, generic);
     default:
-      return solve_warp<K, 8>(t, h, e, s);
+      return solve_warp_w<K, 8>(t, h, e, s, generic);
   }
 }
 
@@ -367,7 +388,9 @@ struct Rings {
   unsigned long long* next[2];   // device: the next ticket to claim
   unsigned long long* avail[2];  // device: tickets published, as the dispatcher last saw them
   int* quit;                     // device: the dispatcher saw the stop flag
-  int nslots, block_servers;
+  int nslots[2];                 // slots of each ring
+  int block_servers;
+  int generic;  // 1: every warp-sized request on the solver for any replica count
 };
 
 // Claims the next ticket of a ring and waits until it is published (or returns kQuit).
@@ -431,7 +454,7 @@ __device__ void warp_server(const Rings& r, WarpShared& sh) {
     if (lane == 0) t = wait_ticket(r, 0);
     t = __shfl_sync(kFull, t, 0);
     if (t == kQuit) return;
-    Slot* slot = r.slots[0] + t % r.nslots;
+    Slot* slot = r.slots[0] + t % r.nslots[0];
     const unsigned long long t0 = global_ns();
     read_task(slot, &task, lane, 32);
     __syncwarp();
@@ -439,9 +462,9 @@ __device__ void warp_server(const Rings& r, WarpShared& sh) {
     for (int i = lane; i < task.n; i += 32) h[i] = __ldcv(src + i);
     __syncwarp();
     if (task.kind == kBinary) {
-      solve_warp_k<kBinary>(task, h, &slot->energy, slot->signs);
+      solve_warp_k<kBinary>(task, h, &slot->energy, slot->signs, r.generic != 0);
     } else {
-      solve_warp_k<kTernary>(task, h, &slot->energy, slot->signs);
+      solve_warp_k<kTernary>(task, h, &slot->energy, slot->signs, r.generic != 0);
     }
     __syncwarp();
     if (lane == 0) {
@@ -458,7 +481,7 @@ __device__ void block_server(const Rings& r, BlockShared& sh) {
     __syncthreads();
     const unsigned long long t = sh.ticket;
     if (t == kQuit) return;
-    Slot* slot = r.slots[1] + t % r.nslots;
+    Slot* slot = r.slots[1] + t % r.nslots[1];
     const unsigned long long t0 = global_ns();
     if (threadIdx.x < 32) read_task(slot, &sh.task, threadIdx.x, 32);
     __syncthreads();
@@ -575,6 +598,7 @@ struct Resident::Impl {
   struct Ring {
     Slot* host = nullptr;                    // the device uses Rings::slots
     unsigned long long head = 0;             // next ticket (the submitting thread's)
+    unsigned long long published = 0;        // tickets the kernel may take (below this)
     std::vector<unsigned long long> ticket;  // per slot: its ticket while busy
     std::unique_ptr<std::atomic<int>[]> busy;
   };
@@ -584,14 +608,18 @@ struct Resident::Impl {
   int* stop = nullptr;
   unsigned long long* d_state = nullptr;
   cudaStream_t stream = nullptr;
-  int nslots = 0, nblocks = 0, block_servers = 0;
+  int nslots[2] = {0, 0}, nblocks = 0, block_servers = 0;
+  // slot ids: the warp ring's 0 .. nslots[0] - 1, then the block ring's
+  int base(int k) const { return k == 0 ? 0 : nslots[0]; }
+  int ring_of(std::uint64_t j) const { return j < std::uint64_t(nslots[0]) ? 0 : 1; }
   std::atomic<std::uint64_t> inflight{0};
 };
 
-Resident::Resident(int ring, int blocks) : impl_(new Impl) {
-  if (ring < 1) throw std::invalid_argument("ring must be >= 1");
+Resident::Resident(int warp_ring, int block_ring, int blocks, bool generic) : impl_(new Impl) {
+  if (warp_ring < 1 || block_ring < 1) throw std::invalid_argument("rings need >= 1 slot");
   Impl& r = *impl_;
-  r.nslots = ring;
+  r.nslots[0] = warp_ring;
+  r.nslots[1] = block_ring;
   int per_sm = 0;
   CSK_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, resident_kernel, kThreads, 0));
@@ -603,12 +631,14 @@ Resident::Resident(int ring, int blocks) : impl_(new Impl) {
   if (r.block_servers > r.nblocks - 2) r.block_servers = r.nblocks - 2;
   for (int k = 0; k < 2; ++k) {
     Impl::Ring& g = r.ring[k];
+    const int ring = r.nslots[k];
     CSK_CUDA_CHECK(cudaHostAlloc(&g.host, sizeof(Slot) * ring, cudaHostAllocMapped));
     std::memset(static_cast<void*>(g.host), 0, sizeof(Slot) * ring);
     CSK_CUDA_CHECK(cudaHostGetDevicePointer(&r.dev.slots[k], g.host, 0));
     g.ticket.assign(ring, 0);
     g.busy.reset(new std::atomic<int>[ring]);
     for (int i = 0; i < ring; ++i) g.busy[i] = 0;
+    r.dev.nslots[k] = ring;
   }
   CSK_CUDA_CHECK(cudaHostAlloc(&r.pub, 128, cudaHostAllocMapped));  // two 64-byte lines
   std::memset(r.pub, 0, 128);
@@ -630,8 +660,8 @@ Resident::Resident(int ring, int blocks) : impl_(new Impl) {
   r.dev.avail[0] = r.d_state + 2 * kLine;
   r.dev.avail[1] = r.d_state + 3 * kLine;
   r.dev.quit = reinterpret_cast<int*>(r.d_state + 4 * kLine);
-  r.dev.nslots = ring;
   r.dev.block_servers = r.block_servers;
+  r.dev.generic = generic ? 1 : 0;
   resident_kernel<<<r.nblocks, kThreads, 0, r.stream>>>(r.dev);
   CSK_CUDA_LAUNCHED();
 }
@@ -651,24 +681,26 @@ Resident::~Resident() {
 int Resident::blocks() const { return impl_->nblocks; }
 int Resident::block_servers() const { return impl_->block_servers; }
 int Resident::warp_servers() const { return kWarps * (impl_->nblocks - 1 - impl_->block_servers); }
-int Resident::slots() const { return 2 * impl_->nslots; }
+int Resident::slots() const { return impl_->nslots[0] + impl_->nslots[1]; }
+int Resident::ring_slots(int k) const { return impl_->nslots[k == 0 ? 0 : 1]; }
+bool Resident::generic() const { return impl_->dev.generic != 0; }
 std::uint64_t Resident::in_flight() const { return impl_->inflight.load(); }
 
 std::int64_t Resident::free_slot(const Task& t) const {
   const Impl& r = *impl_;
   const int k = warp_sized(t) ? 0 : 1;
-  const int i = int(r.ring[k].head % r.nslots);
-  return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(k) * r.nslots + i;
+  const int i = int(r.ring[k].head % r.nslots[k]);
+  return r.ring[k].busy[i].load(std::memory_order_acquire) ? -1 : std::int64_t(r.base(k)) + i;
 }
 
 void Resident::expect(std::uint64_t count) { impl_->inflight.fetch_add(count); }
 
-std::uint64_t Resident::submit(const Task& t, bool counted) {
+std::uint64_t Resident::submit(const Task& t, bool counted, bool publish_now) {
   Impl& r = *impl_;
   check_task(t);
   const int k = warp_sized(t) ? 0 : 1;
   Impl::Ring& g = r.ring[k];
-  const int i = int(g.head % r.nslots);
+  const int i = int(g.head % r.nslots[k]);
   if (g.busy[i].load(std::memory_order_acquire))
     throw std::logic_error("Resident::submit: the slot is busy (call free_slot first)");
   Slot& s = g.host[i];
@@ -678,15 +710,29 @@ std::uint64_t Resident::submit(const Task& t, bool counted) {
   g.busy[i].store(1, std::memory_order_release);
   if (!counted) r.inflight++;
   ++g.head;
-  __atomic_store_n(r.pub + 8 * k, g.head, __ATOMIC_RELEASE);
-  return std::uint64_t(k) * r.nslots + i;
+  if (publish_now) publish();
+  return std::uint64_t(r.base(k)) + i;
+}
+
+std::uint64_t Resident::publish() {
+  Impl& r = *impl_;
+  std::uint64_t count = 0;
+  for (int k = 0; k < 2; ++k) {
+    Impl::Ring& g = r.ring[k];
+    if (g.head == g.published) continue;
+    count += g.head - g.published;
+    g.published = g.head;
+    __atomic_store_n(r.pub + 8 * k, g.head, __ATOMIC_RELEASE);
+  }
+  return count;
 }
 
 int Resident::poll(std::vector<Done>& out, int part, int parts, bool claim) {
   Impl& r = *impl_;
   int got = 0;
-  for (int j = part; j < 2 * r.nslots; j += parts) {
-    const int k = j / r.nslots, i = j - k * r.nslots;
+  const int total = r.nslots[0] + r.nslots[1];
+  for (int j = part; j < total; j += parts) {
+    const int k = r.ring_of(std::uint64_t(j)), i = j - r.base(k);
     Impl::Ring& g = r.ring[k];
     if (g.busy[i].load(std::memory_order_acquire) != 1) continue;  // free, or claimed
     const Slot& s = g.host[i];
@@ -705,7 +751,7 @@ void Resident::release(std::uint64_t slot) { release(&slot, 1); }
 void Resident::release(const std::uint64_t* slots, int count) {
   Impl& r = *impl_;
   for (int j = 0; j < count; ++j) {
-    const int k = int(slots[j] / r.nslots), i = int(slots[j] % r.nslots);
+    const int k = r.ring_of(slots[j]), i = int(slots[j]) - r.base(k);
     r.ring[k].busy[i].store(0, std::memory_order_release);
   }
   r.inflight.fetch_sub(std::uint64_t(count));  // one shared update for the lot

@@ -52,14 +52,18 @@ struct Done {
 bool warp_sized(const Task& t);
 
 // The persistent kernel and its two rings (warp-sized requests, block-sized requests). Slots
-// are numbered 0 .. 2 * ring - 1 (the warp ring first). One thread submits (free_slot, then
+// are numbered 0 .. slots() - 1 (the warp ring first). One thread submits (free_slot, then
 // submit); collectors poll disjoint parts of the slots and release a slot once done with it.
 class Resident {
  public:
-  // ring: slots per ring; blocks: persistent blocks of 256 threads (0: as many as fit on the
-  // device at once), one of them the dispatcher, half of the rest serving block-sized requests
-  // and the others eight warp-sized requests at a time (one per warp).
-  Resident(int ring, int blocks);
+  // warp_ring, block_ring: slots of each ring (a slot is taken again warp_ring tickets later:
+  // the ring must hold the requests submitted while its oldest waits for its solve and a
+  // collector); blocks: persistent blocks of 256 threads (0: as many as fit on the device at
+  // once), one of them the dispatcher, three quarters of the rest serving block-sized requests
+  // and the others eight warp-sized requests at a time (one per warp). generic: warp-sized
+  // requests of one replica on the solver for any replica count too (the same bytes, slower;
+  // for comparison) instead of the one specialised for them.
+  Resident(int warp_ring, int block_ring, int blocks, bool generic = false);
   ~Resident();  // stops the kernel (the dispatcher reads the stop flag every ~50 us) and waits
   Resident(const Resident&) = delete;
   Resident& operator=(const Resident&) = delete;
@@ -67,13 +71,19 @@ class Resident {
   int blocks() const;
   int block_servers() const;
   int warp_servers() const;
-  int slots() const;  // both rings
+  int slots() const;            // both rings
+  int ring_slots(int k) const;  // ring k's (0: warp ring, 1: block ring)
+  bool generic() const;
   // The slot the task's next submit() takes, or -1 while that slot is still in use.
   std::int64_t free_slot(const Task& t) const;
-  // Publishes a task in its ring's next slot (free_slot(t) must not be -1); returns the slot.
-  // counted: the caller has counted it in flight already (expect()), so that a batch of
-  // submissions costs one shared update instead of one each.
-  std::uint64_t submit(const Task& t, bool counted = false);
+  // Writes a task into its ring's next slot (free_slot(t) must not be -1) and, with publish,
+  // publishes it (and any written before without) to the kernel; returns the slot. counted:
+  // the caller has counted it in flight already (expect()), so that a batch of submissions
+  // costs one shared update instead of one each. publish = false lets a batch of submissions
+  // go out with one store to the counter the dispatcher reads over PCIe (publish()).
+  std::uint64_t submit(const Task& t, bool counted = false, bool publish = true);
+  // Publishes every task written so far (both rings); returns how many it published.
+  std::uint64_t publish();
   void expect(std::uint64_t count);  // counts `count` submissions to come in flight
   // Appends the finished requests of slots part, part + parts, ... to `out`; returns how many.
   // Each stays reported until release(slot). Several collectors may poll disjoint parts; with

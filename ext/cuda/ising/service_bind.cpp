@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -57,6 +58,13 @@ struct GpuWorkers {
   // Work sharing (Server::share()): when each collector and the feeder last made a pass, the
   // feeding try-lock, and how much the others did for a stalled one.
   static constexpr std::size_t kShareFeed = 16;
+  static constexpr std::size_t kPublish = 8;  // tasks a store of the ring's published counter
+  // Ring slots. The feeder waits when the slot of its next ticket is still busy, and then
+  // holds every request behind it: at 1 M req/s 1024 warp slots came round in ~1 ms, and in a
+  // burst the feeder wraps them several times faster, so one collector behind by a few hundred
+  // us stopped all feeding. 4096 warp slots (69 MB of pinned memory) keep that apart; the block
+  // ring stays at 1024 (its requests take ~0.3-0.7 ms: in overload more slots only add wait).
+  static constexpr int kWarpRing = 4096, kBlockRing = 1024;
   struct alignas(64) Beat {
     std::atomic<std::int64_t> t{0};
   };
@@ -68,7 +76,9 @@ struct GpuWorkers {
   GpuWorkers(const std::string& m, int p, int c) : mode(m), param(p), collectors(c) {
     if (collectors < 1) throw std::invalid_argument("collectors must be >= 1");
     if (mode == "resident") {
-      resident = std::make_unique<gi::Resident>(1024, param);
+      const char* generic = std::getenv("CUSCIKIT_DSB_GENERIC_SOLVER");  // for comparison
+      resident = std::make_unique<gi::Resident>(
+          kWarpRing, kBlockRing, param, generic != nullptr && *generic != '\0' && *generic != '0');
       held.resize(std::size_t(resident->slots()));
     } else if (mode == "launch") {
       if (param < 1) throw std::invalid_argument("streams must be >= 1");
@@ -109,24 +119,34 @@ struct GpuWorkers {
     // Moves popped jobs into the ring (waiting for a free slot where needed).
     // The shared counters (fed, in flight) go up once for the batch, before its first submit
     // (so fed >= solved always): a locked update drains the store buffer, and one per request
-    // made every submission wait for its own slot writes.
+    // made every submission wait for its own slot writes. The kernel sees the tasks kPublish at
+    // a time (and the rest at the end, or before a wait for a free slot): one store to the
+    // counter its dispatcher reads over PCIe for several tasks.
     auto submit_all = [this](svc::Server& s, std::vector<svc::Job>& jobs) {
       if (jobs.empty()) return;
       const std::int64_t t0 = svc::now_ns();
       feed_stats.fed.fetch_add(jobs.size(), std::memory_order_relaxed);
       resident->expect(jobs.size());
       std::uint64_t wait_ns = 0;
+      std::size_t unpublished = 0;
       for (svc::Job& job : jobs) {
         const gi::Task task = task_of(job);
-        std::int64_t slot;
-        while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+        std::int64_t slot = resident->free_slot(task);
+        if (slot < 0) {
+          resident->publish();
+          unpublished = 0;
+          while ((slot = resident->free_slot(task)) < 0) std::this_thread::yield();
+        }
         const std::int64_t now = svc::now_ns();
         wait_ns += std::uint64_t(now - job.t_recv);
         svc::Job& held_job = held[std::size_t(slot)];
         held_job = std::move(job);
         if (s.tracing()) held_job.t_submit = now;
-        resident->submit(task, true);
+        const bool publish = ++unpublished == kPublish;
+        resident->submit(task, true, publish);
+        if (publish) unpublished = 0;
       }
+      resident->publish();
       feed_stats.wait_ns.fetch_add(wait_ns, std::memory_order_relaxed);
       feed_stats.busy_ns.fetch_add(std::uint64_t(svc::now_ns() - t0), std::memory_order_relaxed);
       feed_stats.batches.fetch_add(1, std::memory_order_relaxed);
@@ -252,8 +272,10 @@ struct GpuWorkers {
     return "cuda, resident kernel, " + std::to_string(resident->blocks()) +
            " blocks of 256 threads (" + std::to_string(resident->warp_servers()) +
            " warp servers, " + std::to_string(resident->block_servers()) +
-           " block servers, 1 dispatcher), 2 rings of " + std::to_string(held.size() / 2) +
-           " slots, " + std::to_string(collectors) + " collectors";
+           " block servers, 1 dispatcher), rings of " + std::to_string(resident->ring_slots(0)) +
+           " (warp) and " + std::to_string(resident->ring_slots(1)) + " (block) slots, " +
+           std::to_string(collectors) + " collectors" +
+           (resident->generic() ? ", generic warp solver" : "");
   }
 };
 
