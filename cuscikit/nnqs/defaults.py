@@ -51,3 +51,9 @@ between +3.81 and +5.06)."""
 
 DEFAULT_LR_DECAY_FROM = 0.5
 """The decay starts after this fraction of the run's iterations."""
+
+DEFAULT_TEACHER = 0.0
+"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off)."""
+
+DEFAULT_TEACHER_UNTIL = 200
+"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1)."""
