@@ -73,7 +73,7 @@ def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[fl
         w, v = np.linalg.eigh(h.toarray())
         e, c = float(w[0]), v[:, 0]
     else:
-        from scipy.sparse.linalg import eigsh
+        from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
         v0 = None
         if guess is not None:
@@ -82,7 +82,12 @@ def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[fl
             g = (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
             if np.linalg.norm(g) > 0:
                 v0 = g / np.linalg.norm(g)
-        w, v = eigsh(h, k=1, which="SA", v0=v0, tol=tol)
+        try:
+            w, v = eigsh(h, k=1, which="SA", v0=v0, tol=tol)
+        except ArpackNoConvergence as exc:
+            if exc.eigenvectors is None or exc.eigenvectors.shape[1] == 0:
+                raise
+            w, v = exc.eigenvalues, exc.eigenvectors  # the best Ritz pair reached
         e, c = float(w[0]), v[:, 0]
     c = c / np.linalg.norm(c)
     if c[int(np.argmax(np.abs(c)))] < 0:
