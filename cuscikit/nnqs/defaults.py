@@ -51,3 +51,17 @@ between +3.81 and +5.06)."""
 
 DEFAULT_LR_DECAY_FROM = 0.5
 """The decay starts after this fraction of the run's iterations."""
+
+DEFAULT_TEACHER = 0.0
+"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). Off by
+default: with 16 inner steps and a weight of 1.0 it brought every case of the molecule-and-lattice
+set below the errors of the same runs without it, and all but the 8-site Hubbard chain at U = 8
+within 1.6 mHa for three seeds on a 400-iteration schedule (H2O: 0.073 mHa at worst, against
+18.5), but with the default 4 inner steps it was measured on H2O only (docs/nnqs_sci.md, "The
+selected-CI teacher"). Recommended for lattices, stretched bonds and stalls:
+``Runner(inner_steps=16, teacher=1.0)``."""
+
+DEFAULT_TEACHER_UNTIL = 100
+"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1): the
+setting measured on the whole set; 200 was better on the 8-site chain at U = 8 (2.4-3.0 mHa at
+iteration 400 against 4.1-8.2)."""

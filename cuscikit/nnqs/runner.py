@@ -33,6 +33,8 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_LR_DECAY_FROM,
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
+    DEFAULT_TEACHER,
+    DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
     DEFAULT_WEIGHT_ADD,
     DEFAULT_WEIGHT_PRUNE,
@@ -208,6 +210,18 @@ class Runner(Solver):
             normalised on S and E_var the variational energy, from the coupled sets the
             iteration already has (history columns ``e_pt2``, ``e_tot_pt2`` = E_var + E_PT2,
             ``error_pt2``).
+        teacher: weight (in energy units) of the selected-CI teacher at iteration 1
+            (`cuscikit.nnqs.teacher`; 0: off). While it is on, every iteration diagonalises
+            H restricted to S (from the pairs the inner steps use) and adds to the gradient of
+            the energy, in the iteration's step and in each inner step, `teacher` times the
+            gradient of a fidelity loss that pulls the network's amplitudes and signs on S
+            towards that eigenvector; the weight falls linearly to 0 at iteration
+            `teacher_until`, after which the run is the plain method. Only the gradient
+            changes: the energies reported are the network's own. History columns (with
+            teacher > 0): ``teacher_weight``, ``e_teacher`` (the CI energy within S, NaN once
+            the teacher is off) and ``teacher_loss``. One rank only; the optimiser stage runs
+            eagerly (no CUDA graph) while the teacher is on.
+        teacher_until: the iteration from which the teacher's weight is 0.
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
@@ -249,6 +263,8 @@ class Runner(Solver):
     inner_steps: int = DEFAULT_INNER_STEPS
     graphs: bool | str = "auto"
     pt2: bool = True
+    teacher: float = DEFAULT_TEACHER
+    teacher_until: int = DEFAULT_TEACHER_UNTIL
     verbose: int = NOTE
 
     _keys = {
@@ -292,6 +308,8 @@ class Runner(Solver):
         check_state_symmetry(molecule)
         self.comm = comm if comm is not None else SerialComm()
         self.rank = self.comm.rank
+        if self.teacher and self.comm.size > 1:
+            raise ValueError("teacher > 0 runs on one rank only")
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -362,6 +380,14 @@ class Runner(Solver):
             raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
+        if not (
+            isinstance(self.teacher, (int, float))
+            and not isinstance(self.teacher, bool)
+            and math.isfinite(self.teacher)
+            and self.teacher >= 0
+        ):
+            raise ValueError(f"teacher must be a finite weight >= 0, got {self.teacher!r}")
+        positive_int("teacher_until", self.teacher_until)
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
             raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
@@ -412,7 +438,7 @@ class Runner(Solver):
             staging=self.staging,
             compile_inference=self.compile_inference,
             fused_inference=self._fused_inference(),
-            want_pairs=self.inner_steps > 0,
+            want_pairs=self._want_pairs(),
             pt2=bool(self.pt2),
         )
         self._kind = kind
@@ -465,7 +491,7 @@ class Runner(Solver):
                 self.rng = np.random.default_rng(self.seed)
                 torch.manual_seed(self.seed)
             self._build()
-        self._pipeline.want_pairs = self.inner_steps > 0
+        self._pipeline.want_pairs = self._want_pairs()
         self._set_graph_inference()
         self._pipeline.pt2 = bool(self.pt2)
         d = self.optimizer.defaults
@@ -481,6 +507,17 @@ class Runner(Solver):
             d["lr"] = self.lr
             for g in self.optimizer.param_groups:
                 g["lr"] = self.lr
+
+    def _want_pairs(self) -> bool:
+        """Whether stage 3 returns the H_SS pairs (inner steps, or a teacher still on)."""
+        return self.inner_steps > 0 or self.teacher_weight(self.iteration + 1) > 0
+
+    def teacher_weight(self, t: int) -> float:
+        """The teacher's weight at iteration t (1-based): `teacher` at t = 1, falling linearly
+        to 0 at `teacher_until`."""
+        if not self.teacher or t >= self.teacher_until:
+            return 0.0
+        return float(self.teacher) * (self.teacher_until - t) / (self.teacher_until - 1)
 
     # ------------------------------------------------------------------------------ results
     @property
@@ -589,7 +626,9 @@ class Runner(Solver):
         values = np.asarray(values, dtype=np.float64)
         return self.comm.allreduce(values, op="sum") if self.distributed else values
 
-    def _inner(self, S: np.ndarray, hdiag, pairs, share: tuple[int, int] | None = None) -> None:
+    def _inner(
+        self, S: np.ndarray, hdiag, pairs, share: tuple[int, int] | None = None, teach=None
+    ) -> None:
         """`inner_steps` more AdamW steps on the Rayleigh quotient of psi restricted to S (the
         variational estimator's loss), with H_SS from this iteration's coupled pairs inside S.
         Each costs a forward and backward pass over S and a sparse product, no inference over
@@ -598,7 +637,8 @@ class Runner(Solver):
         On P ranks, `pairs` and `hdiag` are the rows of this rank's sources S[lo:hi] (`share`):
         every rank evaluates psi over the replicated S without a graph, its rows' local
         energies, and the gradient of its rows; the energy and the gradients are summed over
-        the ranks, so the step equals the single-rank one to rounding."""
+        the ranks, so the step equals the single-rank one to rounding. `teach` (one rank):
+        (weight, teacher vector on S) adds the teacher's pull to every inner step."""
         dev, n, bs = self.device, len(S), self.batch_size
         lo, hi = share if share is not None else (0, n)
 
@@ -638,7 +678,13 @@ class Runner(Solver):
                 e = torch.tensor(e_sum, dtype=torch.float64, device=dev)
             if bad:
                 return  # the next iteration's checks report it
-            self._backward_loss(S[lo:hi], own, w, eloc - e)
+            if teach is None:
+                self._backward_loss(S[lo:hi], own, w, eloc - e)
+            else:
+                from cuscikit.nnqs.teacher import teacher_coefficients
+
+                coef = w * (eloc - e) + teach[0] * teacher_coefficients(psi, teach[1])
+                self._backward_loss(S, own, torch.ones_like(w), coef)
             if self.distributed:
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
@@ -734,12 +780,28 @@ class Runner(Solver):
             e_pt2 = float(e_pt2) / z
         t["energy"] += time.perf_counter() - t0
 
+        # The selected-CI teacher (on while its weight is above 0): the lowest eigenvector of
+        # H_SS, and its pull on this iteration's psi.
+        t0 = time.perf_counter()
+        lam = self.teacher_weight(self.iteration + 1)
+        teach, extra = None, {}
+        if self.teacher:
+            extra = {"teacher_weight": lam, "e_teacher": np.nan, "teacher_loss": np.nan}
+        if lam > 0 and r.space_pairs is not None and n > 0:
+            from cuscikit.nnqs.teacher import fidelity_loss, space_ground_state
+
+            e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=r.psi_s)
+            teach = (lam, torch.as_tensor(c, dtype=torch.float64, device=psi_s.device))
+            extra["e_teacher"] = e_t
+            extra["teacher_loss"] = fidelity_loss(psi_s, teach[1])
+        t["energy"] += time.perf_counter() - t0
+
         # Loss with detached E_loc and E, backward, AdamW.
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         eloc_t = (eloc - e_est).to(torch.complex128)
         graphed = None
-        if math.isfinite(e_c) and math.isfinite(e_v):
+        if math.isfinite(e_c) and math.isfinite(e_v) and teach is None:
             graphed = self._graphed_stage(S, w, eloc_t, r)
         if graphed is not None:  # applied (or undone when the loss or the weights are bad)
             loss_val, finite = graphed
@@ -748,7 +810,15 @@ class Runner(Solver):
                 self._nonfinite_weights()
         else:
             lp_graph = r.lp_graph if r.lp_graph is not None and r.lp_graph.requires_grad else None
-            loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
+            if teach is None:
+                loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
+            else:  # the energy's coefficients plus the teacher's (one rank: all of S)
+                from cuscikit.nnqs.teacher import teacher_coefficients
+
+                coef = w.to(eloc_t.device) * eloc_t
+                coef = coef + teach[0] * teacher_coefficients(psi_s, teach[1]).to(coef.device)
+                ones = torch.ones(len(coef), dtype=torch.float64, device=coef.device)
+                loss_val = self._backward_loss(S, lp_graph, ones, coef)
             if self.distributed:  # one gradient for every replica; the loss travels along
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
@@ -758,7 +828,7 @@ class Runner(Solver):
             before = self._snapshot()
             self.optimizer.step()
             if self.inner_steps:
-                self._inner(S, r.hdiag, r.space_pairs, r.share)
+                self._inner(S, r.hdiag, r.space_pairs, r.share, teach)
             if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
                 self._restore(before)
                 self._nonfinite_weights()
@@ -795,6 +865,7 @@ class Runner(Solver):
             "weight_dropped": weight_dropped,
         }
         row.update(grown)
+        row.update(extra)
         row.update({f"t_{s}": t[s] for s in STAGES})
         row["t_total"] = total
         row["peak_memory_bytes"] = 0  # set by `step` once the iteration's peak is known

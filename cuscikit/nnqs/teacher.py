@@ -1,0 +1,136 @@
+"""The selected-CI vector of S as a teacher for the network (`Runner(teacher=...)`).
+
+Within the current space S the iteration already holds H_SS (the diagonal and the coupled pairs
+inside S that the inner steps use). Its lowest eigenvector c is the best state S can hold, so it
+is at least as low in energy as the network restricted to S. While a run is young the network is
+pulled towards it by a second loss on S,
+
+    L_T = KL(q || p) + 2 sum_x q_x (1 - cos(phi_x - theta_x - phi_0)),
+
+with q_x = c_x^2 (c normalised), p_x = |psi_x|^2 / sum_S |psi|^2 the network's distribution on
+S, phi_x the network's phase, theta_x = 0 or pi the sign of c_x and phi_0 the global phase that
+best aligns the two (held fixed in the gradient). L_T >= 0, and L_T = 0 exactly when psi is
+proportional to c on S (up to a global phase). Its gradient with respect to ln|psi_x| is
+2 (p_x - q_x) and with respect to phi_x 2 q_x sin(phi_x - theta_x - phi_0): weighted by the
+teacher's q_x, not by the network's |psi_x|^2, so a configuration whose amplitude has collapsed
+(the energy's gradient on it ~ |psi_x|^2) still gets a pull of the size of its CI weight, and the
+sign of each configuration is taught directly instead of through the energy.
+
+The teacher only shapes the gradient: every energy the Runner reports is the network's own.
+
+Our account, the measurements and the default: ``docs/nnqs_sci.md`` ("The selected-CI teacher").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["fidelity_loss", "space_ground_state", "teacher_coefficients"]
+
+DENSE_LIMIT = 600
+"""Spaces up to this size are diagonalised densely; larger ones by Lanczos (ARPACK)."""
+
+
+def _host(a) -> np.ndarray:
+    return a.detach().to("cpu").numpy() if torch.is_tensor(a) else np.asarray(a)
+
+
+def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[float, np.ndarray]:
+    """The lowest eigenpair of H restricted to S, from its diagonal and off-diagonal pairs.
+
+    Args:
+        hdiag: <x|H|x> for the n configurations of S (numpy or torch).
+        pairs: (row, column, value) of the off-diagonal entries of H_SS, every entry listed
+            from both of its rows (as the iteration's coupled pairs inside S are).
+        guess: a starting vector for the iterative solver (e.g. the network's psi on S);
+            complex values are reduced to a real vector of the same signs.
+        tol: ARPACK's relative accuracy for spaces above `DENSE_LIMIT`.
+
+    Returns:
+        (energy, c) with c real, normalised, sign fixed so that its largest entry is positive.
+
+    Example:
+        >>> import numpy as np
+        >>> e, c = space_ground_state(np.array([0.0, 1.0]), (np.array([0, 1]),
+        ...                           np.array([1, 0]), np.array([-0.5, -0.5])))
+        >>> round(e, 6), bool(c[0] > c[1] > 0)
+        (-0.207107, True)
+    """
+    import scipy.sparse as sp
+
+    d = _host(hdiag).astype(np.float64).real
+    n = len(d)
+    if n == 0:
+        raise ValueError("the space is empty")
+    rows, cols, vals = (_host(a) for a in pairs)
+    if not (len(rows) == len(cols) == len(vals)):
+        raise ValueError("pairs must be three arrays of one length")
+    vals = np.asarray(vals).real.astype(np.float64)
+    h = sp.coo_matrix((vals, (rows.astype(np.int64), cols.astype(np.int64))), shape=(n, n))
+    h = (h + sp.diags(d)).tocsr()
+    if n <= DENSE_LIMIT:
+        w, v = np.linalg.eigh(h.toarray())
+        e, c = float(w[0]), v[:, 0]
+    else:
+        from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+
+        v0 = None
+        if guess is not None:
+            g = _host(guess).astype(np.complex128)
+            k = int(np.argmax(np.abs(g)))
+            g = (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
+            if np.linalg.norm(g) > 0:
+                v0 = g / np.linalg.norm(g)
+        try:
+            w, v = eigsh(h, k=1, which="SA", v0=v0, tol=tol)
+        except ArpackNoConvergence as exc:
+            if exc.eigenvectors is None or exc.eigenvectors.shape[1] == 0:
+                raise
+            w, v = exc.eigenvalues, exc.eigenvectors  # the best Ritz pair reached
+        e, c = float(w[0]), v[:, 0]
+    c = c / np.linalg.norm(c)
+    if c[int(np.argmax(np.abs(c)))] < 0:
+        c = -c
+    return e, c
+
+
+def _parts(psi: torch.Tensor, c: torch.Tensor):
+    """(p, q, phase difference aligned by the best global phase) of psi and c on S."""
+    prob = psi.abs() ** 2
+    p = prob / prob.sum()
+    q = c.real.to(torch.float64) ** 2
+    q = q / q.sum()
+    sign = torch.where(c.real < 0, -1.0, 1.0).to(psi.dtype)
+    unit = torch.where(psi.abs() > 0, psi / psi.abs().clamp_min(1e-300), torch.ones_like(psi))
+    rel = unit * sign  # e^{i (phi - theta)}
+    z = (q.to(psi.dtype) * rel).sum()
+    phase0 = z / z.abs() if float(z.abs().detach()) > 0 else torch.ones_like(z)
+    return p, q, torch.angle(rel * phase0.conj())
+
+
+def fidelity_loss(psi, c) -> float:
+    """L_T of the module docstring for psi (complex, any normalisation) and the teacher c on S.
+
+    Example:
+        >>> import torch
+        >>> c = torch.tensor([0.8, -0.6], dtype=torch.float64)
+        >>> psi = (3.0 * c).to(torch.complex128) * torch.exp(torch.tensor(0.7j))
+        >>> abs(fidelity_loss(psi, c)) < 1e-12
+        True
+    """
+    psi = torch.as_tensor(psi).to(torch.complex128)
+    c = torch.as_tensor(c).to(torch.float64)
+    p, q, delta = _parts(psi, c)
+    mask = q > 0
+    kl = (q[mask] * (q[mask].log() - p[mask].clamp_min(1e-300).log())).sum()
+    return float(kl + 2.0 * (q * (1.0 - torch.cos(delta))).sum())
+
+
+def teacher_coefficients(psi: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """T_x such that the gradient of 2 Re sum_x conj(ln psi_x) T_x (T held fixed) is the
+    gradient of `fidelity_loss` with respect to the network's parameters: Re T = p - q and
+    Im T = q sin(phi - theta - phi_0). Complex128, on psi's device."""
+    psi = psi.to(torch.complex128)
+    p, q, delta = _parts(psi, c.to(psi.device))
+    return torch.complex(p - q, q * torch.sin(delta))

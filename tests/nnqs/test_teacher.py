@@ -1,0 +1,130 @@
+"""The selected-CI teacher (`cuscikit.nnqs.teacher`, `Runner(teacher=...)`): its vector is the
+ground state of H within S, its loss vanishes exactly for that state, its coefficients give the
+loss's gradient, and with the teacher off a run is the plain method."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sp = pytest.importorskip("scipy.sparse")
+
+from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
+from cuscikit.nnqs import teacher as T  # noqa: E402
+from cuscikit.sci.space import SCISpace  # noqa: E402
+
+
+def _pairs(space):
+    """(diagonal, off-diagonal pairs) of H restricted to a space, from its sparse matrix."""
+    dense = space.hamiltonian.restricted(space.configs).toarray()
+    rows, cols = np.nonzero(dense - np.diag(np.diag(dense)))
+    return np.diag(dense).copy(), (rows, cols, dense[rows, cols]), dense
+
+
+@pytest.mark.parametrize("dense_limit", [T.DENSE_LIMIT, 10])  # dense, then the Lanczos path
+def test_space_ground_state_is_the_dense_one(monkeypatch, dense_limit):
+    monkeypatch.setattr(T, "DENSE_LIMIT", dense_limit)
+    mol = Molecule.load("H2O")
+    space = SCISpace.singles_doubles(mol)
+    diag, pairs, dense = _pairs(space)
+    w, v = np.linalg.eigh(dense)
+    e, c = T.space_ground_state(diag, pairs, guess=np.ones(len(diag)) + 0.1j)
+    assert e == pytest.approx(w[0], abs=1e-9)
+    assert abs(abs(float(c @ v[:, 0])) - 1.0) < 1e-8
+    assert c[np.argmax(np.abs(c))] > 0
+    assert e == pytest.approx(space.exact_energy(method="dense"), abs=1e-9)
+
+
+def test_bad_pairs_are_refused():
+    with pytest.raises(ValueError, match="empty"):
+        T.space_ground_state(np.zeros(0), (np.zeros(0), np.zeros(0), np.zeros(0)))
+    with pytest.raises(ValueError, match="one length"):
+        T.space_ground_state(np.zeros(2), (np.zeros(1), np.zeros(2), np.zeros(2)))
+
+
+def _state(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=n)
+    return torch.as_tensor(c / np.linalg.norm(c))
+
+
+def test_fidelity_loss_is_zero_exactly_for_the_teacher_state():
+    c = _state()
+    for scale, phase in [(1.0, 0.0), (3.7, 0.4), (0.01, -2.5)]:
+        psi = (scale * c).to(torch.complex128) * np.exp(1j * phase)
+        assert abs(T.fidelity_loss(psi, c)) < 1e-12
+        assert T.teacher_coefficients(psi, c).abs().max() < 1e-12
+    wrong_sign = c.clone().to(torch.complex128)
+    wrong_sign[3] *= -1
+    assert T.fidelity_loss(wrong_sign, c) > 1e-3
+    wrong_size = c.clone().to(torch.complex128)
+    wrong_size[5] *= 1e-3  # a collapsed amplitude
+    assert T.fidelity_loss(wrong_size, c) > 1e-3
+
+
+def test_coefficients_are_the_gradient_of_the_loss():
+    """d L_T / d ln|psi| = 2 Re T and d L_T / d phi = 2 Im T (autograd through the loss,
+    global phase included)."""
+    c = _state(seed=1)
+    rng = np.random.default_rng(2)
+    a = torch.tensor(rng.normal(scale=0.5, size=len(c)), requires_grad=True)
+    phi = torch.tensor(rng.normal(scale=1.0, size=len(c)), requires_grad=True)
+    psi = torch.exp(torch.complex(a, phi))
+    p, q, delta = T._parts(psi, c)
+    loss = (q * (q.log() - p.log())).sum() + 2.0 * (q * (1 - torch.cos(delta))).sum()
+    assert float(loss.detach()) == pytest.approx(T.fidelity_loss(psi.detach(), c), abs=1e-12)
+    loss.backward()
+    coef = T.teacher_coefficients(psi.detach(), c)
+    np.testing.assert_allclose(a.grad.numpy(), 2 * coef.real.numpy(), atol=1e-10)
+    np.testing.assert_allclose(phi.grad.numpy(), 2 * coef.imag.numpy(), atol=1e-10)
+
+
+def _runner(**kw):
+    mol = Molecule.load("LiH")
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    return Runner(mol, ansatz, seed=0, topk=16, **kw)
+
+
+def test_runner_teacher_is_the_ci_vector_of_its_space():
+    r = _runner(teacher=0.5, teacher_until=4)
+    for t in range(1, 6):
+        space = SCISpace(r.molecule, r.space.configs.copy())
+        row = r.step()
+        assert row["teacher_weight"] == pytest.approx(0.5 * max(0, 4 - t) / 3)
+        if t < 4:  # the teacher on: its energy is the CI energy of the iteration's S
+            assert row["e_teacher"] == pytest.approx(space.exact_energy(method="dense"), abs=1e-9)
+            assert row["e_teacher"] <= row["e_variational"] + 1e-9
+        else:
+            assert np.isnan(row["e_teacher"])
+
+
+def test_teacher_pulls_the_network_towards_the_ci_vector():
+    plain = _runner(inner_steps=2).run(6, progress=False)
+    taught = _runner(inner_steps=2, teacher=5.0, teacher_until=100).run(6, progress=False)
+    h = taught.history
+    assert h["teacher_loss"].iloc[-1] < 0.5 * h["teacher_loss"].iloc[1]
+    # the network's own energy is reported, not the teacher's
+    assert (h["e_variational"] > h["e_teacher"] - 1e-9).all()
+    assert not h["e_variational"].equals(plain.history["e_variational"])
+
+
+def test_teacher_off_is_the_plain_method():
+    a = _runner(inner_steps=2).run(4, progress=False).history
+    b = _runner(inner_steps=2, teacher=0.7, teacher_until=1).run(4, progress=False).history
+    cols = [k for k in a.columns if not k.startswith("t_") and k != "peak_memory_bytes"]
+    for k in cols:
+        np.testing.assert_array_equal(a[k].to_numpy(), b[k].to_numpy(), err_msg=k)
+    assert "teacher_weight" not in a.columns and (b["teacher_weight"] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"teacher": -1.0}, "teacher must be"),
+        ({"teacher": float("nan")}, "teacher must be"),
+        ({"teacher": True}, "teacher must be"),
+        ({"teacher_until": 0}, "teacher_until"),
+    ],
+)
+def test_bad_teacher_options(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _runner(**kw)
