@@ -229,6 +229,11 @@ def test_cli_serve_and_load(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "closed loop" in json.loads(bad.stdout)["error"]
+    serve_cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--random", "8:binary"]
+    bad = subprocess.run(
+        serve_cmd + ["--rx-batch", "2000", "--json"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--rx-batch" in json.loads(bad.stdout)["error"]
 
 
 @pytest.mark.gpu
