@@ -20,8 +20,10 @@ once and the replies of a batch to one socket leave as one UDP_SEGMENT send, rea
 (UDP_GRO).
 
 Where the time of the slow requests goes (--trace, default on): the server stamps every
-request at each stage and, for those whose residence passes --slow-us, sums each stage and
-counts which stage was the longest: read (recvmmsg to parsing, the rest of the read batch
+request at each stage (the kernel's receive time stamp of its datagram included) and, for those
+whose time since that arrival passes --slow-us, sums each stage and counts which stage was the
+longest: socket (waiting in the receive socket from the kernel's stamp to the start of the read
+that took it), recv (the recvmmsg call), read (recvmmsg to parsing, the rest of the read batch
 first), admit (parsing to the queue), queue (in the queue), feed (popped to submitted to the GPU
 ring; CPU workers: popped to answered), kernel (submitted to a collector finding it done, less
 the solve), reply (found done to the reply written). Each server thread also counts its stalls
@@ -31,7 +33,10 @@ switches from /proc), the load generator's own stalls, and the hypervisor's stea
 and the generator cores. --share turns on the server's work sharing, --isolate moves its other
 threads off the pinned cores; --repeat runs every rate several times; --generic-solver runs
 the resident kernel's one-replica requests on its solver for any replica count (the same bytes,
-slower) instead of the one specialised for them, for comparison.
+slower) instead of the one specialised for them, for comparison. Per row it also compares the
+share of round trips above --slow-us with the share of requests whose time from the kernel's
+receive stamp to the reply passed it (the rest of a round trip is the sending side's and the
+reply's way back). --rx-batch: the most datagrams (runs) one receiver read takes.
 
 Usage:
     python benchmarks/ising_service.py --backends resident launch cpu --n 64 256 1024 \\
@@ -80,6 +85,7 @@ def start_server(backend: str, sizes, kind: str, server_cores, args):
     cmd += ["--trace", "--slow-us", str(args.slow_us)] if args.trace else []
     cmd += ["--share"] if args.share else []
     cmd += ["--isolate"] if args.isolate else []
+    cmd += ["--rx-batch", str(args.rx_batch)]
     for n in sizes:
         cmd += ["--random", f"{n}:{kind}"]
     if backend == "cpu":
@@ -134,6 +140,41 @@ def steal_ms(cpus=None) -> float:
         return 0.0
 
 
+def cpu_irqs() -> dict:
+    """Per CPU so far: {cpu: {kind: count}} of the softirqs (/proc/softirqs: NET_RX, TIMER, ...)
+    and the hardware interrupts summed (/proc/interrupts, as "IRQ"); {} where unreadable."""
+    out: dict = {}
+    for path, total in (("/proc/softirqs", False), ("/proc/interrupts", True)):
+        try:
+            with open(path) as fh:
+                lines = fh.read().splitlines()
+            cpus = [int(c[3:]) for c in lines[0].split()]
+            for line in lines[1:]:
+                f = line.split()
+                kind = "IRQ" if total else f[0].rstrip(":")
+                for c, v in zip(cpus, f[1 : 1 + len(cpus)], strict=False):
+                    if v.isdigit():
+                        d = out.setdefault(c, {})
+                        d[kind] = d.get(kind, 0) + int(v)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def irq_line(after: dict, before: dict, cpus) -> tuple:
+    """The interrupts each server core took during a row, as a line and a dict."""
+    per = {}
+    for c in sorted(cpus):
+        a, b = after.get(c, {}), before.get(c, {})
+        per[c] = {k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0) > 0}
+    text = "; ".join(
+        f"{c}: " + " ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda x: -x[1])[:3])
+        for c, d in per.items()
+        if d
+    )
+    return f"    interrupts on server cores (top 3 kinds): {text or 'none'}", per
+
+
 def thread_sched(pid: int) -> dict:
     """Per thread of a process (by name): ns waiting on a run queue, involuntary switches."""
     out = {}
@@ -167,7 +208,7 @@ def trace_lines(after: dict, before: dict, sched1: dict, sched0: dict, gen) -> t
     info, lines = {}, []
     answered = diff(after, before, "trace_answered")
     slow = diff(after, before, "trace_slow")
-    stages = ["read", "admit", "queue", "feed", "kernel", "device", "reply"]
+    stages = ["socket", "recv", "read", "admit", "queue", "feed", "kernel", "device", "reply"]
     if answered > 0:
         hist = [diff(after, before, f"trace_hist{b}") for b in range(8)]
         dom = {g: diff(after, before, f"trace_dominant_{g}") for g in stages}
@@ -182,6 +223,17 @@ def trace_lines(after: dict, before: dict, sched1: dict, sched0: dict, gen) -> t
             f"their mean us: {means or '-'}; residence histogram <50/100/150/200/300/500/1000/"
             f"more us: {'/'.join(map(str, hist))}"
         )
+        stamped = diff(after, before, "trace_stamped")
+        if stamped:
+            arr = [diff(after, before, f"trace_arrival_hist{b}") for b in range(8)]
+            info.update(stamped=stamped, arrival_hist=arr,
+                        socket_max_us_so_far=after.get("trace_socket_max_ns", 0) / 1e3)  # fmt: skip
+            lines.append(
+                f"    since the kernel's arrival stamp ({stamped} stamped): histogram "
+                f"<50/100/150/200/300/500/1000/more us: {'/'.join(map(str, arr))}; > 200 us: "
+                f"{100 * sum(arr[4:]) / stamped:.2f} %; longest socket wait so far "
+                f"{info['socket_max_us_so_far']:.0f} us"
+            )
     names = sorted({k.split("_")[1] for k in after if k.startswith("thread_")})
     threads = {}
     parts = []
@@ -248,8 +300,10 @@ def when_slow(rep, slow_us: float) -> tuple:
     info = {"slow_rtt": n, "sent_first_10ms": first10, "sent_first_50ms": first50,
             "sent_ms_min_median_max": [round(float(v), 1) for v in q],
             "rtt_p99_after_50ms_us": p99_later}  # fmt: skip
+    info["slow_rtt_percent"] = 100 * n / max(int(ok.sum()), 1)
     line = (
-        f"    round trips > {slow_us:.0f} us: {n}, sent in the first 10 ms {first10}, first 50 ms "
+        f"    round trips > {slow_us:.0f} us: {n} ({info['slow_rtt_percent']:.2f} %), sent in the "
+        f"first 10 ms {first10}, first 50 ms "
         f"{first50}, send times min/median/max {q[0]:.1f}/{q[1]:.1f}/{q[2]:.1f} ms; "
         f"p99 of those sent after 50 ms: {p99_later if p99_later is None else round(p99_later)}"
     )
@@ -294,6 +348,8 @@ def main(argv=None) -> int:
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                    help="server: other threads off the pinned cores")  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="run every rate this many times")
+    p.add_argument("--rx-batch", type=int, default=64,
+                   help="server: most datagrams (runs) one receiver read takes")  # fmt: skip
     p.add_argument("--generic-solver", action="store_true",
                    help="resident: one-replica requests on the warp solver for any replica "
                    "count (the same bytes; for comparison with the specialised one)")  # fmt: skip
@@ -333,10 +389,12 @@ def main(argv=None) -> int:
                     sched0 = thread_sched(proc.pid)
                     steal0, nvcsw0 = steal_ms(), preempted(proc.pid)
                     steal_s0, steal_c0 = steal_ms(server_cores), steal_ms(client_cores)
+                    irq0 = cpu_irqs()
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
                                     senders=args.senders, spin=True, offload=args.offload,
                                     pin=args.pin)  # fmt: skip
+                    irq1 = cpu_irqs()
                     after = server_stats(proc)
                     sched1 = thread_sched(proc.pid)
                     steal_s = steal_ms(server_cores) - steal_s0
@@ -391,6 +449,8 @@ def main(argv=None) -> int:
                     line, info_w = when_slow(rep, args.slow_us)
                     extra.append(line)
                     info_t["when_slow"] = info_w
+                    line, info_t["server_core_interrupts"] = irq_line(irq1, irq0, server_cores)
+                    extra.append(line)
                     batches = diff(after, before, "feed_batches")
                     if batches:
                         fed_ns = diff(after, before, "feed_busy_ns")

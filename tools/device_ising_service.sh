@@ -11,7 +11,8 @@
 # of each variant run at n = 64 at VARIANT_RATES, separated by ';'; empty: none), ECHO_VARIANTS
 # (the same for the echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
 # BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run), SPIN_US (the
-# server's --spin-us, default 1000000: its threads stay awake between rows).
+# server's --spin-us, default 1000000: its threads stay awake between rows), VARIANT_TIMEOUT
+# (seconds for each variant's run, default 30).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -72,7 +73,8 @@ k=0
 IFS=';' read -ra variants <<< "${VARIANTS---no-offload;--no-offload --no-pin}"
 for v in "${variants[@]}"; do
   k=$((k + 1))
-  run "variant$k" 30 --backends resident --n 64 --rates ${VARIANT_RATES:-400000 1000000} $v
+  run "variant$k" "${VARIANT_TIMEOUT:-30}" --backends resident --n 64 \
+    --rates ${VARIANT_RATES:-400000 1000000} $v
 done
 if [ "${BASELINES:-1}" != 0 ]; then
   run launch 40 --backends launch --n $SIZES --rates 20000 40000

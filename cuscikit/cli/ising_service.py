@@ -124,6 +124,10 @@ def register(sub) -> None:
         "--isolate", action="store_true",
         help="with --pin: the process's other threads onto the CPUs no pinned thread uses",
     )  # fmt: skip
+    s.add_argument(
+        "--rx-batch", type=positive_int, default=64,
+        help="most datagrams (runs, with --offload) one receiver read takes (1-1024)",
+    )  # fmt: skip
     s.add_argument("--depth", type=positive_int, default=4096, help="queue depth (then BUSY)")
     s.add_argument("--duration", type=finite_float, default=None, help="seconds to serve")
     add_json(s)
@@ -189,6 +193,8 @@ def run_serve(args) -> int:
         raise UsageError(f"--blocks must be >= 0, got {args.blocks}")
     if not 0 <= args.spin_us <= 1e6:
         raise UsageError(f"--spin-us must be in [0, 1e6], got {args.spin_us}")
+    if not 1 <= args.rx_batch <= 1024:
+        raise UsageError(f"--rx-batch must be in [1, 1024], got {args.rx_batch}")
     if not 0 < args.slow_us <= 1e7:
         raise UsageError(f"--slow-us must be in (0, 1e7], got {args.slow_us}")
     if args.mode == "echo" and args.device != "cpu":
@@ -203,6 +209,7 @@ def run_serve(args) -> int:
         blocks=args.blocks, streams=args.streams, receivers=args.receivers,
         collectors=args.collectors, spin_us=args.spin_us, offload=args.offload, pin=args.pin,
         trace=args.trace, slow_us=args.slow_us, share=args.share, isolate=args.isolate,
+        rx_batch=args.rx_batch,
     )  # fmt: skip
     port, tcp_port = server.port, server.tcp_port
     asked = []  # SIGUSR1: print the counters so far as one JSON line

@@ -234,10 +234,15 @@ class IsingServer:
             datagram by datagram where the kernel refuses it.
         pin: pin each receiver and worker thread to its own CPU (of those the process may use,
             in order: receivers, then workers).
-        trace: record each request's stage times (read, admit, queue, feed, kernel, device,
-            reply) and break down those slower than `slow_us` in `stats()` (``trace_*``); the
-            per-thread stall counters (``thread_<name>_*``) are kept either way.
-        slow_us: the residence above which a traced request counts as slow.
+        trace: record each request's stage times (socket: waiting in the receive socket
+            since the kernel's arrival stamp, recv: the read call, read, admit, queue, feed,
+            kernel, device, reply) and break down those slower than `slow_us` in `stats()`
+            (``trace_*``; ``trace_arrival_hist*``: time from arrival to reply); the per-thread
+            stall counters (``thread_<name>_*``) are kept either way.
+        slow_us: the time since arrival (where the kernel stamped it; else the residence)
+            above which a traced request counts as slow.
+        rx_batch: the most datagrams (with `offload`: runs of them) one read of a receiver
+            takes, 1 .. 1024.
         share: work sharing, so that one stalled thread holds few requests back: a receiver
             whose own socket is empty also reads a peer's that nobody read for 20 us; resident
             GPU mode: feeding is taken by a try-lock, 16 requests at a time, by the feeder or
@@ -270,6 +275,7 @@ class IsingServer:
         slow_us: float = 200.0,
         share: bool = False,
         isolate: bool = False,
+        rx_batch: int = 64,
     ):
         if workers is None:
             workers = max(1, len(os.sched_getaffinity(0)) - 1)
@@ -284,6 +290,8 @@ class IsingServer:
                 raise ValueError(f"{name} must be a port number, got {p!r}")
         if not isinstance(spin_us, int | float) or not 0 <= spin_us <= 1e6:
             raise ValueError(f"spin_us must be a number in [0, 1e6], got {spin_us!r}")
+        if not isinstance(rx_batch, int) or isinstance(rx_batch, bool) or not 1 <= rx_batch <= 1024:
+            raise ValueError(f"rx_batch must be an integer in [1, 1024], got {rx_batch!r}")
         if not isinstance(slow_us, int | float) or not 0 < slow_us <= 1e7:
             raise ValueError(f"slow_us must be a number in (0, 1e7], got {slow_us!r}")
         if device == "cpu":
@@ -304,7 +312,8 @@ class IsingServer:
         try:
             self._server = ext.Server(host, port, tcp, depth, mode, param, receivers, collectors,
                                       float(spin_us), bool(offload), bool(pin), bool(trace),
-                                      float(slow_us), bool(share), bool(isolate))  # fmt: skip
+                                      float(slow_us), bool(share), bool(isolate),
+                                      rx_batch)  # fmt: skip
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None
         self.host = host

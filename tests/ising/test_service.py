@@ -229,12 +229,18 @@ def test_cli_serve_and_load(tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "closed loop" in json.loads(bad.stdout)["error"]
+    serve_cmd = [sys.executable, "-m", "cuscikit", "ising", "serve", "--random", "8:binary"]
+    bad = subprocess.run(
+        serve_cmd + ["--rx-batch", "2000", "--json"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--rx-batch" in json.loads(bad.stdout)["error"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["resident", "resident-generic", "launch"])
 def test_gpu_service_replies_equal_the_cpu_reference(mode, monkeypatch):
-    # block-sized (B n_p > 256 or int8) and warp-sized requests (W = 1 .. 8 words, B <= 8 / W);
+    # block-sized (B n_p > 256 or int8) and warp-sized requests (W = 1 .. 8 words, B <= 8 / W;
+    # one replica at every W: 20, 64, 96, 128, 160, 180, 200, 256 spins);
     # resident-generic: one-replica warp-sized requests on the solver for any replica count
     # instead of the one specialised for them (both must give the reference's bytes)
     if mode == "resident-generic":
@@ -243,7 +249,8 @@ def test_gpu_service_replies_equal_the_cpu_reference(mode, monkeypatch):
     cases = [("binary", 64, 16), ("ternary", 100, 8), ("int8", 256, 4), ("binary", 1024, 4),
              ("int8", 33, 64), ("binary", 64, 1), ("binary", 64, 4), ("ternary", 100, 2),
              ("binary", 256, 1), ("ternary", 7, 8), ("binary", 200, 1), ("ternary", 160, 1),
-             ("int8", 64, 1)]  # fmt: skip
+             ("int8", 64, 1), ("binary", 20, 1), ("ternary", 96, 1), ("binary", 128, 1),
+             ("ternary", 180, 1)]  # fmt: skip
     with IsingServer(port=0, device="cuda", mode=mode, depth=256) as s:
         models = {}
         for i, (kind, n, _) in enumerate(cases):
@@ -328,19 +335,22 @@ def test_gpu_resident_service_sharing_and_tracing():
     assert st["fed"] == st["device_solved"] == st["ok"] == rep.completed + 3000
     assert st["trace_answered"] == st["ok"]
     assert sum(st[f"trace_hist{b}"] for b in range(8)) == st["ok"]
+    assert sum(st[f"trace_arrival_hist{b}"] for b in range(8)) == st["trace_stamped"]
     assert {"thread_feed_stalls", "thread_coll2_stalls", "thread_rx1_stalls"} <= st.keys()
 
 
 def test_tracing_sharing_and_isolation_on_the_cpu():
     # the echo and CPU workers behind two receivers with work sharing and isolation: nothing
-    # lost, energies right; tracing counts every answer in the residence histogram, and the
-    # slow ones (a 1 us threshold: nearly all of them) are broken down by stage
+    # lost, energies right; tracing counts every answer in the residence histogram and (the
+    # kernel's receive stamps) in the histogram of the time since arrival, which is never
+    # shorter; the slow ones (a 1 us threshold: nearly all of them) are broken down by stage;
+    # reads of one datagram at most (rx_batch 1) lose nothing
     n = 32
     model = random_model(n, "binary", seed=12)
     for mode in ("echo", "cpu"):
         with IsingServer(port=0, workers=2, receivers=2, mode=mode, tcp_port=-1, spin_us=20,
-                         pin=True, trace=True, slow_us=1.0, share=True,
-                         isolate=True) as s:  # fmt: skip
+                         pin=True, trace=True, slow_us=1.0, share=True, isolate=True,
+                         rx_batch=1 if mode == "cpu" else 64) as s:  # fmt: skip
             s.load_model(1, model)
             rep = load_test(1, n, 10, seed=3, count=500, in_flight=16, senders=2, port=s.port,
                             spin=True)  # fmt: skip
@@ -351,12 +361,19 @@ def test_tracing_sharing_and_isolation_on_the_cpu():
                 assert rep.energies[i] == reference(model, 10, 1, 0.5, 3 + i)[0]
         assert st["trace_answered"] == 500 and 400 <= st["trace_slow"] <= 500
         assert sum(st[f"trace_hist{b}"] for b in range(8)) == 500
-        dominant = sum(st[f"trace_dominant_{g}"] for g in ("read", "admit", "queue", "feed"))
+        assert st["trace_stamped"] == 500 and st["rx_batch"] == (1 if mode == "cpu" else 64)
+        arrival = [st[f"trace_arrival_hist{b}"] for b in range(8)]
+        residence = [st[f"trace_hist{b}"] for b in range(8)]
+        assert sum(arrival) == 500 and np.all(np.cumsum(arrival) <= np.cumsum(residence))
+        stages = ("socket", "recv", "read", "admit", "queue", "feed")
+        dominant = sum(st[f"trace_dominant_{g}"] for g in stages)
         assert dominant == st["trace_slow"]
         assert st["trace_slow_feed_ns"] > 0 and st["trace_slow_us"] == 1
         assert rep.generator_stalls.shape == (2, 3)
     with pytest.raises(ValueError, match="slow_us"):
         IsingServer(port=0, slow_us=0)
+    with pytest.raises(ValueError, match="rx_batch"):
+        IsingServer(port=0, rx_batch=0)
 
 
 def test_echo_answers_without_solving():

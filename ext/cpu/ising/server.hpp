@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +54,13 @@ inline std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The wall clock (ns), the clock of the kernel's receive time stamps.
+inline std::int64_t wall_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return std::int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 // ---- models ---------------------------------------------------------------------------------
@@ -151,9 +159,12 @@ struct Job {
   std::int64_t t_recv;
   sockaddr_in addr;              // UDP peer
   std::shared_ptr<TcpConn> tcp;  // or the TCP connection
-  // Stage times (steady clock, ns; 0: not recorded): the read that brought the request, its
-  // push into the queue, its pop by a worker, its submission to a GPU ring, a collector finding
-  // it done, and the device's solve time. Set while the server traces (Server::set_trace).
+  // Stage times (steady clock, ns; 0: not recorded): the kernel's receive time stamp of the
+  // datagram (SO_TIMESTAMPNS, moved onto the steady clock), the start and the return of the
+  // read that brought the request, its push into the queue, its pop by a worker, its submission
+  // to a GPU ring, a collector finding it done, and the device's solve time. Set while the
+  // server traces (Server::set_trace).
+  std::int64_t t_kernel = 0, t_call = 0;
   std::int64_t t_read = 0, t_push = 0, t_pop = 0, t_submit = 0, t_seen = 0;
   std::uint64_t solve_ns = 0;
 };
@@ -162,16 +173,18 @@ struct Job {
 // own, so stats() may read them while it runs):
 //  - stalls: gaps between two consecutive passes of its loop longer than kStallNs (the thread
 //    lost its CPU to another thread or the hypervisor, or one system call took that long);
-//  - with tracing on, for every request it answered: the residence histogram and, for the
-//    requests slower than the slow threshold, the sum of each stage's time and which stage
-//    took the longest (read, admit, queue, feed, kernel, device, reply: see Stage), and how many
-//    separate episodes they came in (slow requests received more than 1 ms apart);
+//  - with tracing on, for every request it answered: the residence histogram, the histogram of
+//    its time since the kernel received it (arrival: residence plus the wait in the socket and
+//    the read) and, for the requests slower than the slow threshold (on the time since arrival
+//    where the kernel stamped it, else on the residence), the sum of each stage's time and which
+//    stage took the longest (socket, recv, read, admit, queue, feed, kernel, device, reply: see
+//    Stage), and how many separate episodes they came in (slow requests more than 1 ms apart);
 //  - the slowest reply send (flush) and how many sends took longer than kStallNs.
 struct ThreadTrace {
   static constexpr std::int64_t kStallNs = 50000;
-  enum Stage { kRead, kAdmit, kQueue, kFeed, kKernel, kDevice, kReply, kStages };
-  static constexpr const char* kStageNames[kStages] = {"read",   "admit",  "queue", "feed",
-                                                       "kernel", "device", "reply"};
+  enum Stage { kSocket, kRecv, kRead, kAdmit, kQueue, kFeed, kKernel, kDevice, kReply, kStages };
+  static constexpr const char* kStageNames[kStages] = {
+      "socket", "recv", "read", "admit", "queue", "feed", "kernel", "device", "reply"};
   // residence histogram bucket upper bounds (us); the last bucket is everything above
   static constexpr int kBuckets = 8;
   static constexpr std::int64_t kBucketUs[kBuckets - 1] = {50, 100, 150, 200, 300, 500, 1000};
@@ -180,7 +193,8 @@ struct ThreadTrace {
   alignas(64) std::atomic<std::uint64_t> stalls{0}, stall_ns{0}, stall_max_ns{0};
   std::atomic<std::uint64_t> flush_max_ns{0}, slow_flushes{0};
   std::atomic<std::uint64_t> answered{0}, slow{0}, episodes{0};
-  std::atomic<std::uint64_t> hist[kBuckets] = {};
+  std::atomic<std::uint64_t> hist[kBuckets] = {}, arrival_hist[kBuckets] = {};
+  std::atomic<std::uint64_t> stamped{0}, socket_max_ns{0};
   std::atomic<std::uint64_t> slow_ns[kStages] = {}, dominant[kStages] = {};
   std::int64_t last = 0, last_slow = 0;
 
@@ -207,19 +221,33 @@ struct ThreadTrace {
     raise(flush_max_ns, std::uint64_t(ns));
     if (ns > kStallNs) add(slow_flushes, 1);
   }
-  // A request answered at time `now` (its residence: now - job.t_recv).
-  void answer(const Job& j, std::int64_t now, std::int64_t slow_ns_threshold) {
-    const std::int64_t res = now - j.t_recv;
+  static int bucket(std::int64_t ns) {
     int b = 0;
-    while (b < kBuckets - 1 && res > kBucketUs[b] * 1000) ++b;
-    add(hist[b], 1);
+    while (b < kBuckets - 1 && ns > kBucketUs[b] * 1000) ++b;
+    return b;
+  }
+  // A request answered at time `now` (its residence: now - job.t_recv; its time since arrival:
+  // now - job.t_kernel, where the kernel stamped it).
+  void answer(const Job& j, std::int64_t now, std::int64_t slow_ns_threshold) {
+    auto span = [](std::int64_t a, std::int64_t b) { return a > 0 && b >= a ? b - a : 0; };
+    const std::int64_t res = now - j.t_recv;
+    add(hist[bucket(res)], 1);
     add(answered, 1);
-    if (res <= slow_ns_threshold) return;
+    std::int64_t total = res;
+    if (j.t_kernel > 0) {
+      total = std::max(res, now - j.t_kernel);
+      add(arrival_hist[bucket(total)], 1);
+      add(stamped, 1);
+      raise(socket_max_ns, std::uint64_t(span(j.t_kernel, j.t_read)));
+    }
+    if (total <= slow_ns_threshold) return;
     add(slow, 1);
     if (j.t_recv - last_slow > 1000000) add(episodes, 1);
     last_slow = j.t_recv;
     std::int64_t st[kStages] = {};
-    auto span = [](std::int64_t a, std::int64_t b) { return a > 0 && b >= a ? b - a : 0; };
+    st[kSocket] = span(j.t_kernel, j.t_call);
+    // a datagram that came while the read ran: its wait in the read counts from its arrival
+    st[kRecv] = j.t_kernel > j.t_call ? span(j.t_kernel, j.t_read) : span(j.t_call, j.t_read);
     st[kRead] = span(j.t_read, j.t_recv);
     st[kAdmit] = span(j.t_recv, j.t_push);
     st[kQueue] = span(j.t_push, j.t_pop);
@@ -574,6 +602,19 @@ inline std::size_t gro_segment(const msghdr& h) {
   return 0;
 }
 
+// The kernel's receive time stamp of a read message (SO_TIMESTAMPNS; wall clock ns), 0: none.
+inline std::int64_t kernel_stamp(const msghdr& h) {
+  for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+      timespec ts{};
+      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+      return std::int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    }
+  }
+  return 0;
+}
+
 // A model from the arrays of IsingModel.coupling_arrays() (sizes checked by the caller: plus and
 // minus n W words, degree and h n values, j8 n 32 W bytes, as the kind needs).
 inline std::shared_ptr<Model> model_from_arrays(int kind, int n, const std::uint32_t* plus,
@@ -641,6 +682,11 @@ class Server {
     stop_ = false;
     if (offload_)
       for (int fd : udp_fds_) enable_gro(fd);  // refused: runs arrive as single datagrams
+    if (trace_) {  // the kernel stamps each datagram's arrival (refused: no stamps, no socket
+                   // stage)
+      int one = 1;
+      for (int fd : udp_fds_) ::setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
+    }
     // With pin_: receivers and workers on one CPU each, in this order, over the CPUs the process
     // may use (wrapping around when there are more threads than CPUs).
     const std::vector<int> cpus = pin_ ? allowed_cpus() : std::vector<int>{};
@@ -723,6 +769,12 @@ class Server {
   void set_offload(bool on) { offload_ = on; }
   // Pin the receivers and workers to one CPU each (before start).
   void set_pin(bool on) { pin_ = on; }
+  // The most datagrams (or runs of them, with offload) one read of a receiver takes (before
+  // start; 1 .. 1024, default 64).
+  void set_rx_batch(int most) {
+    if (most < 1 || most > 1024) throw std::invalid_argument("rx_batch must be in [1, 1024]");
+    rx_batch_ = most;
+  }
   bool stopping() const { return stop_; }
 
   // Answers a solved request (UDP replies go into `out`, sent by flush()).
@@ -799,6 +851,7 @@ class Server {
     s["queue_peak"] = queue_.peak();
     s["isolated_threads"] = isolated_;
     s["helped_reads"] = helped_reads_.load();
+    s["rx_batch"] = std::uint64_t(rx_batch_);
     // per thread: stalls (count, total and longest ns), slow sends; with tracing on, the
     // residence histogram, slow requests, their stage sums and dominant stages (summed over
     // the threads that answer), and the slow episodes
@@ -814,9 +867,13 @@ class Server {
       s[k + "slow"] = t->slow.load();
       s[k + "episodes"] = t->episodes.load();
       s["trace_answered"] += t->answered.load();
+      s["trace_stamped"] += t->stamped.load();
+      s["trace_socket_max_ns"] = std::max(s["trace_socket_max_ns"], t->socket_max_ns.load());
       s["trace_slow"] += t->slow.load();
-      for (int b = 0; b < ThreadTrace::kBuckets; ++b)
+      for (int b = 0; b < ThreadTrace::kBuckets; ++b) {
         s["trace_hist" + std::to_string(b)] += t->hist[b].load();
+        s["trace_arrival_hist" + std::to_string(b)] += t->arrival_hist[b].load();
+      }
       for (int g = 0; g < ThreadTrace::kStages; ++g) {
         const std::string name = ThreadTrace::kStageNames[g];
         s["trace_slow_" + name + "_ns"] += t->slow_ns[g].load();
@@ -953,7 +1010,7 @@ class Server {
   // admits the requests, queues them (in chunks of kChunk, so that the first of a large read
   // do not wait for the last to be parsed) and answers BUSY for those the queue refused.
   void udp_loop(std::size_t r) {
-    constexpr int kBatch = 64;
+    const int kBatch = rx_batch_;
     constexpr std::size_t kChunk = 32;
     constexpr std::size_t kBuf = 65536;  // a datagram, or a run of them (UDP_GRO)
     ThreadTrace* trace = thread_trace("rx" + std::to_string(r));
@@ -963,7 +1020,8 @@ class Server {
     std::vector<sockaddr_in> from(kBatch);
     std::vector<iovec> iov(kBatch);
     std::vector<mmsghdr> msgs(kBatch);
-    std::vector<std::array<char, 64>> ctrl(kBatch);
+    std::vector<std::array<char, 64>> ctrl(kBatch);  // UDP_GRO and the kernel's time stamp
+    std::vector<std::int64_t> t_kernel(kBatch);
     UdpBatch out;
     std::vector<Job> jobs, refused;
     ModelCache cache;
@@ -972,14 +1030,22 @@ class Server {
     auto serve = [&](std::size_t k) -> int {
       for (int i = 0; i < kBatch; ++i) {
         point_msg(msgs[i], iov[i], bufs[i].data(), bufs[i].size(), &from[i]);
-        if (offload_) {
+        if (offload_ || trace_) {
           msgs[i].msg_hdr.msg_control = ctrl[i].data();
           msgs[i].msg_hdr.msg_controllen = ctrl[i].size();
         }
       }
+      const std::int64_t t_call = trace_ ? now_ns() : 0;
       const int got = ::recvmmsg(udp_fds_[k], msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
       if (got <= 0) return 0;
       const std::int64_t t_read = now_ns();
+      if (trace_) {  // the kernel's receive stamps (wall clock) onto the steady clock
+        const std::int64_t shift = wall_ns() - t_read;
+        for (int i = 0; i < got; ++i) {
+          const std::int64_t w = kernel_stamp(msgs[i].msg_hdr);
+          t_kernel[i] = w > 0 ? w - shift : 0;
+        }
+      }
       jobs.clear();
       std::uint64_t pieces = 0;  // requests read (a run counts each of its datagrams)
       auto push = [&]() {        // queues what was admitted; the queue's refusals to `refused`
@@ -987,6 +1053,7 @@ class Server {
         if (trace_) {
           const std::int64_t t_push = now_ns();
           for (Job& j : jobs) {
+            j.t_call = t_call;
             j.t_read = t_read;
             j.t_push = t_push;
           }
@@ -1013,8 +1080,10 @@ class Server {
         for (std::size_t off = 0; off < len || off == 0; off += step) {
           const std::size_t piece = std::min(step, len - off);
           ++pieces;
-          if (admit(bufs[i].data() + off, piece, truncated, jobs, reply, &cache))
+          if (admit(bufs[i].data() + off, piece, truncated, jobs, reply, &cache)) {
             jobs.back().addr = peer;
+            if (trace_) jobs.back().t_kernel = t_kernel[i];
+          }
           if (jobs.size() >= kChunk) push();
           if (step == 0) break;
         }
@@ -1146,6 +1215,7 @@ class Server {
   std::unique_ptr<Beat[]> rx_beat_;
   bool trace_ = false, share_ = false, isolate_ = false;
   std::int64_t slow_ns_ = 200000, help_ns_ = 20000;
+  int rx_batch_ = 64;  // datagrams (or runs) a receiver's recvmmsg takes at most
   std::atomic<std::size_t> started_{0};
   std::uint64_t isolated_ = 0;
   std::atomic<std::uint64_t> helped_reads_{0}, models_version_{0};
