@@ -14,10 +14,14 @@
 #           default 200): does the eager path reproduce itself, and the recorded one it?
 #   ops     float32, recorded stage, torch's kernels against the Triton training kernels
 #           (cuscikit/nnqs/fused_ops.py) in one process, profiled, alone on the GPU
+#   infer   inference throughput and error of the fused ln psi (benchmarks/inference.py, no
+#           module variants) on INFER_SYSTEMS (default: N2/cc-pVDZ N2), INFER_N configurations
+#           (default 262144), the fused variants FUSED, with PREVIOUS_FAST (another version of
+#           cuscikit/nnqs/fast_infer.py, e.g. the main branch's) timed beside, alone on the GPU
 #   check   side by side: float64 over ITERS64 iterations (default 60) of VARIANTS64 (default:
 #           recorded with torch's kernels, recorded and eager with the Triton ones); the gpu
 #           tests of TEST_FILES (default: the kernels and the recorded stage), one pytest
-#           process per file, selected by TEST_K
+#           process per file, selected by TEST_K, with PYTEST_ARGS
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
 set -uo pipefail
@@ -75,6 +79,14 @@ for step in "$@"; do
         --iterations "${ITERS:-200}" --variants graph-torch-ops graph --profile) \
         > "$out/f32_ops.log" 2>&1
       echo "ops: exit $? at $((SECONDS - t0)) s" ;;
+    infer)
+      prev=()
+      [ -n "${PREVIOUS_FAST:-}" ] && prev=(--previous "$PREVIOUS_FAST")
+      # shellcheck disable=SC2086  # the systems and variants: words
+      (cd benchmarks && timeout "${TI:-90}" python3 inference.py --module --no-profile \
+        --n "${INFER_N:-262144}" --systems ${INFER_SYSTEMS:-N2/cc-pVDZ N2} "${prev[@]}" \
+        --fused ${FUSED:-tf32x3:auto:auto:on tf32x3:auto:auto:ordered}) > "$out/infer.log" 2>&1
+      echo "infer: exit $? at $((SECONDS - t0)) s" ;;
     check)
       # shellcheck disable=SC2086  # the variants: words
       (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 ${warps_arg:-} \
@@ -82,7 +94,8 @@ for step in "$@"; do
         > "$out/f64_ops.log" 2>&1 &
       # one pytest process per file, side by side (each compiles its own Triton kernels)
       for f in ${TEST_FILES:-tests/gpu/test_fused_ops_gpu.py tests/gpu/test_optimizer_graph.py}; do
-        timeout "${TT:-80}" python3 -m pytest -q -p no:cacheprovider -m gpu \
+        # shellcheck disable=SC2086  # PYTEST_ARGS: more options (e.g. -s for the printed errors)
+        timeout "${TT:-80}" python3 -m pytest -q ${PYTEST_ARGS:-} -p no:cacheprovider -m gpu \
           -k "${TEST_K:-fused or graph or small or fast_infer or inner_steps}" "$f" \
           > "$out/tests_$(basename "$f" .py).log" 2>&1 &
       done
@@ -91,7 +104,7 @@ for step in "$@"; do
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
-for f in kernels f32_before f32_after f64 compile f64_repro f32_ops f64_ops; do
+for f in kernels f32_before f32_after f64 compile f64_repro f32_ops f64_ops infer; do
   [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
 done
 for f in "$out"/tests*.log; do [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; }; done

@@ -12,10 +12,18 @@ The tiny widths are laid out for the tensor cores: d_model is padded to a power 
 positions to a power of two per configuration, and attention runs per group of 16 feature
 columns (two heads of 8) as a batched product over (configuration, group), one masked head at a
 time. The products use ``tf32x3`` by default: each float32 operand is split into a TF32 high part
-and a TF32 remainder, and three TF32 products (high*high + high*low + low*high) give float32
-accuracy at tensor-core speed. ``precision="ieee"`` uses plain float32 FMAs (slower; for
-checking), ``"tf32"`` one TF32 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only
-to measure what the split buys).
+and a TF32 remainder, both rounded to nearest here, and three TF32 products (low*high +
+high*low + high*high) give float32 accuracy at tensor-core speed. The rounding is done in the
+kernel rather than by Triton's own ``tf32x3``, which passes the remainder unrounded: the tensor
+cores then cut its low bits, an error biased towards zero that adds up along a sum (on an
+H200 that put ln psi 1e-5 from float64 at amplitudes near e^-16 after training).
+``precision="ieee"`` uses plain float32 FMAs (slower; for checking), ``"tf32"`` one TF32
+product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only to measure what the split
+buys). The LayerNorms divide and take square roots rounded to nearest, the last one runs in
+float64, and so do the masked log-softmax (the picked logit's distance to the largest first),
+the sum over positions and a prefix stage's partial ln|psi|: at tiny amplitudes each position's
+log-probability is large, and float32 roundings of a row scale, of max + log-sum or of the
+running sum would each add an error of that size times |log p|.
 
 Configurations that share their first orbitals share those positions' activations (the model
 is autoregressive: position k sees only orbitals 0..k-1). With ``share_prefixes`` (the default)
@@ -95,20 +103,45 @@ if triton is not None:
 
     @triton.jit
     def _layer_norm(h, w_ptr, b_ptr, c, colmask, D: tl.constexpr):
+        """LayerNorm of the rows of h in h's precision (correctly rounded square root and
+        division: the approximate ones scale a whole row by up to a few ulp)."""
         mean = tl.sum(h, 1) / D
         xc = tl.where(colmask[None, :], h - mean[:, None], 0.0)
         var = tl.sum(xc * xc, 1) / D
-        rstd = 1.0 / tl.sqrt(var + 1e-5)
+        if h.dtype == tl.float64:
+            rstd = 1.0 / tl.sqrt(var + 1e-5)  # float64: rounded to nearest on the GPU too
+        else:
+            rstd = tl.div_rn(tl.full(var.shape, 1.0, var.dtype), tl.sqrt_rn(var + 1e-5))
         w = tl.load(w_ptr + c)
         b = tl.load(b_ptr + c)
         return xc * rstd[:, None] * w[None, :] + b[None, :]
+
+    @triton.jit
+    def _tf32(x):
+        """x rounded to the nearest TF32 value (10 mantissa bits; ties away from zero)."""
+        bits = x.to(tl.int32, bitcast=True)
+        return ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _dot(a, b, PREC: tl.constexpr):
+        """a @ b in the precision PREC. "tf32x3": each operand split into a TF32 part rounded
+        to nearest and the TF32-rounded remainder, three TF32 products (low*high + high*low,
+        then high*high); the operands reach the tensor cores exact, so no bits are cut."""
+        if PREC == "tf32x3":
+            ah = _tf32(a)
+            bh = _tf32(b)
+            acc = tl.dot(_tf32(a - ah), bh, input_precision="tf32")
+            acc = tl.dot(ah, _tf32(b - bh), acc, input_precision="tf32")
+            return tl.dot(ah, bh, acc, input_precision="tf32")
+        else:
+            return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
     def _linear(x, w_ptr, b_ptr, rows_in, c_out, N: tl.constexpr, PREC: tl.constexpr):
         """x (R, K) @ W (K, N) + b with W row-major at w_ptr."""
         w = tl.load(w_ptr + rows_in[:, None] * N + c_out[None, :])
         b = tl.load(b_ptr + c_out)
-        return tl.dot(x, w, input_precision=PREC) + b[None, :]
+        return _dot(x, w, PREC) + b[None, :]
 
     @triton.jit(do_not_specialize=["n"])  # one compilation for every batch size
     def _amplitude_kernel(
@@ -255,11 +288,11 @@ if triton is not None:
             for g in tl.static_range(G):
                 head = ((c16 // HD) == g).to(tl.float32)
                 qh = qg * head[None, None, :]
-                s = tl.dot(qh, kt, input_precision=PREC)
+                s = _dot(qh, kt, PREC)
                 s = tl.where(causal[None, :, :], s, -1.0e30)
                 m = tl.max(s, 2)
                 if HAS_PARENT:
-                    sc = tl.dot(qh, pkt, input_precision=PREC)
+                    sc = _dot(qh, pkt, PREC)
                     sc = tl.where(pkey, sc, -1.0e30)
                     m = tl.maximum(m, tl.max(sc, 2))
                     pcs = tl.exp(sc - m[:, :, None])
@@ -267,12 +300,15 @@ if triton is not None:
                 den = tl.sum(p, 2)
                 if HAS_PARENT:
                     den += tl.sum(pcs, 2)
-                    og = tl.dot(p, vg * head[None, None, :], input_precision=PREC)
-                    og += tl.dot(pcs, pv * head[None, None, :], input_precision=PREC)
-                    o += og / den[:, :, None]
+                # one correctly rounded reciprocal per row (the approximate division is 2 ulp)
+                inv = tl.div_rn(tl.full(den.shape, 1.0, tl.float32), den)
+                if HAS_PARENT:
+                    og = _dot(p, vg * head[None, None, :], PREC)
+                    og += _dot(pcs, pv * head[None, None, :], PREC)
+                    o += og * inv[:, :, None]
                 else:
-                    p = p / den[:, :, None]
-                    o += tl.dot(p, vg * head[None, None, :], input_precision=PREC)
+                    p = p * inv[:, :, None]
+                    o += _dot(p, vg * head[None, None, :], PREC)
             y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, SP, 16)), (0, 2, 1, 3)), (R, DP))
             h += _linear(y, wo + sq, bo + sv, c, c, DP, PREC)
             x = _layer_norm(h, ln2w + sv, ln2b + sv, c, colmask, D)
@@ -280,14 +316,16 @@ if triton is not None:
             for f0 in range(0, FP, FC):
                 wf = tl.load(w1 + layer * DP * FP + c[:, None] * FP + f0 + cf[None, :])
                 bf = tl.load(b1 + layer * FP + f0 + cf)
-                a = _gelu(tl.dot(x, wf, input_precision=PREC) + bf[None, :])
+                a = _gelu(_dot(x, wf, PREC) + bf[None, :])
                 w2f = tl.load(w2 + layer * FP * DP + (f0 + cf[:, None]) * DP + c[None, :])
-                acc += tl.dot(a, w2f, input_precision=PREC)
+                acc += _dot(a, w2f, PREC)
             h += acc + tl.load(b2 + sv + c)[None, :]
 
-        x = _layer_norm(h, lnfw, lnfb, c, colmask, D)
+        # the last LayerNorm in float64: a rounding of its row scale would scale all four
+        # logits of a position together, an error of that size times |log p|
+        x = _layer_norm(h.to(tl.float64), lnfw, lnfb, c, colmask, D).to(tl.float32)
         whd = tl.load(wh + c[:, None] * 16 + c16[None, :])
-        logits = tl.dot(x, whd, input_precision=PREC)
+        logits = _dot(x, whd, PREC)
         kb = tl.minimum(k, LT - 1)
         logits += tl.load(bias16 + kb[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
 
@@ -299,11 +337,14 @@ if triton is not None:
         allowed = (ua <= NA) & (NA - ua <= rem) & (ub <= NB) & (NB - ub <= rem) & real
         n_allowed = tl.sum(allowed.to(tl.int32), 1)
         use = allowed | (real & (n_allowed == 0)[:, None])
-        lg = tl.where(use, logits, -1.0e30)
+        # in float64 from here on, with the picked logit's distance to the largest taken first:
+        # at tiny amplitudes the conditional log-probabilities are large and their float32
+        # roundings (of max + log sum, and of the running sum) would add up
+        lg = tl.where(use, logits, -1.0e30).to(tl.float64)
         mx = tl.max(lg, 1)
-        lse = mx + tl.log(tl.sum(tl.where(use, tl.exp(lg - mx[:, None]), 0.0), 1))
+        ex = tl.where(use, tl.exp(lg - mx[:, None]), 0.0)
         pick = c16[None, :] == target[:, None]
-        lp = tl.sum(tl.where(pick, logits, 0.0), 1) - lse
+        lp = (tl.sum(tl.where(pick, lg, 0.0), 1) - mx) - tl.log(tl.sum(ex, 1))
         ok = tl.sum((pick & allowed).to(tl.int32), 1)
         lp = tl.where(k < K1, lp, 0.0)
         bad = ((k < K1) & (ok == 0)).to(tl.int32)
@@ -627,7 +668,7 @@ class FusedInference:
                 dtype=torch.float32,
                 device=x.device,
             )
-            amp = torch.empty(cnt, dtype=torch.float32, device=x.device)
+            amp = torch.empty(cnt, dtype=torch.float64, device=x.device)
             par = parent[rep].contiguous() if parent is not None else None
             self._launch(xs[rep], amp, k0, e, parent=par, pamp=pamp, pkv=pkv, store=store)
             parent, pamp, pkv, k0 = gid, amp, store, e

@@ -268,6 +268,10 @@ if triton is not None:
         lse = tl.load(lse_ptr + lse_at, mask=mask_lse, other=0.0)
         delta = tl.sum(dy * y, 2)  # sum_j p_ij dp_ij = dy_i . y_i
         dq = tl.zeros((BLOCK, LP, HDP), q.dtype)
+        # the key and value gradients of every position, kept in registers and stored once
+        # after the loop (no store between one step's loads and the next's)
+        dk_all = tl.zeros((BLOCK, LP, HDP), q.dtype)
+        dv_all = tl.zeros((BLOCK, LP, HDP), q.dtype)
         for j in tl.static_range(L):
             k = tl.load(qkv_ptr + k_at + j * 3 * d, mask=mask2, other=0.0)
             v = tl.load(qkv_ptr + k_at + j * 3 * d + d, mask=mask2, other=0.0)
@@ -277,10 +281,13 @@ if triton is not None:
             dv = tl.sum(p[:, :, None] * dy, 1)
             ds = p * (tl.sum(dy * v[:, None, :], 2) - delta)
             dq += ds[:, :, None] * k[:, None, :]
-            dk = _scaled(tl.sum(ds[:, :, None] * q, 1), scale_hi, scale_lo, F64)
-            tl.store(dqkv_ptr + k_at + j * 3 * d, dk, mask=mask2)
-            tl.store(dqkv_ptr + k_at + j * 3 * d + d, dv, mask=mask2)
+            dk = tl.sum(ds[:, :, None] * q, 1)
+            row = (pos == j)[None, :, None]
+            dk_all = tl.where(row, dk[:, None, :], dk_all)
+            dv_all = tl.where(row, dv[:, None, :], dv_all)
         tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, F64), mask=mask3)
+        tl.store(dqkv_ptr + q_at + d, _scaled(dk_all, scale_hi, scale_lo, F64), mask=mask3)
+        tl.store(dqkv_ptr + q_at + 2 * d, dv_all, mask=mask3)
 
 
 # ------------------------------------------------------------------------- autograd functions

@@ -134,3 +134,57 @@ def test_kernel_in_triton_interpreter():
         [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+_SPLIT = textwrap.dedent(
+    """
+    import torch
+    import triton
+    import triton.language as tl
+    from cuscikit.nnqs.fast_infer import _dot, _tf32
+
+    @triton.jit
+    def kernel(a_ptr, b_ptr, r_ptr, o_ptr, M: tl.constexpr):
+        i = tl.arange(0, M)
+        a = tl.load(a_ptr + i[:, None] * M + i[None, :])
+        b = tl.load(b_ptr + i[:, None] * M + i[None, :])
+        tl.store(r_ptr + i[:, None] * M + i[None, :], _tf32(a))
+        tl.store(o_ptr + i[:, None] * M + i[None, :], _dot(a, b, "tf32x3"))
+
+    def tf32_ref(t):
+        return ((t.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32).double()
+
+    m = 32
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn((m, m), generator=g) * torch.exp(4 * torch.randn((m, m), generator=g))
+    e = 2.0**-11  # half a TF32 ulp at 1: the ties, both signs, and the same just below
+    a[0, :8] = torch.tensor([1 + e, -(1 + e), 1 + 3 * e, 1 + e - 2**-23, 2 - e, 0.0, -0.0, 1.0])
+    b = torch.randn((m, m), generator=g)
+    r, o = torch.empty_like(a), torch.empty_like(a)
+    kernel[(1,)](a, b, r, o, M=m)
+    bits = r.view(torch.int32)
+    assert int((bits & 0x1FFF).abs().max()) == 0  # TF32: the low 13 mantissa bits are zero
+    assert r[0, :8].tolist() == [1 + 2 * e, -(1 + 2 * e), 1 + 4 * e, 1.0, 2.0, 0.0, 0.0, 1.0]
+    # nearest: within half a TF32 ulp of the input
+    assert bool(((r - a).abs() <= e * a.abs()).all())
+    # three products of exact TF32 parts: float32 accuracy (the dropped low*low term and the
+    # remainder's rounding are each below 2^-22 of a product)
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    err = float(((o.double() - ref).abs() / scale).max())
+    one = float(((tf32_ref(a) @ tf32_ref(b) - ref).abs() / scale).max())
+    print("tf32x3 relative", err, "one TF32 product", one)
+    assert err < 2.0**-20 and one > 2.0**-12
+    """
+)
+
+
+def test_tf32_split_in_triton_interpreter():
+    """The kernel's TF32 split: operands rounded to nearest TF32 (exact for the tensor cores),
+    and its three products within float32 rounding of the float64 product."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _SPLIT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
