@@ -235,11 +235,36 @@ class PSpacePreconditioner:
         Z[self._idx] = self._dev(self._U @ (ys / dw))
         return Z
 
+    def _olsen_host(self, R, thetas, X) -> np.ndarray:
+        """The correction on the host, column by column in two work vectors (no temporaries of
+        the vectors' size): M^-1 r and M^-1 x, then t = M^-1 r - e M^-1 x (= M^-1 (r - e x))."""
+        n, k = R.shape
+        out = np.empty((k, n))  # rows; returned as columns (a view)
+        if getattr(self, "_work", None) is None or self._work.shape[1] != n:
+            self._work = np.empty((2, n))
+        d, mx = self._work
+        idx, U = self._idx, self._U
+        dw = self._w[:, None] - thetas[None, :]
+        dw = np.where(np.abs(dw) < 1e-8, 1e-8, dw)
+        for j in range(k):
+            r, x, t = R[:, j], X[:, j], out[j]
+            np.subtract(self.hdiag, thetas[j], out=d)
+            np.abs(d, out=mx)
+            d[mx < 1e-8] = 1e-8
+            np.divide(r, d, out=t)
+            np.divide(x, d, out=mx)
+            t[idx] = U @ ((U.T @ r[idx]) / dw[:, j])
+            mx[idx] = U @ ((U.T @ x[idx]) / dw[:, j])
+            e = (x @ t) / (x @ mx)
+            mx *= e
+            t -= mx
+        return out.T
+
     def __call__(self, R, thetas, X):
         thetas = np.asarray(thetas, dtype=np.float64).reshape(-1) - self.shift
-        MR, MX = self._apply(R, thetas), self._apply(X, thetas)
         if self.torch is None:
-            e = (X * MR).sum(0) / (X * MX).sum(0)
-        else:  # column dots through a GEMM: no reduction kernels to load in the first solve
-            e = self.torch.diagonal(X.T @ MR) / self.torch.diagonal(X.T @ MX)
+            return self._olsen_host(np.asarray(R), thetas, np.asarray(X))
+        MR, MX = self._apply(R, thetas), self._apply(X, thetas)
+        # column dots through a GEMM: no reduction kernels to load in the first solve
+        e = self.torch.diagonal(X.T @ MR) / self.torch.diagonal(X.T @ MX)
         return self._apply(R - X * e[None, :], thetas)

@@ -107,6 +107,17 @@ class _OneThreadBlas:
             put(n)
 
 
+def _summed(sigma: np.ndarray) -> np.ndarray:
+    """The sum of the per-thread buffers in buffer order, as a new vector (the only buffer itself
+    for one thread)."""
+    if sigma.shape[0] == 1:
+        return sigma[0]
+    out = np.add(sigma[0], sigma[1])
+    for i in range(2, sigma.shape[0]):
+        out += sigma[i]
+    return out
+
+
 def _aligned_blocks(cells: np.ndarray, ncsf: int, rows: int) -> list:
     """Blocks of at most `rows` CSFs (or one cell, if larger) that begin and end on cell borders."""
     blocks, k0 = [], 0
@@ -129,7 +140,8 @@ class Engine:
     8 (2 npair + 1) rows bytes). With ``method="loops"`` the loop table is built once (see
     `loop_bytes`); with ``method="lists"`` the coupling lists of a block are found by one loop
     search per ket the first time the block is used and kept while the kept lists stay within
-    `budget` bytes; blocks beyond it are searched again on every call (streamed).
+    `budget` bytes; blocks beyond it are searched again on every call (streamed). With two
+    threads or more the per-thread sigma buffers (8 ncsf bytes each) are kept between calls.
 
     Args:
         drt: the table.
@@ -178,6 +190,7 @@ class Engine:
         self._held = 0  # bytes of the kept lists
         self._streamed: set[int] = set()  # blocks that did not fit the budget
         self._work = None  # (T, G) buffers reused between calls
+        self._sigma_bufs = None  # per-thread sigma buffers (two threads or more)
 
     @property
     def steps(self) -> np.ndarray:
@@ -215,6 +228,19 @@ class Engine:
             self._streamed.add(i)
         return lst
 
+    def _thread_buffers(self, nbuf: int) -> np.ndarray:
+        """(nbuf, ncsf) zeroed sigma buffers. Several are kept between calls and zeroed in place:
+        fresh pages of that size cost more than the zeroing (page faults, most of all in a
+        virtual machine); one is allocated per call (it is the result)."""
+        if nbuf == 1:
+            return np.zeros((1, self.ncsf))
+        buf = self._sigma_bufs
+        if buf is None or buf.shape != (nbuf, self.ncsf):
+            self._sigma_bufs = buf = np.zeros((nbuf, self.ncsf))
+        else:
+            buf.fill(0.0)
+        return buf
+
     def _chunks(self, i):
         """Row ranges of block i, each at most `rows` kets: the list arguments of each and the
         (start, count) of its kets (work buffers stay small whatever the block)."""
@@ -239,7 +265,7 @@ class Engine:
         """
         c = np.ascontiguousarray(c, dtype=np.float64).reshape(-1)
         nbuf = self.nthreads or self.mod.max_threads()
-        sigma = np.zeros((nbuf, self.ncsf))  # one buffer per thread, summed at the end
+        sigma = self._thread_buffers(nbuf)  # one buffer per thread, summed at the end
         npair = self.npair
         # the GEMMs carry the one-body term too: T gets a column c_k, V a row h
         ld = npair + (h is not None)
@@ -281,7 +307,7 @@ class Engine:
                     self.mod.scatter_pairs(
                         self.core, *args, self.symmap, npair, G, sigma, self.nthreads
                     )
-        return sigma[0] if nbuf == 1 else sigma.sum(axis=0)
+        return _summed(sigma)
 
     def _contract_loops(self, c, sigma, V, A, B) -> np.ndarray:
         """The loop-driven sigma in column form: T (ld, count), G = W T (npair, count) with
@@ -304,7 +330,7 @@ class Engine:
         if dgemm is not None:  # one pass: gather, GEMM and scatter per range of CSFs
             with _OneThreadBlas():
                 mod.loop_sigma(core, tab, sym, npair, c, ld, W1, W2, sigma, dgemm, self.range, nt)
-            return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+            return _summed(sigma)
         rows = max(count for _, count in self.blocks)
         key = ("loops", rows, ld, 0 if W2 is None else W1.shape[0])
         if self._work is None or self._work[0] != key:
@@ -324,7 +350,7 @@ class Engine:
                     gemm(W1, T, X)
                     gemm(W2, X, G)
                 mod.loop_scatter_pairs(core, tab, sym, npair, G, k0, count, sigma, nt)
-        return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+        return _summed(sigma)
 
     def _gemm(self, left, right, out) -> None:
         """out = left right, one slab of left's rows per engine thread (BLAS on one thread)."""

@@ -336,6 +336,8 @@ class GUGASolver(Solver):
             X = np.asarray(X, dtype=np.float64)
             if X.ndim == 1:
                 return eng.contract(X, V, h)
+            if X.shape[1] == 1:  # the Davidson step of one root: no stacked copy
+                return eng.contract(X[:, 0], V, h)[:, None]
             return np.stack([eng.contract(X[:, k], V, h) for k in range(X.shape[1])], axis=1)
 
         matvec.g4, matvec.V, matvec.h = g4, V, h

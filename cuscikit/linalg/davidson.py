@@ -37,8 +37,32 @@ class _NumpyOps:
             return a / r, np.full((1, 1), r)
         return np.linalg.qr(a)
 
-    def colnorms(self, a) -> np.ndarray:
-        return np.linalg.norm(a, axis=0)
+    def rownorms(self, a) -> np.ndarray:
+        return np.sqrt(np.einsum("ij,ij->i", a, a))
+
+    def matmul_into(self, a, b, out):
+        return np.matmul(a, b, out=out)
+
+    def sub_matmul(self, t, a, b) -> None:
+        """t -= a @ b in place, t (k, n) and b (m, n) contiguous rows, a (k, m) small: one BLAS
+        call with beta = 1 (no temporary of t's size) where SciPy is present."""
+        try:
+            from scipy.linalg.blas import dgemm
+        except ImportError:
+            t -= a @ b
+            return
+        # column-major view: t^T (n, k) -= b^T (n, m) a^T (m, k)
+        out = dgemm(-1.0, b.T, np.asarray(a, dtype=np.float64).T, 1.0, t.T, overwrite_c=True)
+        if not np.shares_memory(out, t):  # a layout SciPy had to copy: write back
+            t[...] = out.T
+
+    def rows(self, a):
+        """(n, k) columns as (k, n) contiguous rows (no copy for one column)."""
+        return np.ascontiguousarray(np.asarray(a).T)
+
+    def columns(self, a):
+        """(k, n) rows as (n, k) contiguous columns (no copy for one row)."""
+        return np.ascontiguousarray(a.T)
 
     def host(self, a) -> np.ndarray:
         return np.asarray(a)
@@ -79,14 +103,27 @@ class _TorchOps(_NumpyOps):
         # One column (every step of a one-root solve): a norm instead of the dense solver's
         # QR, whose first call in a process initialises cuSOLVER.
         if a.shape[1] == 1:
-            r = self.colnorms(a).reshape(1, 1)
+            r = self.rownorms(a.T).reshape(1, 1)
             return a / float(r[0, 0]), r
         return self.torch.linalg.qr(a)
 
-    def colnorms(self, a):
+    def matmul_into(self, a, b, out):
+        return self.torch.matmul(a, b, out=out)
+
+    def sub_matmul(self, t, a, b) -> None:
+        a = a if self.torch.is_tensor(a) else self.dev(np.ascontiguousarray(a))
+        t.addmm_(a, b, alpha=-1.0)
+
+    def rownorms(self, a):
         # Through a GEMM (cuBLAS, which the subspace products load anyway) and the host: the
         # first vector_norm of a process loads reduction kernels of its own (about 0.05 s).
-        return np.sqrt(np.diag((a.T @ a).cpu().numpy()))
+        return np.sqrt(np.diag((a @ a.T).cpu().numpy()))
+
+    def rows(self, a):
+        return self.torch.as_tensor(a, device=self.device).T.contiguous()
+
+    def columns(self, a):
+        return a.T.contiguous()
 
     def host(self, a):
         return a.cpu().numpy() if self.torch.is_tensor(a) else np.asarray(a)
@@ -169,56 +206,86 @@ def davidson(
     else:
         G = ops.asarray(guess, n)
     G, _ = ops.qr(G)
-    # Subspace and its image live in preallocated blocks: no copies as the space grows.
-    V = ops.empty(n, max_space + G.shape[1])
-    AV = ops.empty(n, max_space + G.shape[1])
+    # The subspace and its image are rows of preallocated blocks: each vector contiguous, so
+    # that writing one touches only its own memory, and nothing is copied as the space grows.
+    # The projected matrix grows by the new rows only (V_i . AV_j for the new j).
+    cap = max_space + G.shape[1]
+    V = ops.empty(cap, n)
+    AV = ops.empty(cap, n)
+    Hs = np.zeros((cap, cap))
     m = G.shape[1]
-    V[:, :m] = G
-    AV[:, :m] = matvec(G)
+    V[:m] = G.T
+    AV[:m] = matvec(G).T
+
+    def project(a: int, b: int) -> None:
+        P = ops.host(V[:b] @ AV[a:b].T)  # (b, b - a): V_i . AV_j, j in a..b
+        Hs[:b, a:b] = P
+        Hs[a:b, :a] = P[:a].T
+        new = Hs[a:b, a:b]
+        Hs[a:b, a:b] = 0.5 * (new + new.T)
+
+    project(0, m)
+    Xb = ops.empty(nroots, n)  # Ritz vectors and residuals, rows reused every iteration
+    Rb = ops.empty(nroots, n)
     e_old = np.full(nroots, np.inf)
     res_norms = np.full(nroots, np.inf)
     theta_w = e_old
-    X = V[:, :nroots]
+    X = V[:nroots]
     for it in range(1, max_iter + 1):
-        Hs = ops.host(V[:, :m].T @ AV[:, :m])
-        Hs = 0.5 * (Hs + Hs.T)
-        theta, s = np.linalg.eigh(Hs)
+        theta, s = np.linalg.eigh(Hs[:m, :m])
         theta_w = theta[:nroots]
-        s_w = ops.dev(s[:, :nroots])
-        X = V[:, :m] @ s_w
-        R = AV[:, :m] @ s_w - X * ops.dev(theta_w)
-        res_norms = ops.colnorms(R)
+        s_w = ops.dev(np.ascontiguousarray(s[:, :nroots].T))
+        X = ops.matmul_into(s_w, V[:m], Xb)
+        R = ops.matmul_into(s_w, AV[:m], Rb)
+        ops.sub_matmul(R, np.diag(theta_w), X)  # R = AV s - X theta
+        res_norms = ops.rownorms(R)
         if callback is not None:
             callback(it, theta_w, res_norms)
         converged = np.all(np.abs(theta_w - e_old) < tol) and np.all(res_norms < residual_tol)
         if converged or m >= n:
-            return DavidsonResult(theta_w, X, True, it, res_norms)
+            return DavidsonResult(theta_w, ops.columns(X), True, it, res_norms)
         e_old = theta_w
         # Preconditioned corrections for the unconverged roots.
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
-        if precond is None:
-            denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
-            T = R[:, ops.dev(todo)] / denom
+        if todo.size < nroots:
+            Rt, Xt = R[ops.dev(todo)], X[ops.dev(todo)]
         else:
-            T = precond(R[:, ops.dev(todo)], theta_w[todo], X[:, ops.dev(todo)])
-        if m + T.shape[1] > max_space:
-            # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
-            # its image follows by linearity: no extra matvec.
+            Rt, Xt = R, X
+        del R
+        if precond is None:
+            denom = ops.clamp_away(diag[None, :] - ops.dev(theta_w[todo])[:, None], 1e-8)
+            T = Rt / denom
+        else:  # the hook takes and gives columns
+            T = ops.rows(precond(Rt.T, theta_w[todo], Xt.T))
+        del Rt, Xt
+        if m + T.shape[0] > max_space:
+            # Restart from the lowest Ritz vectors. V and s are orthonormal, so s^T V is too,
+            # its image follows by linearity (no extra matvec), and its projection is diag(theta).
             keep = max(nroots, min(2 * nroots, m))
-            s_k = ops.dev(np.ascontiguousarray(s[:, :keep]))
-            Q, AQ = V[:, :m] @ s_k, AV[:, :m] @ s_k
+            s_k = ops.dev(np.ascontiguousarray(s[:, :keep].T))
+            Q = s_k @ V[:m]
+            V[:keep] = Q
+            del Q
+            AQ = s_k @ AV[:m]
+            AV[:keep] = AQ
+            del AQ
             m = keep
-            V[:, :m], AV[:, :m] = Q, AQ
+            Hs[:] = 0.0
+            Hs[np.arange(m), np.arange(m)] = theta[:m]
         for _ in range(2):  # orthogonalise twice (Kahan)
-            T -= V[:, :m] @ (V[:, :m].T @ T)
-        Q, rr = ops.qr(T)
+            ops.sub_matmul(T, T @ V[:m].T, V[:m])
+        Q, rr = ops.qr(T.T)
+        del T
         Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
         if Q.shape[1] == 0:
-            return DavidsonResult(theta_w, X, bool(np.all(res_norms < 1e-4)), it, res_norms)
+            return DavidsonResult(
+                theta_w, ops.columns(X), bool(np.all(res_norms < 1e-4)), it, res_norms
+            )
         k = Q.shape[1]
-        V[:, m : m + k] = Q
-        AV[:, m : m + k] = matvec(Q)
+        V[m : m + k] = Q.T
+        AV[m : m + k] = matvec(Q).T
+        project(m, m + k)
         m += k
-    return DavidsonResult(theta_w, X, False, max_iter, res_norms)
+    return DavidsonResult(theta_w, ops.columns(X), False, max_iter, res_norms)
