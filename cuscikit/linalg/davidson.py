@@ -43,6 +43,9 @@ class _NumpyOps:
     def matmul_into(self, a, b, out):
         return np.matmul(a, b, out=out)
 
+    def divide_into(self, a, r: float, out) -> None:
+        np.divide(a, r, out=out)
+
     def sub_matmul(self, t, a, b) -> None:
         """t -= a @ b in place, t (k, n) and b (m, n) contiguous rows, a (k, m) small: one BLAS
         call with beta = 1 (no temporary of t's size) where SciPy is present."""
@@ -110,6 +113,9 @@ class _TorchOps(_NumpyOps):
     def matmul_into(self, a, b, out):
         return self.torch.matmul(a, b, out=out)
 
+    def divide_into(self, a, r: float, out) -> None:
+        self.torch.div(a, r, out=out)
+
     def sub_matmul(self, t, a, b) -> None:
         a = a if self.torch.is_tensor(a) else self.dev(np.ascontiguousarray(a))
         t.addmm_(a, b, alpha=-1.0)
@@ -166,7 +172,9 @@ def davidson(
     """Lowest `nroots` eigenpairs of a symmetric operator with a diagonal preconditioner.
 
     Args:
-        matvec: maps a block (n, k) to H @ block.
+        matvec: maps a block (n, k) to H @ block. It may carry an attribute
+            ``into(block, out)`` that writes H @ block into `out` (n, 1) in place; one new
+            vector's image is then written straight into the subspace's storage.
         diag: the diagonal of H (for the preconditioner and the initial guesses): a numpy
             array, or a float64 torch tensor to keep every vector on its device (then `matvec`
             maps tensors to tensors, `guess` may be either, and `vectors` is a tensor).
@@ -276,16 +284,27 @@ def davidson(
             Hs[np.arange(m), np.arange(m)] = theta[:m]
         for _ in range(2):  # orthogonalise twice (Kahan)
             ops.sub_matmul(T, T @ V[:m].T, V[:m])
-        Q, rr = ops.qr(T.T)
+        if T.shape[0] == 1:  # one vector: normalised straight into its row, no temporary
+            r = float(ops.rownorms(T)[0])
+            k = int(r > 1e-10)
+            if k:
+                ops.divide_into(T[0], r, V[m])
+        else:
+            Q, rr = ops.qr(T.T)
+            Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
+            k = Q.shape[1]
+            V[m : m + k] = Q.T
+            del Q
         del T
-        Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
-        if Q.shape[1] == 0:
+        if k == 0:
             return DavidsonResult(
                 theta_w, ops.columns(X), bool(np.all(res_norms < 1e-4)), it, res_norms
             )
-        k = Q.shape[1]
-        V[m : m + k] = Q.T
-        AV[m : m + k] = matvec(Q).T
+        into = getattr(matvec, "into", None)
+        if into is not None and k == 1:  # the image written into its row in place
+            into(V[m : m + 1].T, AV[m : m + 1].T)
+        else:
+            AV[m : m + k] = matvec(V[m : m + k].T).T
         project(m, m + k)
         m += k
     return DavidsonResult(theta_w, ops.columns(X), False, max_iter, res_norms)

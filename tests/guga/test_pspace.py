@@ -109,3 +109,12 @@ def test_preconditioner_equals_dense_olsen_correction():
         Mr, Mx = np.linalg.solve(M, R[:, j]), np.linalg.solve(M, X[:, j])
         ref = np.linalg.solve(M, R[:, j] - (X[:, j] @ Mr) / (X[:, j] @ Mx) * X[:, j])
         assert np.abs(got[:, j] - ref).max() < 1e-9 * np.abs(ref).max()
+
+
+def test_lowest_entries_equal_a_stable_argsort_with_ties():
+    from cuscikit.guga.solver import _lowest
+
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 20, size=1000).astype(np.float64)  # many ties at every border
+    for k in (1, 7, 50, 999, 1000, 1200):
+        assert np.array_equal(_lowest(a, k), np.argsort(a, kind="stable")[:k])
