@@ -5,12 +5,11 @@ singlet and triplet. Every solver runs in a process of its own, one after the ot
 ``--rounds R``, R times alternating, so that a shared machine loads them alike. Each process
 first solves (conv_tol 1e-10, one root, no guess; the time includes every setup: for GUGA the
 DRT and the loop table, or the coupling lists with ``--sigma-method lists``; wall and CPU
-seconds of the process, the latter summed over its
-threads and less sensitive to other jobs) and reads its peak resident memory ("peak MiB", the
-process's, imports and integrals included) and the solver's own ("solve MiB": the peak during
-the solve above the resident memory just before it, measured alike for every solver on Linux),
-then times one sigma vector (H c) on a random vector (median and best of ``--repeat``). The
-anchor is PySCF's
+seconds of the process, the latter summed over its threads and less sensitive to other jobs)
+and reads its peak resident memory ("peak MiB", the process's, imports and integrals included)
+and the solver's own ("solve MiB": the peak during the solve above the resident memory just
+before it, measured alike for every solver on Linux), then times one sigma vector (H c) on a
+random vector (median and best of ``--repeat``). The anchor is PySCF's
 direct_spin1 with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin
 penalty, the lowest state of the M sector), direct_spin0 for singlets, pyscf-forge's csf_solver
 when it is installed (the script says so when it is not), and with ``--df TOL`` GUGA with the
