@@ -132,7 +132,10 @@ class _TorchOps(_NumpyOps):
         return np.sqrt(np.diag((a @ a.T).cpu().numpy()))
 
     def rows(self, a):
-        return self.torch.as_tensor(a, device=self.device).T.contiguous()
+        r = self.torch.as_tensor(a, device=self.device).T.contiguous()
+        # strides (n, 1) for one row too: a transposed column keeps (1, 1), "contiguous" to
+        # torch but a leading dimension of 1 that cuBLASLt refuses in the in-place GEMMs
+        return r.as_strided(r.shape, (r.shape[1], 1))
 
     def columns(self, a):
         return a.T.contiguous()

@@ -335,6 +335,18 @@ def test_davidson_spilled_subspace_matches_resident(nroots, max_space):
     assert not stopped.converged and stopped.iterations == 1 and len(seen) == 1
 
 
+def test_davidson_rows_of_tensors_have_row_strides():
+    """Corrections made rows (one or several) have the strides (n, 1) that BLAS needs as a
+    leading dimension, also for one column, whose plain transpose has (1, 1)."""
+    from cuscikit.linalg.davidson import _TorchOps
+
+    ops = _TorchOps(torch.zeros(1, dtype=torch.float64))
+    for k in (1, 3):
+        Z = torch.arange(50.0 * k, dtype=torch.float64).reshape(50, k)
+        r = ops.rows(Z)
+        assert r.shape == (k, 50) and r.stride() == (50, 1) and torch.equal(r, Z.T)
+
+
 def test_davidson_spilled_rows_written_in_place():
     """A matvec that writes one image into a given row (``into``) with the subspace spilled
     beyond 0 or 3 rows, one and two roots: the energies of the resident subspace to 1e-10."""
