@@ -387,6 +387,7 @@ def davidson(
     res_norms = np.full(nroots, np.inf)
     theta_w = e_old
     X = None
+    s_old = None  # the step before's Ritz coefficients (for a restart)
     for it in range(1, max_iter + 1):
         theta, s = np.linalg.eigh(Hs[:m, :m])
         theta_w = theta[:nroots]
@@ -418,10 +419,25 @@ def davidson(
             T = ops.rows(precond(Rt.T, theta_w[todo], Xt.T))
         del Rt, Xt  # on a device the residuals are freed here, before the next sigma
         if m + T.shape[0] > max_space:
-            # Restart from the lowest Ritz vectors. V and s are orthonormal, so s^T V is too,
-            # its image follows by linearity (no extra matvec), and its projection is diag(theta).
-            keep = max(nroots, min(2 * nroots, m))
-            s_k = ops.dev(np.ascontiguousarray(s[:, :keep].T))
+            # Restart from the Ritz vectors and those of the step before (in the same basis,
+            # padded with zeros for the vectors added since): the pair keeps the direction the
+            # iteration was moving in, which the next lowest Ritz vectors do not ("GD+k":
+            # Stathopoulos & Saad, "Restarting techniques for the (Jacobi-)Davidson symmetric
+            # eigenvalue methods", ETNA 7, 163 (1998)). V and S are orthonormal, so
+            # S^T V is too, its image follows by linearity (no extra matvec), and its projection
+            # is S^T Hs S.
+            if s_old is not None and max_space > 3 * nroots:
+                S = np.zeros((m, 2 * nroots))
+                S[:, :nroots] = s[:, :nroots]
+                S[: s_old.shape[0], nroots:] = s_old
+                S, rr = np.linalg.qr(S)
+                S = S[:, np.abs(np.diag(rr)) > 1e-8 * np.abs(rr[0, 0])]
+                H_k = S.T @ Hs[:m, :m] @ S
+            else:  # restarted on the step before, or a space too small: the lowest Ritz vectors
+                S = s[:, : max(nroots, min(2 * nroots, m))]
+                H_k = np.diag(theta[: S.shape[1]])
+            keep = S.shape[1]
+            s_k = ops.dev(np.ascontiguousarray(S.T))
             Q = Vb.mul(s_k, m)
             Vb.put(0, Q)
             del Q
@@ -430,7 +446,10 @@ def davidson(
             del AQ
             m = keep
             Hs[:] = 0.0
-            Hs[np.arange(m), np.arange(m)] = theta[:m]
+            Hs[:m, :m] = 0.5 * (H_k + H_k.T)
+            s_old = None
+        else:
+            s_old = s[:, :nroots]
         for _ in range(2):  # orthogonalise twice (Kahan)
             Vb.sub(T, Vb.tmul(T, m), m)
         if T.shape[0] == 1:  # one vector: normalised straight into its row, no temporary
