@@ -5,9 +5,11 @@ singlet and triplet. Every solver runs in a process of its own, one after the ot
 ``--rounds R``, R times alternating, so that a shared machine loads them alike. Each process
 first solves (conv_tol 1e-10, one root, no guess; the time includes every setup: for GUGA the
 DRT and the loop table, or the coupling lists with ``--sigma-method lists``; wall and CPU
-seconds of the process, the latter summed over its
-threads and less sensitive to other jobs) and reads its peak resident memory, then times one
-sigma vector (H c) on a random vector (median and best of ``--repeat``). The anchor is PySCF's
+seconds of the process, the latter summed over its threads and less sensitive to other jobs)
+and reads its peak resident memory ("peak MiB", the process's, imports and integrals included)
+and the solver's own ("solve MiB": the peak during the solve above the resident memory just
+before it, measured alike for every solver on Linux), then times one sigma vector (H c) on a
+random vector (median and best of ``--repeat``). The anchor is PySCF's
 direct_spin1 with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin
 penalty, the lowest state of the M sector), direct_spin0 for singlets, pyscf-forge's csf_solver
 when it is installed (the script says so when it is not), and with ``--df TOL`` GUGA with the
@@ -60,6 +62,32 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _status_mib(field: str) -> float:
+    """A memory line of /proc/self/status (VmRSS, VmHWM) in MiB; NaN where there is none."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _solver_base() -> float:
+    """Reset the peak-RSS mark (Linux: clear_refs 5) and return the RSS now, after imports and
+    integrals: the solver's own peak is then VmHWM after its solve minus this (NaN elsewhere)."""
+    import gc
+
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return float("nan")
+    return _status_mib("VmRSS")
+
+
 def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bool, opts, queue):
     from pyscf import fci, lib
 
@@ -79,6 +107,7 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         if opts.get("sigma_method"):
             kw["sigma_method"] = opts["sigma_method"]
         solver = GUGASolver(spin=twos, threads=threads, conv_tol=1e-10, **kw)
+        base = _solver_base()
         t0, c0 = time.perf_counter(), time.process_time()
         eng, matvec = solver._hop(h1, eri, ncas, nelec)  # DRT, integrals, loop table
         if eng.method == "lists":  # every coupling list (as far as the budget keeps them)
@@ -95,6 +124,7 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
             out["solve_cpu_s"] = out["setup_cpu_s"] + time.process_time() - c1
             out["e"] = float(e)
             out["peak_mib"] = _peak_mib()
+            out["own_mib"] = _status_mib("VmHWM") - base
         c = np.random.default_rng(0).standard_normal(eng.ncsf)
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -142,12 +172,14 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
 
 def _timed_solve(solver, h1, eri, ncas, nelec, ecore, out: dict) -> None:
     """A full solve: wall and CPU seconds, the energy and the peak memory into `out`."""
+    base = _solver_base()
     t0, c0 = time.perf_counter(), time.process_time()
     e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
     out["solve_s"] = time.perf_counter() - t0
     out["solve_cpu_s"] = time.process_time() - c0
     out["e"] = float(e)
     out["peak_mib"] = _peak_mib()
+    out["own_mib"] = _status_mib("VmHWM") - base
 
 
 def measure(method, ncas, twos, threads, repeat, solve=True, opts=None):
@@ -248,6 +280,7 @@ def main() -> None:
                         f"{r['e']:.10f}",
                         f"{r['e'] - anchor['e']:+.1e}",
                         f"{r['peak_mib']:.0f}",
+                        f"{r.get('own_mib', float('nan')):.0f}",
                         f"{r.get('list_mib', float('nan')):.0f}",
                     ]
                 )
@@ -269,6 +302,7 @@ def main() -> None:
                     "E (Ha)",
                     "dE",
                     "peak MiB",
+                    "solve MiB",
                     "tables MiB",
                 ],
                 rows,

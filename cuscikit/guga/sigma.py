@@ -107,6 +107,21 @@ class _OneThreadBlas:
             put(n)
 
 
+def _summed(sigma: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The sum of the per-thread buffers in buffer order, into `out` or a new vector (for one
+    thread without `out`: the buffer itself, which `contract` allocated for this call)."""
+    if sigma.shape[0] == 1:
+        if out is None:
+            return sigma[0]
+        if not np.shares_memory(out, sigma):
+            out[...] = sigma[0]
+        return out
+    out = np.add(sigma[0], sigma[1], out=out)
+    for i in range(2, sigma.shape[0]):
+        out += sigma[i]
+    return out
+
+
 def _aligned_blocks(cells: np.ndarray, ncsf: int, rows: int) -> list:
     """Blocks of at most `rows` CSFs (or one cell, if larger) that begin and end on cell borders."""
     blocks, k0 = [], 0
@@ -129,7 +144,8 @@ class Engine:
     8 (2 npair + 1) rows bytes). With ``method="loops"`` the loop table is built once (see
     `loop_bytes`); with ``method="lists"`` the coupling lists of a block are found by one loop
     search per ket the first time the block is used and kept while the kept lists stay within
-    `budget` bytes; blocks beyond it are searched again on every call (streamed).
+    `budget` bytes; blocks beyond it are searched again on every call (streamed). With two
+    threads or more the per-thread sigma buffers (8 ncsf bytes each) are kept between calls.
 
     Args:
         drt: the table.
@@ -178,6 +194,7 @@ class Engine:
         self._held = 0  # bytes of the kept lists
         self._streamed: set[int] = set()  # blocks that did not fit the budget
         self._work = None  # (T, G) buffers reused between calls
+        self._sigma_bufs = None  # per-thread sigma buffers (two threads or more)
 
     @property
     def steps(self) -> np.ndarray:
@@ -215,6 +232,23 @@ class Engine:
             self._streamed.add(i)
         return lst
 
+    def _thread_buffers(self, nbuf: int, out=None) -> np.ndarray:
+        """(nbuf, ncsf) zeroed sigma buffers. Several are kept between calls and zeroed in place:
+        fresh pages of that size cost more than the zeroing (page faults, most of all in a
+        virtual machine); one is allocated per call (it is the result), or is `out` itself
+        when that is contiguous."""
+        if nbuf == 1:
+            if out is not None and out.flags.c_contiguous:
+                out.fill(0.0)
+                return out.reshape(1, -1)
+            return np.zeros((1, self.ncsf))
+        buf = self._sigma_bufs
+        if buf is None or buf.shape != (nbuf, self.ncsf):
+            self._sigma_bufs = buf = np.zeros((nbuf, self.ncsf))
+        else:
+            buf.fill(0.0)
+        return buf
+
     def _chunks(self, i):
         """Row ranges of block i, each at most `rows` kets: the list arguments of each and the
         (start, count) of its kets (work buffers stay small whatever the block)."""
@@ -228,18 +262,24 @@ class Engine:
             yield (off[a : b + 1], bra, code, w, self.steps[k0 + a : k0 + b], k0 + a), k0 + a, b - a
 
     # --- sigma -----------------------------------------------------------------------------------
-    def contract(self, c: np.ndarray, V, h: np.ndarray | None = None) -> np.ndarray:
+    def contract(self, c: np.ndarray, V, h: np.ndarray | None = None, out=None) -> np.ndarray:
         """sum_PQ V[P,Q] E^sym_P E^sym_Q c + sum_P h[P] E^sym_P c, V and h over packed pairs.
 
         With V = 1/2 (pq|rs) (4-fold) and h = h' packed, this is (H - ecore) c; with V the
         absorbed h2eff of PySCF's `absorb_h1e` and h None, it is PySCF's `contract_2e`. V may
         also be a factored pair (A, B), A (npair, naux) and B (naux, npair), meaning V = A B
         (density fitting / Cholesky: A = L, B = 1/2 L^T): then g = (T A) B, two GEMMs of
-        naux columns instead of one of npair.
+        naux columns instead of one of npair. `out`, a float64 vector of ncsf entries (any
+        stride; not `c`), receives the result in place of a new vector (returned).
         """
         c = np.ascontiguousarray(c, dtype=np.float64).reshape(-1)
         nbuf = self.nthreads or self.mod.max_threads()
-        sigma = np.zeros((nbuf, self.ncsf))  # one buffer per thread, summed at the end
+        if out is not None:
+            if out.shape != (self.ncsf,) or out.dtype != np.float64:
+                raise ValueError(f"out must be a float64 vector of {self.ncsf} entries")
+            if np.shares_memory(out, c):
+                raise ValueError("out must not share memory with c")
+        sigma = self._thread_buffers(nbuf, out)  # one buffer per thread, summed at the end
         npair = self.npair
         # the GEMMs carry the one-body term too: T gets a column c_k, V a row h
         ld = npair + (h is not None)
@@ -260,7 +300,7 @@ class Engine:
             A = B = None
             naux = 0
         if self.method == "loops":
-            return self._contract_loops(c, sigma, V, A, B)
+            return self._contract_loops(c, sigma, V, A, B, out)
         rows = min(self.rows, max(count for _, count in self.blocks))
         work = self._work
         if work is None or work[0].shape[0] < rows or work[0].shape[1] != ld or work[2] != naux:
@@ -281,9 +321,9 @@ class Engine:
                     self.mod.scatter_pairs(
                         self.core, *args, self.symmap, npair, G, sigma, self.nthreads
                     )
-        return sigma[0] if nbuf == 1 else sigma.sum(axis=0)
+        return _summed(sigma, out)
 
-    def _contract_loops(self, c, sigma, V, A, B) -> np.ndarray:
+    def _contract_loops(self, c, sigma, V, A, B, out=None) -> np.ndarray:
         """The loop-driven sigma in column form: T (ld, count), G = W T (npair, count) with
         W = V^T (V = [V; h] as `contract` extends it), or G = B^T (A^T T) for factors."""
         npair, mod, core, tab, sym, nt = (
@@ -304,7 +344,7 @@ class Engine:
         if dgemm is not None:  # one pass: gather, GEMM and scatter per range of CSFs
             with _OneThreadBlas():
                 mod.loop_sigma(core, tab, sym, npair, c, ld, W1, W2, sigma, dgemm, self.range, nt)
-            return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+            return _summed(sigma, out)
         rows = max(count for _, count in self.blocks)
         key = ("loops", rows, ld, 0 if W2 is None else W1.shape[0])
         if self._work is None or self._work[0] != key:
@@ -324,7 +364,7 @@ class Engine:
                     gemm(W1, T, X)
                     gemm(W2, X, G)
                 mod.loop_scatter_pairs(core, tab, sym, npair, G, k0, count, sigma, nt)
-        return sigma[0] if sigma.shape[0] == 1 else sigma.sum(axis=0)
+        return _summed(sigma, out)
 
     def _gemm(self, left, right, out) -> None:
         """out = left right, one slab of left's rows per engine thread (BLAS on one thread)."""

@@ -59,6 +59,16 @@ def _pack(h: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(h[i, j])
 
 
+def _lowest(a: np.ndarray, k: int) -> np.ndarray:
+    """``np.argsort(a, kind="stable")[:k]`` without sorting all of `a`: the entries up to the
+    k-th smallest value (ties included) sorted stably (O(n) instead of O(n log n))."""
+    if k >= len(a):
+        return np.argsort(a, kind="stable")[:k]
+    v = a[np.argpartition(a, k - 1)[k - 1]]
+    cand = np.flatnonzero(a <= v)
+    return cand[np.argsort(a[cand], kind="stable")[:k]]
+
+
 def _start_vectors(hdiag, n: int, nroots: int, pre=None):
     """Davidson start vectors on hdiag's device: one for one root, else max(nroots + 2,
     2 nroots); the P-space vectors of `pre`, or unit vectors on the lowest diagonals, plus
@@ -69,7 +79,7 @@ def _start_vectors(hdiag, n: int, nroots: int, pre=None):
             guess = pre.guess(k0)
         else:
             guess = np.zeros((n, k0))
-            guess[np.argsort(hdiag, kind="stable")[:k0], np.arange(k0)] = 1.0
+            guess[_lowest(hdiag, k0), np.arange(k0)] = 1.0
         return guess + 1e-5 * np.random.default_rng(1).standard_normal(guess.shape)
     import torch
 
@@ -356,9 +366,14 @@ class GUGASolver(Solver):
             X = np.asarray(X, dtype=np.float64)
             if X.ndim == 1:
                 return eng.contract(X, V, h)
+            if X.shape[1] == 1:  # the Davidson step of one root: no stacked copy
+                return eng.contract(X[:, 0], V, h)[:, None]
             return np.stack([eng.contract(X[:, k], V, h) for k in range(X.shape[1])], axis=1)
 
-        matvec.g4, matvec.V, matvec.h = g4, V, h
+        def into(X, out):  # one column into a given one (the Davidson's storage)
+            eng.contract(np.asarray(X, dtype=np.float64)[:, 0], V, h, out=out[:, 0])
+
+        matvec.g4, matvec.V, matvec.h, matvec.into = g4, V, h, into
         return eng, matvec
 
     def energy(self, h1e, eri, fcivec, norb: int, nelec) -> float:
@@ -504,7 +519,7 @@ class GUGASolver(Solver):
         from cuscikit.guga.pspace import PSpacePreconditioner, pspace_hamiltonian
 
         if isinstance(hdiag, np.ndarray):
-            idx = np.argsort(hdiag, kind="stable")[:size]
+            idx = _lowest(hdiag, size)
             d = hdiag[idx]
         else:
             import torch

@@ -16,6 +16,10 @@ import numpy as np
 class _NumpyOps:
     """The array operations of the algorithm on numpy arrays."""
 
+    # Residual rows reused between iterations: a fresh host block of the vectors' size costs
+    # page faults every time (device allocators reuse freed blocks, so tensors need not).
+    reuse = True
+
     def empty(self, n: int, m: int):
         return np.empty((n, m))
 
@@ -37,8 +41,35 @@ class _NumpyOps:
             return a / r, np.full((1, 1), r)
         return np.linalg.qr(a)
 
-    def colnorms(self, a) -> np.ndarray:
-        return np.linalg.norm(a, axis=0)
+    def rownorms(self, a) -> np.ndarray:
+        return np.sqrt(np.einsum("ij,ij->i", a, a))
+
+    def matmul_into(self, a, b, out):
+        return np.matmul(a, b, out=out)
+
+    def divide_into(self, a, r: float, out) -> None:
+        np.divide(a, r, out=out)
+
+    def sub_matmul(self, t, a, b) -> None:
+        """t -= a @ b in place, t (k, n) and b (m, n) contiguous rows, a (k, m) small: one BLAS
+        call with beta = 1 (no temporary of t's size) where SciPy is present."""
+        try:
+            from scipy.linalg.blas import dgemm
+        except ImportError:
+            t -= a @ b
+            return
+        # column-major view: t^T (n, k) -= b^T (n, m) a^T (m, k)
+        out = dgemm(-1.0, b.T, np.asarray(a, dtype=np.float64).T, 1.0, t.T, overwrite_c=True)
+        if not np.shares_memory(out, t):  # a layout SciPy had to copy: write back
+            t[...] = out.T
+
+    def rows(self, a):
+        """(n, k) columns as (k, n) contiguous rows (no copy for one column)."""
+        return np.ascontiguousarray(np.asarray(a).T)
+
+    def columns(self, a):
+        """(k, n) rows as (n, k) contiguous columns (no copy for one row)."""
+        return np.ascontiguousarray(a.T)
 
     def host(self, a) -> np.ndarray:
         return np.asarray(a)
@@ -52,6 +83,8 @@ class _NumpyOps:
 
 class _TorchOps(_NumpyOps):
     """The same operations on torch tensors (any device, float64)."""
+
+    reuse = False
 
     def __init__(self, like):
         import torch
@@ -79,14 +112,33 @@ class _TorchOps(_NumpyOps):
         # One column (every step of a one-root solve): a norm instead of the dense solver's
         # QR, whose first call in a process initialises cuSOLVER.
         if a.shape[1] == 1:
-            r = self.colnorms(a).reshape(1, 1)
+            r = self.rownorms(a.T).reshape(1, 1)
             return a / float(r[0, 0]), r
         return self.torch.linalg.qr(a)
 
-    def colnorms(self, a):
+    def matmul_into(self, a, b, out):
+        return self.torch.matmul(a, b, out=out)
+
+    def divide_into(self, a, r: float, out) -> None:
+        self.torch.div(a, r, out=out)
+
+    def sub_matmul(self, t, a, b) -> None:
+        a = a if self.torch.is_tensor(a) else self.dev(np.ascontiguousarray(a))
+        t.addmm_(a, b, alpha=-1.0)
+
+    def rownorms(self, a):
         # Through a GEMM (cuBLAS, which the subspace products load anyway) and the host: the
         # first vector_norm of a process loads reduction kernels of its own (about 0.05 s).
-        return np.sqrt(np.diag((a.T @ a).cpu().numpy()))
+        return np.sqrt(np.diag((a @ a.T).cpu().numpy()))
+
+    def rows(self, a):
+        r = self.torch.as_tensor(a, device=self.device).T.contiguous()
+        # strides (n, 1) for one row too: a transposed column keeps (1, 1), "contiguous" to
+        # torch but a leading dimension of 1 that cuBLASLt refuses in the in-place GEMMs
+        return r.as_strided(r.shape, (r.shape[1], 1))
+
+    def columns(self, a):
+        return a.T.contiguous()
 
     def host(self, a):
         return a.cpu().numpy() if self.torch.is_tensor(a) else np.asarray(a)
@@ -98,18 +150,57 @@ class _TorchOps(_NumpyOps):
         return self.torch.where(self.torch.abs(a) < eps, eps, a)
 
 
-class _Spilled:
-    """A block of `cols` float64 columns of length n (the Davidson subspace V or its image AV)
-    whose first `resident` columns stay on the device and the rest in host memory (one vector
-    each, made when first written; page-locked when the device is a GPU). Products with the
-    block stream the host columns through one device vector: V^T B and V s, the only uses the
-    algorithm makes."""
+class _Rows:
+    """A block of `cap` float64 vectors of length n as contiguous rows of one array (numpy, or a
+    tensor on its device): the Davidson subspace V or its image AV."""
 
-    def __init__(self, torch, device, n: int, cols: int, resident: int):
+    def __init__(self, ops, n: int, cap: int):
+        self.ops = ops
+        self.a = ops.empty(cap, n)
+
+    def put(self, j: int, Q) -> None:
+        """Rows j .. j + k - 1 from Q (k, n)."""
+        self.a[j : j + Q.shape[0]] = Q
+
+    def slot(self, j: int):
+        """A writable row to build vector j in; `done(j, row)` stores it."""
+        return self.a[j]
+
+    def done(self, j: int, row) -> None:
+        pass  # built in place
+
+    def view(self, a: int, b: int):
+        """Rows a .. b - 1 where they are stored on the device, else None."""
+        return self.a[a:b]
+
+    def mul(self, s, m: int, out=None):
+        """s V[:m] (k, n) for s (k, m), into `out` when given."""
+        return self.ops.matmul_into(s, self.a[:m], out)
+
+    def tmul(self, B, m: int):
+        """B V[:m]^T (k, m) for rows B (k, n)."""
+        return B @ self.a[:m].T
+
+    def project(self, m: int, B) -> np.ndarray:
+        """V[:m] B^T (m, k) on the host."""
+        return self.ops.host(self.a[:m] @ B.T)
+
+    def sub(self, T, a, m: int) -> None:
+        """T -= a V[:m] in place, a (k, m)."""
+        self.ops.sub_matmul(T, a, self.a[:m])
+
+
+class _Spilled(_Rows):
+    """The same block (torch) with only its first `resident` rows on the device and the rest in
+    host memory, one vector each, made when first written (page-locked when the device is a
+    GPU). Products with the block stream the host rows through one device row: the device rows
+    in one GEMM, then one rank-1 update or dot per host row."""
+
+    def __init__(self, torch, device, n: int, cap: int, resident: int):
         self.torch, self.n = torch, n
-        self.resident = max(0, min(int(resident), cols))
-        self.dev = torch.empty((n, self.resident), dtype=torch.float64, device=device)
-        self.host: list = [None] * (cols - self.resident)
+        self.resident = max(0, min(int(resident), cap))
+        self.dev = torch.empty((self.resident, n), dtype=torch.float64, device=device)
+        self.host: list = [None] * (cap - self.resident)
         self.stage = None
 
     def _host_vector(self):
@@ -121,39 +212,63 @@ class _Spilled:
                 pass
         return self.torch.empty(self.n, dtype=f64)
 
-    def _column(self, j: int):
+    def _row(self, j: int):
+        """Host row j on the device (in the one staging row)."""
         if self.stage is None:
             self.stage = self.torch.empty(self.n, dtype=self.torch.float64, device=self.dev.device)
         self.stage.copy_(self.host[j - self.resident], non_blocking=True)
         return self.stage
 
-    def set(self, j: int, Q) -> None:
-        """Columns j .. j + k - 1 from the device block Q (n, k)."""
-        for i in range(Q.shape[1]):
-            if j + i < self.resident:
-                self.dev[:, j + i] = Q[:, i]
-                continue
-            h = j + i - self.resident
-            if self.host[h] is None:
-                self.host[h] = self._host_vector()
-            self.host[h].copy_(Q[:, i].contiguous())
+    def _store(self, j: int, row) -> None:
+        if j < self.resident:
+            self.dev[j] = row
+            return
+        h = j - self.resident
+        if self.host[h] is None:
+            self.host[h] = self._host_vector()
+        self.host[h].copy_(row.contiguous())
 
-    def tdot(self, m: int, B):
-        """V[:, :m]^T B (m, k) on the device."""
+    def put(self, j, Q):
+        for i in range(Q.shape[0]):
+            self._store(j + i, Q[i])
+
+    def slot(self, j):
+        if j < self.resident:
+            return self.dev[j]
+        return self.torch.empty(self.n, dtype=self.torch.float64, device=self.dev.device)
+
+    def done(self, j, row):
+        if j >= self.resident:
+            self._store(j, row)
+
+    def view(self, a, b):
+        return self.dev[a:b] if b <= self.resident else None
+
+    def mul(self, s, m, out=None):
         r = min(m, self.resident)
-        out = self.torch.empty((m, B.shape[1]), dtype=B.dtype, device=B.device)
-        out[:r] = self.dev[:, :r].T @ B
+        s = s if self.torch.is_tensor(s) else self.torch.as_tensor(s, device=self.dev.device)
+        out = self.torch.matmul(s[:, :r], self.dev[:r], out=out)
         for j in range(r, m):
-            out[j] = self._column(j) @ B
+            out.addr_(s[:, j], self._row(j))
         return out
 
-    def mul(self, m: int, s):
-        """V[:, :m] s (n, k) on the device."""
+    def tmul(self, B, m):
         r = min(m, self.resident)
-        out = self.dev[:, :r] @ s[:r]
+        out = self.torch.empty((B.shape[0], m), dtype=B.dtype, device=B.device)
+        out[:, :r] = B @ self.dev[:r].T
         for j in range(r, m):
-            out.addr_(self._column(j), s[j])
+            out[:, j] = B @ self._row(j)
         return out
+
+    def project(self, m, B):
+        return self.tmul(B, m).T.cpu().numpy()
+
+    def sub(self, T, a, m):
+        r = min(m, self.resident)
+        a = a if self.torch.is_tensor(a) else self.torch.as_tensor(a, device=self.dev.device)
+        T.addmm_(a[:, :r], self.dev[:r], alpha=-1.0)
+        for j in range(r, m):
+            T.addr_(a[:, j], self._row(j), alpha=-1.0)
 
 
 def _ops_for(diag):
@@ -188,7 +303,9 @@ def davidson(
     """Lowest `nroots` eigenpairs of a symmetric operator with a diagonal preconditioner.
 
     Args:
-        matvec: maps a block (n, k) to H @ block.
+        matvec: maps a block (n, k) to H @ block. It may carry an attribute
+            ``into(block, out)`` that writes H @ block into `out` (n, 1) in place; one new
+            vector's image is then written straight into the subspace's storage.
         diag: the diagonal of H (for the preconditioner and the initial guesses): a numpy
             array, or a float64 torch tensor to keep every vector on its device (then `matvec`
             maps tensors to tensors, `guess` may be either, and `vectors` is a tensor).
@@ -204,11 +321,11 @@ def davidson(
         precond: corrections from residuals, called as precond(R, theta, X) with the residuals
             R, Ritz values theta and Ritz vectors X of the unconverged roots (one column
             each); default R / (diag - theta).
-        resident: with tensors on a GPU, how many columns of the subspace V (and as many of its
-            image AV) stay on the device; the others are spilled to pinned host memory and
-            streamed back for each product (None: all on the device). The projected matrix is
-            then updated column by column (V^T AQ for each new block AQ) instead of formed
-            whole, so the energies agree with the resident path to rounding, not bit for bit.
+        resident: with tensors on a GPU, how many vectors of the subspace V (and as many of
+            its image AV) stay on the device; the others are spilled to pinned host memory and
+            streamed back one at a time for each product (None: all on the device). The
+            arithmetic is the resident path's, in other summation orders: the energies agree
+            with it to rounding, not bit for bit.
 
     Example:
         >>> import numpy as np
@@ -234,108 +351,138 @@ def davidson(
     else:
         G = ops.asarray(guess, n)
     G, _ = ops.qr(G)
-    # Subspace and its image live in preallocated blocks: no copies as the space grows.
-    cols = max_space + G.shape[1]
-    spill = resident is not None and resident < cols and isinstance(ops, _TorchOps)
-    if spill:
-        torch = ops.torch
-        Vb = _Spilled(torch, ops.device, n, cols, resident)
-        AVb = _Spilled(torch, ops.device, n, cols, resident)
-        Hs_all = np.zeros((cols, cols))
-
-        def v_t(m, B):
-            return Vb.tdot(m, B)
-
-        def v_mul(m, s):
-            return Vb.mul(m, s)
-
-        def av_mul(m, s):
-            return AVb.mul(m, s)
-
-        def put(j, Q, AQ):
-            Vb.set(j, Q)
-            AVb.set(j, AQ)
-            # the new columns of the projected matrix, V^T AQ, mirrored (H is symmetric)
-            k = Q.shape[1]
-            col = ops.host(Vb.tdot(j + k, AQ))
-            Hs_all[: j + k, j : j + k] = col
-            Hs_all[j : j + k, :j] = col[:j].T
-
-        def projected(m):
-            return Hs_all[:m, :m].copy()
+    # The subspace and its image are rows of preallocated blocks: each vector contiguous, so
+    # that writing one touches only its own memory, and nothing is copied as the space grows.
+    # The projected matrix grows by the new rows only (V_i . AV_j for the new j).
+    cap = max_space + G.shape[1]
+    if resident is not None and resident < cap and isinstance(ops, _TorchOps):
+        Vb = _Spilled(ops.torch, ops.device, n, cap, resident)
+        AVb = _Spilled(ops.torch, ops.device, n, cap, resident)
     else:
-        V = ops.empty(n, cols)
-        AV = ops.empty(n, cols)
+        Vb, AVb = _Rows(ops, n, cap), _Rows(ops, n, cap)
+    Hs = np.zeros((cap, cap))
 
-        def v_t(m, B):
-            return V[:, :m].T @ B
+    def project(a: int, b: int, B) -> None:
+        """Rows and columns a .. b - 1 of the projected matrix from the new image rows B."""
+        P = Vb.project(b, B)  # (b, b - a): V_i . AV_j, j in a..b
+        Hs[:b, a:b] = P
+        Hs[a:b, :a] = P[:a].T
+        new = Hs[a:b, a:b]
+        Hs[a:b, a:b] = 0.5 * (new + new.T)
 
-        def v_mul(m, s):
-            return V[:, :m] @ s
-
-        def av_mul(m, s):
-            return AV[:, :m] @ s
-
-        def put(j, Q, AQ):
-            k = Q.shape[1]
-            V[:, j : j + k], AV[:, j : j + k] = Q, AQ
-
-        def projected(m):
-            return ops.host(V[:, :m].T @ AV[:, :m])
+    def store_image(a: int, AQ) -> None:
+        """The new images AQ (rows a ..) into AV and into the projected matrix."""
+        AVb.put(a, AQ)
+        B = AVb.view(a, a + AQ.shape[0])
+        project(a, a + AQ.shape[0], AQ if B is None else B)
 
     m = G.shape[1]
-    put(0, G, matvec(G))
+    Vb.put(0, G.T)
+    store_image(0, matvec(G).T)
+    del G
+    into = getattr(matvec, "into", None)
+    Xb = ops.empty(nroots, n)  # Ritz vectors (and on the host residuals): rows reused
+    Rb = ops.empty(nroots, n) if ops.reuse else None
     e_old = np.full(nroots, np.inf)
     res_norms = np.full(nroots, np.inf)
     theta_w = e_old
-    X = G[:, :nroots]
+    X = None
+    s_old = None  # the step before's Ritz coefficients (for a restart)
     for it in range(1, max_iter + 1):
-        Hs = projected(m)
-        Hs = 0.5 * (Hs + Hs.T)
-        theta, s = np.linalg.eigh(Hs)
+        theta, s = np.linalg.eigh(Hs[:m, :m])
         theta_w = theta[:nroots]
-        s_w = ops.dev(s[:, :nroots])
-        X = v_mul(m, s_w)
-        R = av_mul(m, s_w) - X * ops.dev(theta_w)
-        res_norms = ops.colnorms(R)
+        s_w = ops.dev(np.ascontiguousarray(s[:, :nroots].T))
+        X = Vb.mul(s_w, m, Xb)
+        R = AVb.mul(s_w, m, Rb)
+        ops.sub_matmul(R, np.diag(theta_w), X)  # R = AV s - X theta
+        res_norms = ops.rownorms(R)
         stop = callback is not None and callback(it, theta_w, res_norms)
         converged = np.all(np.abs(theta_w - e_old) < tol) and np.all(res_norms < residual_tol)
         if converged or m >= n:
-            return DavidsonResult(theta_w, X, True, it, res_norms)
+            return DavidsonResult(theta_w, ops.columns(X), True, it, res_norms)
         if stop:  # the caller's limit (time, say): the current Ritz pairs, not converged
-            return DavidsonResult(theta_w, X, False, it, res_norms)
+            return DavidsonResult(theta_w, ops.columns(X), False, it, res_norms)
         e_old = theta_w
         # Preconditioned corrections for the unconverged roots.
         todo = np.flatnonzero(res_norms >= residual_tol)
         if todo.size == 0:
             todo = np.arange(nroots)
-        # every root unconverged (always with one): R and X themselves, no indexed copies
-        every = todo.size == R.shape[1]
-        R_t = R if every else R[:, ops.dev(todo)]
+        if todo.size < nroots:
+            Rt, Xt = R[ops.dev(todo)], X[ops.dev(todo)]
+        else:  # every root unconverged (always with one): R and X themselves, no copies
+            Rt, Xt = R, X
+        del R
         if precond is None:
-            denom = ops.clamp_away(diag[:, None] - ops.dev(theta_w[todo])[None, :], 1e-8)
-            T = R_t / denom
-        else:
-            T = precond(R_t, theta_w[todo], X if every else X[:, ops.dev(todo)])
-        del R, R_t
-        if m + T.shape[1] > max_space:
-            # Restart from the lowest Ritz vectors. V and s are orthonormal, so V s is too, and
-            # its image follows by linearity: no extra matvec.
-            keep = max(nroots, min(2 * nroots, m))
-            s_k = ops.dev(np.ascontiguousarray(s[:, :keep]))
-            Q, AQ = v_mul(m, s_k), av_mul(m, s_k)
+            denom = ops.clamp_away(diag[None, :] - ops.dev(theta_w[todo])[:, None], 1e-8)
+            T = Rt / denom
+        else:  # the hook takes and gives columns
+            T = ops.rows(precond(Rt.T, theta_w[todo], Xt.T))
+        del Rt, Xt  # on a device the residuals are freed here, before the next sigma
+        if m + T.shape[0] > max_space:
+            # Restart from the Ritz vectors and those of the step before (in the same basis,
+            # padded with zeros for the vectors added since): the pair keeps the direction the
+            # iteration was moving in, which the next lowest Ritz vectors do not ("GD+k":
+            # Stathopoulos & Saad, "Restarting techniques for the (Jacobi-)Davidson symmetric
+            # eigenvalue methods", ETNA 7, 163 (1998)). V and S are orthonormal, so
+            # S^T V is too, its image follows by linearity (no extra matvec), and its projection
+            # is S^T Hs S.
+            if s_old is not None and max_space > 3 * nroots:
+                S = np.zeros((m, 2 * nroots))
+                S[:, :nroots] = s[:, :nroots]
+                S[: s_old.shape[0], nroots:] = s_old
+                S, rr = np.linalg.qr(S)
+                S = S[:, np.abs(np.diag(rr)) > 1e-8 * np.abs(rr[0, 0])]
+                H_k = S.T @ Hs[:m, :m] @ S
+            else:  # restarted on the step before, or a space too small: the lowest Ritz vectors
+                S = s[:, : max(nroots, min(2 * nroots, m))]
+                H_k = np.diag(theta[: S.shape[1]])
+            keep = S.shape[1]
+            s_k = ops.dev(np.ascontiguousarray(S.T))
+            Q = Vb.mul(s_k, m)
+            Vb.put(0, Q)
+            del Q
+            AQ = AVb.mul(s_k, m)
+            AVb.put(0, AQ)
+            del AQ
             m = keep
-            put(0, Q, AQ)
-            del Q, AQ
+            Hs[:] = 0.0
+            Hs[:m, :m] = 0.5 * (H_k + H_k.T)
+            s_old = None
+        else:
+            s_old = s[:, :nroots]
         for _ in range(2):  # orthogonalise twice (Kahan)
-            T -= v_mul(m, v_t(m, T))
-        Q, rr = ops.qr(T)
-        Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)]
-        if Q.shape[1] == 0:
-            return DavidsonResult(theta_w, X, bool(np.all(res_norms < 1e-4)), it, res_norms)
-        k = Q.shape[1]
+            Vb.sub(T, Vb.tmul(T, m), m)
+        if T.shape[0] == 1:  # one vector: normalised straight into its row, no temporary
+            r = float(ops.rownorms(T)[0])
+            k = int(r > 1e-10)
+            if k:
+                q = Vb.slot(m)
+                ops.divide_into(T[0], r, q)
+                Vb.done(m, q)
+                Q = q[None]
+        else:
+            Q, rr = ops.qr(T.T)
+            Q = Q[:, ops.dev(np.abs(np.diag(ops.host(rr))) > 1e-10)].T
+            k = Q.shape[0]
+            Vb.put(m, Q)
         del T
-        put(m, Q, matvec(Q))
-        del Q  # not held through the next iteration
+        if k == 0:
+            return DavidsonResult(
+                theta_w, ops.columns(X), bool(np.all(res_norms < 1e-4)), it, res_norms
+            )
+        if into is not None and k == 1:  # the image written into its row in place
+            a = AVb.slot(m)
+            into(Q.T, a[None].T)
+            AVb.done(m, a)
+            del Q
+            project(m, m + 1, a[None])
+            del a
+        else:
+            AQ = matvec(Q.T).T
+            del Q  # not held through the projection
+            store_image(m, AQ)
+            del AQ
         m += k
-    return DavidsonResult(theta_w, X, False, max_iter, res_norms)
+    if X is None:  # no iteration: the guess
+        X = Vb.mul(ops.dev(np.eye(min(nroots, m), m)), m)
+    return DavidsonResult(theta_w, ops.columns(X), False, max_iter, res_norms)

@@ -335,6 +335,46 @@ def test_davidson_spilled_subspace_matches_resident(nroots, max_space):
     assert not stopped.converged and stopped.iterations == 1 and len(seen) == 1
 
 
+def test_davidson_rows_of_tensors_have_row_strides():
+    """Corrections made rows (one or several) have the strides (n, 1) that BLAS needs as a
+    leading dimension, also for one column, whose plain transpose has (1, 1)."""
+    from cuscikit.linalg.davidson import _TorchOps
+
+    ops = _TorchOps(torch.zeros(1, dtype=torch.float64))
+    for k in (1, 3):
+        Z = torch.arange(50.0 * k, dtype=torch.float64).reshape(50, k)
+        r = ops.rows(Z)
+        assert r.shape == (k, 50) and r.stride() == (50, 1) and torch.equal(r, Z.T)
+
+
+def test_davidson_spilled_rows_written_in_place():
+    """A matvec that writes one image into a given row (``into``) with the subspace spilled
+    beyond 0 or 3 rows, one and two roots: the energies of the resident subspace to 1e-10."""
+    from cuscikit.linalg.davidson import davidson
+
+    rng = np.random.default_rng(6)
+    a = np.diag(np.arange(1.0, 301.0)) + 1e-1 * rng.standard_normal((300, 300))
+    a = torch.from_numpy(0.5 * (a + a.T))
+    d = torch.diagonal(a).clone()
+    calls = []
+
+    def matvec(v):
+        return a @ v
+
+    def into(v, out):
+        calls.append(1)
+        torch.matmul(a, v, out=out)
+
+    matvec.into = into
+    for nroots in (1, 2):
+        ref = davidson(lambda v: a @ v, d, nroots, tol=1e-12, max_space=8)
+        for resident in (0, 3):
+            calls.clear()
+            got = davidson(matvec, d, nroots, tol=1e-12, max_space=8, resident=resident)
+            assert got.converged and np.abs(got.energies - ref.energies).max() < 1e-10
+            assert calls or nroots > 1  # one root: every new vector's image went through into
+
+
 def test_solver_spilled_space_on_host_twin(monkeypatch):
     """GUGASolver(device="cuda", gpu_space=k) spills the Davidson space beyond k columns: the
     energies of the resident solve to 1e-10 (host twin in place of the GPU)."""
@@ -461,8 +501,8 @@ def test_gpu_spilled_davidson_matches_resident():
     from cuscikit.linalg.davidson import _Spilled
 
     block = _Spilled(torch, torch.device("cuda"), 1000, 3, 1)
-    block.set(0, torch.ones((1000, 3), dtype=torch.float64, device="cuda"))
-    assert block.host[0].is_pinned() and float(block.tdot(3, block.dev)[2, 0]) == 1000.0
+    block.put(0, torch.ones((3, 1000), dtype=torch.float64, device="cuda"))
+    assert block.host[0].is_pinned() and float(block.tmul(block.dev, 3)[0, 2]) == 1000.0
 
 
 @pytest.mark.gpu

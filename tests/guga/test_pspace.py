@@ -86,3 +86,35 @@ def test_pspace_solve_equals_diagonal_solve(space, nroots):
     e_d, _ = GUGASolver(precond="diagonal", **opts).kernel(h1, g4, n, nelec)
     e_p, _ = GUGASolver(**opts).kernel(h1, g4, n, nelec)
     assert np.abs(np.asarray(e_p) - np.asarray(e_d)).max() < 1e-10
+
+
+def test_preconditioner_equals_dense_olsen_correction():
+    """The host correction (two work vectors, column by column) against Olsen's formula written
+    densely: M = (H_PP - t) on the space and (H_mm - t) elsewhere, t = M^-1 (r - e x) with
+    e = (x M^-1 r) / (x M^-1 x), for two columns at once (one diagonal exactly at t: clamped)."""
+    rng = np.random.default_rng(8)
+    n, p = 200, 15
+    hdiag = np.sort(rng.standard_normal(n))
+    csfs = rng.choice(n, size=p, replace=False)
+    H = rng.standard_normal((p, p))
+    H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
+    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    pre = PSpacePreconditioner(hdiag, csfs, H)
+    outside = np.setdiff1d(np.arange(n), csfs)
+    thetas = np.array([-1.2, hdiag[outside[7]] + pre.shift])
+    got = pre(R, thetas, X)
+    for j, t in enumerate(thetas - pre.shift):
+        M = np.diag(np.where(np.abs(hdiag - t) < 1e-8, 1e-8, hdiag - t))
+        M[np.ix_(csfs, csfs)] = H - t * np.eye(p)
+        Mr, Mx = np.linalg.solve(M, R[:, j]), np.linalg.solve(M, X[:, j])
+        ref = np.linalg.solve(M, R[:, j] - (X[:, j] @ Mr) / (X[:, j] @ Mx) * X[:, j])
+        assert np.abs(got[:, j] - ref).max() < 1e-9 * np.abs(ref).max()
+
+
+def test_lowest_entries_equal_a_stable_argsort_with_ties():
+    from cuscikit.guga.solver import _lowest
+
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 20, size=1000).astype(np.float64)  # many ties at every border
+    for k in (1, 7, 50, 999, 1000, 1200):
+        assert np.array_equal(_lowest(a, k), np.argsort(a, kind="stable")[:k])

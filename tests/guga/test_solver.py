@@ -230,3 +230,30 @@ def test_sigma_is_bitwise_reproducible_for_a_thread_count(method):
         assert np.array_equal(eng.contract(c, V), first)
     one = Engine(drt, nthreads=1, method=method).contract(c, V)
     np.testing.assert_allclose(one, first, atol=1e-11)
+
+
+@pytest.mark.parametrize("method", ["loops", "lists"])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_sigma_into_a_given_vector_equals_a_new_one(method, nthreads):
+    """contract(..., out=) writes the same bits as a new vector, into a contiguous vector or a
+    strided column, for one thread (the buffer is `out`) and two (a sum into it); the thread
+    buffers kept between calls leave nothing behind from the call before."""
+    from cuscikit.guga.sigma import Engine
+
+    drt = DRT(8, 8, 2)
+    rng = np.random.default_rng(12)
+    c, c2 = rng.standard_normal(drt.n_csf), rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((36, 36))
+    V, h = V + V.T, rng.standard_normal(36)
+    eng = Engine(drt, nthreads=nthreads, method=method)
+    ref = eng.contract(c, V, h)
+    eng.contract(c2, V, h)  # a different vector in between
+    flat = np.full(drt.n_csf, np.nan)
+    assert eng.contract(c, V, h, out=flat) is flat and np.array_equal(flat, ref)
+    block = np.full((drt.n_csf, 2), np.nan)
+    eng.contract(c, V, h, out=block[:, 1])
+    assert np.array_equal(block[:, 1], ref) and np.isnan(block[:, 0]).all()
+    with pytest.raises(ValueError, match="out must"):
+        eng.contract(c, V, h, out=np.empty(drt.n_csf - 1))
+    with pytest.raises(ValueError, match="share memory"):
+        eng.contract(c, V, h, out=c)

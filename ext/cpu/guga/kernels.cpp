@@ -879,14 +879,21 @@ void loop_exchange_diagonal(const Drt& drt, const LoopTable& lt, const double* K
   const bool aligned = lt.aligned(k0, count);
   const std::int64_t nsub = static_cast<std::int64_t>(cuts.size()) - 1;
   std::fill(out, out + count, 0.0);
+  // K by code for each side (code = lo n + hi): no division per coupling
+  std::vector<double> Ks(2 * static_cast<size_t>(n) * n);
+  for (int lo = 0; lo < n; ++lo)
+    for (int hi = 0; hi < n; ++hi) {
+      Ks[lo * n + hi] = K[lo * n + hi];
+      Ks[n * n + lo * n + hi] = K[hi * n + lo];
+    }
+  const double* ks = Ks.data();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (std::int64_t s = 0; s < nsub; ++s) {
     const std::int64_t a = cuts[s], b = cuts[s + 1];
     visit_range(drt, lt, a, b,
                 [&](int code, double w, int side, std::int64_t o, std::int64_t, std::int64_t l0,
                     std::int64_t l1) {
-                  const int lo = code / n, hi = code % n;
-                  const double v = w * w * (side ? K[hi * n + lo] : K[lo * n + hi]);
+                  const double v = w * w * ks[side * n * n + code];
                   double* dst = out + o - k0;
                   for (std::int64_t l = l0; l < l1; ++l) dst[l] += v;
                 });
