@@ -212,7 +212,8 @@ class Runner(Solver):
             ``error_pt2``).
         teacher: weight (in energy units) of the selected-CI teacher at iteration 1
             (`cuscikit.nnqs.teacher`; 0: off). While it is on, every iteration diagonalises
-            H restricted to S (from the pairs the inner steps use) and adds to the gradient of
+            H restricted to S (from the pairs the inner steps use; an S equal to the last one
+            diagonalised reuses that solution) and adds to the gradient of
             the energy, in the iteration's step and in each inner step, `teacher` times the
             gradient of a fidelity loss that pulls the network's amplitudes and signs on S
             towards that eigenvector; the weight falls linearly to 0 at iteration
