@@ -137,10 +137,26 @@ def test_nnqs_decays_the_rate_by_default(capsys):
     assert run_json(capsys, *base, "--lr-final", "1e-3")["e_tot"] == constant["e_tot"]
 
 
+def test_nnqs_teacher_option(capsys):
+    """--teacher W --teacher-until T reach the Runner: the taught run is another run, recorded
+    in the JSON; --teacher 0 (the default) is the plain one."""
+    pytest.importorskip("torch")
+    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", "--iters", "3"]
+    plain = run_json(capsys, *base)
+    off = run_json(capsys, *base, "--teacher", "0", "--teacher-until", "50")
+    taught = run_json(capsys, *base, "--teacher", "1.0", "--teacher-until", "50")
+    assert off["e_tot"] == plain["e_tot"] and "teacher" not in off
+    assert taught["e_tot"] != plain["e_tot"]
+    assert taught["teacher"] == 1.0 and taught["teacher_until"] == 50
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--topk", "0"], "--topk"),
+        (["--teacher", "-1"], "--teacher"),
+        (["--teacher", "nan"], "--teacher"),
+        (["--teacher-until", "0"], "--teacher-until"),
         (["--device", "tpu"], "unknown --device"),
         (["--iters", "-1"], "--iters"),
         (["--inner-steps", "-1"], "--inner-steps"),

@@ -4,12 +4,15 @@
 # starts, so that the small kernels of the many processes overlap. The tree's compiled modules are
 # prebuilt (tools/prebuild_py312.sh), so nothing is compiled on the device: run it with
 # PYTHONPATH set to the tree. Each argument is a group,
-# LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON[|ITERS]]] (SYSTEMS comma-separated; the JSONs replace
-# Runner / Ansatz defaults for that group; ITERS, the group's iteration count and with it its
-# rate schedule, replaces the ITERS below). Every run
+# LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON[|ITERS[|NICE]]]] (SYSTEMS comma-separated; the JSONs
+# replace Runner / Ansatz defaults for that group; ITERS, the group's iteration count and with it
+# its rate schedule, replaces the ITERS below; NICE, a niceness for the group's processes, lets
+# the long runs of another group keep the host's cores when many short ones share them). Every run
 # stops DEADLINE seconds after the start (default 130); CACHE=DIR holds reference energies and
 # integrals made elsewhere (accuracy_small.py --cache); SEEDS (default 0,1,2); ITERS (default:
-# the default iteration count); DEVICE (default cuda, cpu for a dry run). Logs, JSON and
+# the default iteration count); DEVICE (default cuda, cpu for a dry run); MAXJOBS (default: no
+# limit), the most runs of one group at once (the rest wait for a free slot; the MPS server takes
+# a limited number of client processes). Logs, JSON and
 # histories land in $OUT (JSON beside acc_histories.tgz, which holds the histories, the logs and
 # gpu.log: GPU use and load sampled every 10 s).
 #   usage (device tool): [DEADLINE=S] [CACHE=DIR] bash tools/device_accuracy_set.sh GROUP...
@@ -38,12 +41,14 @@ extra=()
 [ -n "${CACHE:-}" ] && extra+=(--cache "$root/$CACHE")
 pids=()
 for group in "$@"; do
-  IFS='|' read -r label systems runner ansatz iters <<< "$group"
+  IFS='|' read -r label systems runner ansatz iters niceness <<< "$group"
   iters=${iters:-${ITERS:-}}
   read -ra names <<< "${systems//,/ }"
   nseeds=$(tr ',' '\n' <<< "${SEEDS:-0,1,2}" | wc -l)
-  python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "${SEEDS:-0,1,2}" --device "${DEVICE:-cuda}" \
-    --jobs $((${#names[@]} * nseeds)) --deadline "${DEADLINE:-130}" \
+  jobs=$((${#names[@]} * nseeds))
+  [ -n "${MAXJOBS:-}" ] && [ "$jobs" -gt "$MAXJOBS" ] && jobs=$MAXJOBS
+  nice -n "${niceness:-0}" python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "${SEEDS:-0,1,2}" --device "${DEVICE:-cuda}" \
+    --jobs "$jobs" --deadline "${DEADLINE:-130}" \
     --runner "${runner:-{\}}" --ansatz "${ansatz:-{\}}" ${iters:+--iters "$iters"} "${extra[@]}" \
     --out "$out/acc/$label" --json-out "$out/acc_$label.json" > "$out/acc_$label.log" 2>&1 &
   pids+=($!)

@@ -28,6 +28,8 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_LR_DECAY_FROM,
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
+    DEFAULT_TEACHER,
+    DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
 )
 
@@ -80,6 +82,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         raise UsageError(f"--lr-final must lie in (0, 10], got {args.lr_final}")
     if not 0 <= args.lr_decay_from < 1:
         raise UsageError(f"--lr-decay-from must be in [0, 1), got {args.lr_decay_from}")
+    if args.teacher < 0:
+        raise UsageError(f"--teacher must be >= 0 (0: off), got {args.teacher}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -93,6 +97,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
         check_writable(args.checkpoint)
     comm = communicator(args)
+    if args.teacher and comm.size > 1:
+        raise UsageError("--teacher runs on one rank only: start without mpirun/torchrun")
     if args.device == "cuda" and comm.size > 1:  # one GPU per rank of this host
         from cuscikit.parallel.comm import local_rank
 
@@ -116,6 +122,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         max_gpu_memory=args.max_gpu_memory,
         compile_inference=args.compile,
         inner_steps=args.inner_steps,
+        teacher=args.teacher,
+        teacher_until=args.teacher_until,
         comm=comm,
     )
     # the rate schedule travels with the checkpoint; a resume under another one is warned about
@@ -164,6 +172,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "seed": args.seed,
         "e_reference": runner.reference,
     }
+    if args.teacher:
+        report["teacher"], report["teacher_until"] = args.teacher, args.teacher_until
     if report["status"] != "ok" and args.checkpoint:
         report["resume"] = (
             f"the checkpoint {args.checkpoint} holds iteration "
@@ -293,6 +303,21 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         type=non_negative_int,
         default=DEFAULT_INNER_STEPS,
         help="extra optimiser steps per iteration on the energy within S",
+    )
+    s.add_argument(
+        "--teacher",
+        type=finite_float,
+        default=DEFAULT_TEACHER,
+        metavar="W",
+        help="weight of the selected-CI teacher at iteration 1 (0: off): the lowest "
+        "eigenvector of H within S pulls the network's amplitudes and signs; one rank only",
+    )
+    s.add_argument(
+        "--teacher-until",
+        type=positive_int,
+        default=DEFAULT_TEACHER_UNTIL,
+        metavar="T",
+        help="the teacher's weight falls linearly to 0 at iteration T",
     )
     s.add_argument(
         "--lr-final",

@@ -212,7 +212,8 @@ class Runner(Solver):
             ``error_pt2``).
         teacher: weight (in energy units) of the selected-CI teacher at iteration 1
             (`cuscikit.nnqs.teacher`; 0: off). While it is on, every iteration diagonalises
-            H restricted to S (from the pairs the inner steps use) and adds to the gradient of
+            H restricted to S (from the pairs the inner steps use; an S equal to the last one
+            diagonalised reuses that solution) and adds to the gradient of
             the energy, in the iteration's step and in each inner step, `teacher` times the
             gradient of a fidelity loss that pulls the network's amplitudes and signs on S
             towards that eigenvector; the weight falls linearly to 0 at iteration
@@ -444,6 +445,7 @@ class Runner(Solver):
         self._kind = kind
         self._graph_stage = None
         self._graphs_off: str | None = None
+        self._teacher_last = None  # (S, energy, vector) of the last teacher solve
         self._set_graph_inference()  # raises for graphs=True where graphs cannot run
         self._built_with = {k: getattr(self, k) for k in self._structural}
 
@@ -691,6 +693,19 @@ class Runner(Solver):
                 allreduce_gradients(self.ansatz.parameters(), self.comm)
             self.optimizer.step()
 
+    def _teacher_solution(self, S: np.ndarray, r) -> tuple[float, np.ndarray]:
+        """The teacher's (energy, vector) in S: H_SS depends on S alone, so an iteration whose
+        S equals (same configurations, same order) the last solved one reuses that solution
+        instead of diagonalising again (once S has stopped growing, every iteration)."""
+        from cuscikit.nnqs.teacher import space_ground_state
+
+        last = self._teacher_last
+        if last is not None and np.array_equal(last[0], S):
+            return last[1], last[2]
+        e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=r.psi_s)
+        self._teacher_last = (np.array(S, copy=True), e_t, c)
+        return e_t, c
+
     def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
         """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de
         detached) over `configs`, batch by batch unless `lp_graph` holds ln psi of all of them
@@ -788,9 +803,9 @@ class Runner(Solver):
         if self.teacher:
             extra = {"teacher_weight": lam, "e_teacher": np.nan, "teacher_loss": np.nan}
         if lam > 0 and r.space_pairs is not None and n > 0:
-            from cuscikit.nnqs.teacher import fidelity_loss, space_ground_state
+            from cuscikit.nnqs.teacher import fidelity_loss
 
-            e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=r.psi_s)
+            e_t, c = self._teacher_solution(S, r)
             teach = (lam, torch.as_tensor(c, dtype=torch.float64, device=psi_s.device))
             extra["e_teacher"] = e_t
             extra["teacher_loss"] = fidelity_loss(psi_s, teach[1])

@@ -81,7 +81,7 @@ def test_coefficients_are_the_gradient_of_the_loss():
 def _runner(**kw):
     mol = Molecule.load("LiH")
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
-    return Runner(mol, ansatz, seed=0, topk=16, **kw)
+    return Runner(mol, ansatz, seed=0, **{"topk": 16, **kw})
 
 
 def test_runner_teacher_is_the_ci_vector_of_its_space():
@@ -95,6 +95,30 @@ def test_runner_teacher_is_the_ci_vector_of_its_space():
             assert row["e_teacher"] <= row["e_variational"] + 1e-9
         else:
             assert np.isnan(row["e_teacher"])
+
+
+def test_teacher_solves_again_only_when_the_space_changes(monkeypatch):
+    """An iteration whose S equals the last solved one reuses that solution: one solve per
+    distinct S, and each iteration's energy is still the CI energy of its S."""
+    calls = []
+    solve = T.space_ground_state
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return solve(*a, **kw)
+
+    monkeypatch.setattr(T, "space_ground_state", counted)
+    r = _runner(teacher=0.5, teacher_until=100, topk=64)
+    spaces = []
+    for _ in range(8):
+        spaces.append(r.space.configs.copy())
+        row = r.step()
+        exact = SCISpace(r.molecule, spaces[-1]).exact_energy(method="dense")
+        assert row["e_teacher"] == pytest.approx(exact, abs=1e-9)
+    distinct = 1 + sum(
+        not np.array_equal(a, b) for a, b in zip(spaces[:-1], spaces[1:], strict=True)
+    )
+    assert len(calls) == distinct < len(spaces)  # LiH's space stops growing within 8
 
 
 def test_teacher_pulls_the_network_towards_the_ci_vector():
