@@ -116,6 +116,17 @@ class LearningRateDecay(Callback):
         return False
 
 
+def _with_teacher(w, de, psi, teach):
+    """(weights, coefficients) for `Runner._backward_loss` with the teacher's pull added to
+    the energy's: unit weights and w * de + weight * `teacher_coefficients(psi, c)`, where
+    teach = (weight, c)."""
+    from cuscikit.nnqs.teacher import teacher_coefficients
+
+    coef = w.to(de.device) * de
+    coef = coef + teach[0] * teacher_coefficients(psi, teach[1]).to(coef.device)
+    return torch.ones(len(coef), dtype=torch.float64, device=coef.device), coef
+
+
 class Runner(Solver):
     """NNQS-SCI: optimise a neural wavefunction over a growing selected-CI space.
 
@@ -683,10 +694,7 @@ class Runner(Solver):
             if teach is None:
                 self._backward_loss(S[lo:hi], own, w, eloc - e)
             else:
-                from cuscikit.nnqs.teacher import teacher_coefficients
-
-                coef = w * (eloc - e) + teach[0] * teacher_coefficients(psi, teach[1])
-                self._backward_loss(S, own, torch.ones_like(w), coef)
+                self._backward_loss(S, own, *_with_teacher(w, eloc - e, psi, teach))
             if self.distributed:
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
@@ -827,13 +835,8 @@ class Runner(Solver):
             lp_graph = r.lp_graph if r.lp_graph is not None and r.lp_graph.requires_grad else None
             if teach is None:
                 loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
-            else:  # the energy's coefficients plus the teacher's (one rank: all of S)
-                from cuscikit.nnqs.teacher import teacher_coefficients
-
-                coef = w.to(eloc_t.device) * eloc_t
-                coef = coef + teach[0] * teacher_coefficients(psi_s, teach[1]).to(coef.device)
-                ones = torch.ones(len(coef), dtype=torch.float64, device=coef.device)
-                loss_val = self._backward_loss(S, lp_graph, ones, coef)
+            else:  # one rank: all of S
+                loss_val = self._backward_loss(S, lp_graph, *_with_teacher(w, eloc_t, psi_s, teach))
             if self.distributed:  # one gradient for every replica; the loss travels along
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
