@@ -28,9 +28,13 @@ first), admit (parsing to the queue), queue (in the queue), feed (popped to subm
 ring; CPU workers: popped to answered), kernel (submitted to a collector finding it done, less
 the solve), reply (found done to the reply written). Each server thread also counts its stalls
 (passes of its loop more than 50 us apart) and slow sends; per row the benchmark prints the
-slow requests' breakdown, the threads that stalled (with their run-queue wait and involuntary
-switches from /proc), the load generator's own stalls, and the hypervisor's steal on the server
-and the generator cores. --share turns on the server's work sharing, --isolate moves its other
+slow requests' breakdown, the threads that stalled (how much of the stalled time the thread's
+own CPU clock ran, its run-queue wait, involuntary switches and page faults from /proc), the
+load generator's own stalls, the hypervisor's steal on the server and the generator cores, and
+the machine's counters that a stall could come from (page faults, NUMA hinting faults, huge page
+allocations, compaction and reclaim from /proc/vmstat; network backlog drops and budget squeezes
+on the server cores). --share [PARTS] turns on the server's work sharing (all, or some of
+read,collect,feed), --isolate moves its other
 threads off the pinned cores; --repeat runs every rate several times; --generic-solver runs
 the resident kernel's one-replica requests on its solver for any replica count (the same bytes,
 slower) instead of the one specialised for them, for comparison. Per row it also compares the
