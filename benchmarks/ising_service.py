@@ -28,9 +28,13 @@ first), admit (parsing to the queue), queue (in the queue), feed (popped to subm
 ring; CPU workers: popped to answered), kernel (submitted to a collector finding it done, less
 the solve), reply (found done to the reply written). Each server thread also counts its stalls
 (passes of its loop more than 50 us apart) and slow sends; per row the benchmark prints the
-slow requests' breakdown, the threads that stalled (with their run-queue wait and involuntary
-switches from /proc), the load generator's own stalls, and the hypervisor's steal on the server
-and the generator cores. --share turns on the server's work sharing, --isolate moves its other
+slow requests' breakdown, the threads that stalled (how much of the stalled time the thread's
+own CPU clock ran, its run-queue wait, involuntary switches and page faults from /proc), the
+load generator's own stalls, the hypervisor's steal on the server and the generator cores, and
+the machine's counters that a stall could come from (page faults, NUMA hinting faults, huge page
+allocations, compaction and reclaim from /proc/vmstat; network backlog drops and budget squeezes
+on the server cores). --share [PARTS] turns on the server's work sharing (all, or some of
+read,collect,feed), --isolate moves its other
 threads off the pinned cores; --repeat runs every rate several times; --generic-solver runs
 the resident kernel's one-replica requests on its solver for any replica count (the same bytes,
 slower) instead of the one specialised for them, for comparison. Per row it also compares the
@@ -83,7 +87,7 @@ def start_server(backend: str, sizes, kind: str, server_cores, args):
     cmd += ["--offload"] if args.offload else []
     cmd += ["--pin"] if args.pin else []
     cmd += ["--trace", "--slow-us", str(args.slow_us)] if args.trace else []
-    cmd += ["--share"] if args.share else []
+    cmd += ["--share", args.share] if args.share else []
     cmd += ["--isolate"] if args.isolate else []
     cmd += ["--rx-batch", str(args.rx_batch)]
     for n in sizes:
@@ -176,7 +180,8 @@ def irq_line(after: dict, before: dict, cpus) -> tuple:
 
 
 def thread_sched(pid: int) -> dict:
-    """Per thread of a process (by name): ns waiting on a run queue, involuntary switches."""
+    """Per thread of a process (by name): ns waiting on a run queue, involuntary switches,
+    minor and major page faults."""
     out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -191,10 +196,54 @@ def thread_sched(pid: int) -> dict:
                 wait_ns = int(fh.read().split()[1])
             with open(f"{base}/status") as fh:
                 inv = next(int(x.split()[1]) for x in fh if x.startswith("nonvoluntary"))
+            with open(f"{base}/stat") as fh:  # fields after "(comm)": minflt 8th, majflt 10th
+                stat = fh.read().rsplit(")", 1)[1].split()
+            minflt, majflt = int(stat[7]), int(stat[9])
         except (OSError, StopIteration, IndexError, ValueError):
             continue
-        w, i = out.get(name, (0, 0))
-        out[name] = (w + wait_ns, i + inv)
+        w, i, mn, mj = out.get(name, (0, 0, 0, 0))
+        out[name] = (w + wait_ns, i + inv, mn + minflt, mj + majflt)
+    return out
+
+
+VMSTAT_KEYS = (
+    "pgfault",
+    "pgmajfault",
+    "numa_hint_faults",
+    "numa_pte_updates",
+    "numa_pages_migrated",
+    "pgmigrate_success",
+    "thp_fault_alloc",
+    "thp_collapse_alloc",
+    "compact_stall",
+    "pgscan_direct",
+    "allocstall_normal",
+)
+
+
+def system_counters(cpus) -> dict:
+    """Machine-wide counters that a stall of ~ms inside a thread might come from: page faults,
+    NUMA balancing's hinting faults and migrations, transparent huge page allocations,
+    compaction and direct reclaim (/proc/vmstat), and per server core the network backlog's
+    drops and budget squeezes (/proc/net/softnet_stat)."""
+    out = {}
+    try:
+        with open("/proc/vmstat") as fh:
+            for line in fh:
+                k, v = line.split()
+                if k in VMSTAT_KEYS:
+                    out[k] = int(v)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/net/softnet_stat") as fh:
+            for cpu, line in enumerate(fh):
+                f = line.split()
+                if cpu in cpus and len(f) >= 3:
+                    out["softnet_dropped"] = out.get("softnet_dropped", 0) + int(f[1], 16)
+                    out["softnet_squeezed"] = out.get("softnet_squeezed", 0) + int(f[2], 16)
+    except (OSError, ValueError):
+        pass
     return out
 
 
@@ -240,10 +289,13 @@ def trace_lines(after: dict, before: dict, sched1: dict, sched0: dict, gen) -> t
     for name in names:
         k = f"thread_{name}_"
         st = diff(after, before, k + "stalls")
-        w0, i0 = sched0.get(name, (0, 0))
-        w1, i1 = sched1.get(name, (0, 0))
+        w0, i0, mn0, mj0 = sched0.get(name, (0, 0, 0, 0))
+        w1, i1, mn1, mj1 = sched1.get(name, (0, 0, 0, 0))
         t = {"stalls": st, "stall_us": diff(after, before, k + "stall_ns") / 1e3,
+             "stall_cpu_us": diff(after, before, k + "stall_cpu_ns") / 1e3,
              "stall_max_us": after.get(k + "stall_max_ns", 0) / 1e3,
+             "stall_max_cpu_us": after.get(k + "stall_max_cpu_ns", 0) / 1e3,
+             "minor_faults": mn1 - mn0, "major_faults": mj1 - mj0,
              "slow_flushes": diff(after, before, k + "slow_flushes"),
              "flush_max_us": after.get(k + "flush_max_ns", 0) / 1e3,
              "slow": diff(after, before, k + "slow"),
@@ -252,8 +304,10 @@ def trace_lines(after: dict, before: dict, sched1: dict, sched0: dict, gen) -> t
         threads[name] = t
         if st or t["slow_flushes"] or t["preempted"] or t["runqueue_wait_us"] >= 10:
             parts.append(
-                f"{name} {st}x{t['stall_us']:.0f}us (max so far {t['stall_max_us']:.0f}) "
-                f"rq {t['runqueue_wait_us']:.0f}us/{t['preempted']}p "
+                f"{name} {st}x{t['stall_us']:.0f}us (on cpu {t['stall_cpu_us']:.0f}; max so far "
+                f"{t['stall_max_us']:.0f}, on cpu {t['stall_max_cpu_us']:.0f}) "
+                f"rq {t['runqueue_wait_us']:.0f}us/{t['preempted']}p flt {t['minor_faults']}/"
+                f"{t['major_faults']} "
                 f"sends>50us {t['slow_flushes']} slow {t['slow']}/{t['episodes']}ep"
             )
     info["threads"] = threads
@@ -343,8 +397,9 @@ def main(argv=None) -> int:
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
                    help="the server traces request stages and thread stalls")  # fmt: skip
     p.add_argument("--slow-us", type=float, default=200.0, help="slow residence for --trace")
-    p.add_argument("--share", action=argparse.BooleanOptionalAction, default=False,
-                   help="server work sharing (a stalled thread's work taken over)")  # fmt: skip
+    p.add_argument("--share", nargs="?", const="all", default="", metavar="PARTS",
+                   help="server work sharing (a stalled thread's work taken over): all, or "
+                   "some of read,collect,feed")  # fmt: skip
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                    help="server: other threads off the pinned cores")  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="run every rate this many times")
@@ -389,12 +444,12 @@ def main(argv=None) -> int:
                     sched0 = thread_sched(proc.pid)
                     steal0, nvcsw0 = steal_ms(), preempted(proc.pid)
                     steal_s0, steal_c0 = steal_ms(server_cores), steal_ms(client_cores)
-                    irq0 = cpu_irqs()
+                    irq0, sys0 = cpu_irqs(), system_counters(server_cores)
                     rep = load_test(model_id, n, args.steps, args.replicas, 0.5, seed,
                                     count=count, rate=rate, port=port,
                                     senders=args.senders, spin=True, offload=args.offload,
                                     pin=args.pin)  # fmt: skip
-                    irq1 = cpu_irqs()
+                    irq1, sys1 = cpu_irqs(), system_counters(server_cores)
                     after = server_stats(proc)
                     sched1 = thread_sched(proc.pid)
                     steal_s = steal_ms(server_cores) - steal_s0
@@ -451,6 +506,10 @@ def main(argv=None) -> int:
                     info_t["when_slow"] = info_w
                     line, info_t["server_core_interrupts"] = irq_line(irq1, irq0, server_cores)
                     extra.append(line)
+                    sysd = {k: sys1[k] - sys0.get(k, 0) for k in sys1 if sys1[k] != sys0.get(k, 0)}
+                    info_t["system_counters"] = sysd
+                    extra.append("    machine counters during the row: " + (
+                        ", ".join(f"{k} {v}" for k, v in sysd.items()) or "none"))  # fmt: skip
                     batches = diff(after, before, "feed_batches")
                     if batches:
                         fed_ns = diff(after, before, "feed_busy_ns")

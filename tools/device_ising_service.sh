@@ -21,6 +21,19 @@ cd "$(dirname "$0")/.."
   date -u
   nproc
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  # what a thread's stall of ~ms could come from: the kernel, NUMA nodes and NUMA balancing,
+  # transparent huge pages, the clock source, the network softirq budget, RT throttling
+  echo "kernel $(uname -r); cmdline: $(cat /proc/cmdline 2> /dev/null)"
+  echo "numa nodes $(ls -d /sys/devices/system/node/node* 2> /dev/null | wc -l);" \
+    "numa_balancing $(cat /proc/sys/kernel/numa_balancing 2> /dev/null)"
+  echo "thp $(cat /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null)" \
+    "defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2> /dev/null)"
+  echo "clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource \
+    2> /dev/null)"
+  echo "netdev_budget $(cat /proc/sys/net/core/netdev_budget 2> /dev/null)" \
+    "usecs $(cat /proc/sys/net/core/netdev_budget_usecs 2> /dev/null)" \
+    "max_backlog $(cat /proc/sys/net/core/netdev_max_backlog 2> /dev/null)"
+  echo "sched_rt_runtime_us $(cat /proc/sys/kernel/sched_rt_runtime_us 2> /dev/null)"
 } > "$OUT/machine.txt"
 if ls cuscikit/_cuda.cpython-*.so > /dev/null 2>&1; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -81,9 +94,32 @@ if [ "${BASELINES:-1}" != 0 ]; then
   run cpu 40 --backends cpu --n $SIZES --rates 20000 100000
 fi
 
+# The merged table keeps each row's numbers and a short summary of its trace (the full rows,
+# per-thread counters included, stay in each run's own JSON).
 python3 - "$OUT" <<'PYEOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
+KEEP = ("backend", "label", "n", "offered_per_s", "completed_per_s", "busy", "errors", "lost",
+        "rtt_p50_us", "rtt_p99_us", "rtt_p999_us", "residence_p50_us", "residence_p99_us",
+        "device_solve_mean_us", "feed_wait_mean_us", "checked", "steal_ms")
+
+
+def compact(row):
+    r = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items() if k in KEEP}
+    t = row.get("trace", {})
+    if "when_slow" in t:
+        r["slow_rtt_percent"] = round(t["when_slow"]["slow_rtt_percent"], 3)
+    if t.get("stamped"):
+        r["slow_since_arrival_percent"] = round(100 * sum(t["arrival_hist"][4:]) / t["stamped"], 3)
+    if t.get("slow"):
+        r["slow_longest_stage"] = {k: v for k, v in t["slow_dominant"].items() if v}
+    stalls = {k: [round(v["stall_max_us"]), round(v.get("stall_max_cpu_us", 0))]
+              for k, v in t.get("threads", {}).items() if v.get("stall_max_us", 0) >= 200}
+    if stalls:  # [longest stall so far, the thread's CPU time within it] (us)
+        r["long_stalls"] = stalls
+    return r
+
+
 merged = {"machine": (out / "machine.txt").read_text().strip(), "script": "benchmarks/ising_service.py"}
 variants = sorted(p.stem for p in out.glob("*variant*.json"))
 for name in ["echo", "resident"] + variants + ["launch", "cpu"]:
@@ -91,6 +127,8 @@ for name in ["echo", "resident"] + variants + ["launch", "cpu"]:
     if p.is_file():
         d = json.loads(p.read_text())
         merged.setdefault("anchor", d["anchor"])
-        merged[name] = {"args": d["args"], "rows": d["rows"]}
+        args = {k: v for k, v in d["args"].items() if k not in ("json_out",)}
+        info = d["rows"][0].get("info") if d["rows"] else None
+        merged[name] = {"args": args, "info": info, "rows": [compact(r) for r in d["rows"]]}
 (out / "ising_service_h200.json").write_text(json.dumps(merged, indent=1))
 PYEOF

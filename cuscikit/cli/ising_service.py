@@ -117,8 +117,9 @@ def register(sub) -> None:
     )  # fmt: skip
     s.add_argument("--slow-us", type=finite_float, default=200.0, help="slow for --trace (us)")
     s.add_argument(
-        "--share", action="store_true",
-        help="work sharing: threads take over the work of a peer that stalled for 20 us",
+        "--share", nargs="?", const="all", default="", metavar="PARTS",
+        help="work sharing: threads take over the work of a peer that stalled for 50 us; "
+        "PARTS: all (default) or some of read,collect,feed",
     )  # fmt: skip
     s.add_argument(
         "--isolate", action="store_true",
@@ -179,7 +180,7 @@ def register(sub) -> None:
 
 def run_serve(args) -> int:
     from cuscikit.ising import IsingModel
-    from cuscikit.ising.service import IsingServer
+    from cuscikit.ising.service import IsingServer, share_parts
 
     if args.duration is not None and args.duration <= 0:
         raise UsageError(f"--duration must be positive, got {args.duration}")
@@ -199,6 +200,10 @@ def run_serve(args) -> int:
         raise UsageError(f"--slow-us must be in (0, 1e7], got {args.slow_us}")
     if args.mode == "echo" and args.device != "cpu":
         raise UsageError("--mode echo runs on --device cpu")
+    try:
+        share_parts(args.share)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
     if args.device == "cuda":
         require_cuda(args.device)
     models = [IsingModel.from_gset(p) for p in paths]

@@ -187,6 +187,33 @@ def reference(model: IsingModel, steps: int, replicas: int = 1, dt: float = 0.5,
     return int(best_e[b]), unpack_signs(best_words[b : b + 1], model.n)[0]
 
 
+SHARE_PARTS = {"read": 1, "collect": 2, "feed": 4}
+
+
+def share_parts(share) -> int:
+    """The server's work-sharing mask for `share`: True (every part), False / None / "" (none),
+    or parts of ``SHARE_PARTS`` as a comma-separated string ("all" for every part) or a
+    sequence.
+
+    >>> share_parts(True), share_parts(False), share_parts("read,collect"), share_parts(["feed"])
+    (7, 0, 3, 4)
+    """
+    if share is None or share is False or share == "":
+        return 0
+    if share is True or share == "all":
+        return sum(SHARE_PARTS.values())
+    parts = share.split(",") if isinstance(share, str) else list(share)
+    mask = 0
+    for part in parts:
+        part = part.strip() if isinstance(part, str) else part
+        if part not in SHARE_PARTS:
+            raise ValueError(
+                f"share: unknown part {part!r} (parts: {', '.join(SHARE_PARTS)}, or True / 'all')"
+            )
+        mask |= SHARE_PARTS[part]
+    return mask
+
+
 def _core_ising():
     from cuscikit.backends.loader import core
 
@@ -243,11 +270,13 @@ class IsingServer:
             above which a traced request counts as slow.
         rx_batch: the most datagrams (with `offload`: runs of them) one read of a receiver
             takes, 1 .. 1024.
-        share: work sharing, so that one stalled thread holds few requests back: a receiver
-            whose own socket is empty also reads a peer's that nobody read for 20 us; resident
-            GPU mode: feeding is taken by a try-lock, 16 requests at a time, by the feeder or
-            (after 20 us without it) a collector, and a collector also scans the slots of a
-            peer that has not made a pass for 20 us (each finished slot claimed once).
+        share: work sharing, so that one stalled thread holds few requests back: True (all
+            parts), False, or some of the parts "read", "collect", "feed" (a comma-separated
+            string or a sequence). read: a receiver also reads a peer's socket that nobody
+            read for 50 us; collect (resident GPU mode): a collector also scans the slots of a
+            peer that has not made a pass for 50 us (each finished slot claimed once); feed
+            (resident GPU mode): feeding is taken by a try-lock, 16 requests at a time, by the
+            feeder or (after 50 us without it) a collector.
         isolate: with `pin`, move every other thread of the process (the caller's, the TCP
             threads, the GPU runtime's) onto the CPUs that no pinned thread uses, if any.
 
@@ -273,7 +302,7 @@ class IsingServer:
         pin: bool = False,
         trace: bool = False,
         slow_us: float = 200.0,
-        share: bool = False,
+        share: bool | str | tuple = False,
         isolate: bool = False,
         rx_batch: int = 64,
     ):
@@ -294,6 +323,7 @@ class IsingServer:
             raise ValueError(f"rx_batch must be an integer in [1, 1024], got {rx_batch!r}")
         if not isinstance(slow_us, int | float) or not 0 < slow_us <= 1e7:
             raise ValueError(f"slow_us must be a number in (0, 1e7], got {slow_us!r}")
+        share_mask = share_parts(share)
         if device == "cpu":
             if mode not in (None, "cpu", "echo"):
                 raise ValueError(f"the CPU service has no mode {mode!r}")
@@ -312,7 +342,7 @@ class IsingServer:
         try:
             self._server = ext.Server(host, port, tcp, depth, mode, param, receivers, collectors,
                                       float(spin_us), bool(offload), bool(pin), bool(trace),
-                                      float(slow_us), bool(share), bool(isolate),
+                                      float(slow_us), share_mask, bool(isolate),
                                       rx_batch)  # fmt: skip
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {host}:{port}: {exc}") from None

@@ -25,6 +25,7 @@ from cuscikit.ising.service import (
     encode_request,
     load_test,
     reference,
+    share_parts,
 )
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sockets")
@@ -234,6 +235,8 @@ def test_cli_serve_and_load(tmp_path):
         serve_cmd + ["--rx-batch", "2000", "--json"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--rx-batch" in json.loads(bad.stdout)["error"]
+    bad = subprocess.run(serve_cmd + ["--share", "reads", "--json"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--share: unknown part" in json.loads(bad.stdout)["error"]
 
 
 @pytest.mark.gpu
@@ -315,13 +318,15 @@ def test_gpu_resident_service_with_offload_and_pinning():
 
 
 @pytest.mark.gpu
-def test_gpu_resident_service_sharing_and_tracing():
-    # work sharing on (feeding by try-lock, collectors claiming slots and helping a stalled
-    # peer, receivers reading a stalled peer's socket), tracing and isolation: every sampled
-    # reply right, each request answered once, fed == solved, every answer traced
+@pytest.mark.parametrize("share", [True, "read,collect"])
+def test_gpu_resident_service_sharing_and_tracing(share):
+    # work sharing on (all: feeding by try-lock, collectors claiming slots and helping a stalled
+    # peer, receivers reading a stalled peer's socket; or without the feeding), tracing and
+    # isolation: every sampled reply right, each request answered once, fed == solved, every
+    # answer traced
     model = random_model(64, "binary", seed=31)
     with IsingServer(port=0, device="cuda", receivers=2, collectors=3, spin_us=20, offload=True,
-                     pin=True, trace=True, share=True, isolate=True) as s:  # fmt: skip
+                     pin=True, trace=True, share=share, isolate=True) as s:  # fmt: skip
         s.load_model(1, model)
         rep = load_test(1, 64, 40, seed=80, count=6000, rate=200000.0, senders=2, port=s.port,
                         offload=True, spin=True)  # fmt: skip
@@ -337,6 +342,9 @@ def test_gpu_resident_service_sharing_and_tracing():
     assert sum(st[f"trace_hist{b}"] for b in range(8)) == st["ok"]
     assert sum(st[f"trace_arrival_hist{b}"] for b in range(8)) == st["trace_stamped"]
     assert {"thread_feed_stalls", "thread_coll2_stalls", "thread_rx1_stalls"} <= st.keys()
+    assert st["share"] == (7 if share is True else 3)
+    if share is not True:
+        assert st["helped_feeds"] == 0
 
 
 def test_tracing_sharing_and_isolation_on_the_cpu():
@@ -370,6 +378,19 @@ def test_tracing_sharing_and_isolation_on_the_cpu():
         assert dominant == st["trace_slow"]
         assert st["trace_slow_feed_ns"] > 0 and st["trace_slow_us"] == 1
         assert rep.generator_stalls.shape == (2, 3)
+        assert st["share"] == 7 and st["thread_rx0_stall_cpu_ns"] <= st["thread_rx0_stall_ns"]
+    # sharing the reads only: a receiver also reads its peer's socket when that one stalls
+    with IsingServer(port=0, workers=2, receivers=2, tcp_port=-1, spin_us=20, pin=True,
+                     share="read") as s:  # fmt: skip
+        s.load_model(1, model)
+        rep = load_test(1, n, 10, seed=5, count=400, rate=20000.0, senders=2, port=s.port,
+                        spin=True)  # fmt: skip
+        st = s.stats()
+    assert rep.completed + rep.busy == 400 and rep.lost == 0 and st["share"] == 1
+    assert rep.energies[7] == reference(model, 10, 1, 0.5, 5 + 7)[0]
+    assert (share_parts(True), share_parts(False), share_parts("collect,feed")) == (7, 0, 6)
+    with pytest.raises(ValueError, match="share: unknown part"):
+        IsingServer(port=0, share="reads")
     with pytest.raises(ValueError, match="slow_us"):
         IsingServer(port=0, slow_us=0)
     with pytest.raises(ValueError, match="rx_batch"):

@@ -196,9 +196,21 @@ struct ThreadTrace {
   std::atomic<std::uint64_t> hist[kBuckets] = {}, arrival_hist[kBuckets] = {};
   std::atomic<std::uint64_t> stamped{0}, socket_max_ns{0};
   std::atomic<std::uint64_t> slow_ns[kStages] = {}, dominant[kStages] = {};
-  std::int64_t last = 0, last_slow = 0;
+  // With cpu_clock (tracing): the thread's own CPU time (CLOCK_THREAD_CPUTIME_ID) read at each
+  // pass, so that a stall splits into the time the thread ran (a long system call, a page
+  // fault, softirq work charged to it) and the time it did not (a run queue, or a hypervisor
+  // that took the virtual CPU without counting steal): stall_cpu_ns over all stalls, and the
+  // CPU time within the longest one.
+  std::atomic<std::uint64_t> stall_cpu_ns{0}, stall_max_cpu_ns{0};
+  bool cpu_clock = false;
+  std::int64_t last = 0, last_slow = 0, last_cpu = 0;
 
-  explicit ThreadTrace(std::string n) : name(std::move(n)) {}
+  explicit ThreadTrace(std::string n, bool cpu = false) : name(std::move(n)), cpu_clock(cpu) {}
+  static std::int64_t thread_cpu_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return std::int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
 
   static void add(std::atomic<std::uint64_t>& a, std::uint64_t v) {
     a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
@@ -208,12 +220,18 @@ struct ThreadTrace {
   }
   // One pass of the thread's loop at time `now`.
   void tick(std::int64_t now) {
+    const std::int64_t cpu = cpu_clock ? thread_cpu_ns() : 0;
     if (last != 0 && now - last > kStallNs) {
       add(stalls, 1);
       add(stall_ns, std::uint64_t(now - last));
+      const std::uint64_t ran = cpu_clock && last_cpu > 0 && cpu >= last_cpu ? cpu - last_cpu : 0;
+      add(stall_cpu_ns, ran);
+      if (std::uint64_t(now - last) > stall_max_ns.load(std::memory_order_relaxed))
+        stall_max_cpu_ns.store(ran, std::memory_order_relaxed);
       raise(stall_max_ns, std::uint64_t(now - last));
     }
     last = now;
+    last_cpu = cpu;
   }
   void tick() { tick(now_ns()); }
   void idle() { last = 0; }  // about to block: the wait is no stall
@@ -742,7 +760,7 @@ class Server {
   ThreadTrace* thread_trace(const std::string& name) {
     ::pthread_setname_np(::pthread_self(), name.substr(0, 15).c_str());
     std::lock_guard<std::mutex> lock(traces_m_);
-    traces_.push_back(std::make_unique<ThreadTrace>(name));
+    traces_.push_back(std::make_unique<ThreadTrace>(name, trace_));
     return traces_.back().get();
   }
   // Record each request's stages and the slow ones' (residence above slow_us) breakdown.
@@ -751,13 +769,20 @@ class Server {
     slow_ns_ = std::int64_t(slow_us * 1000.0);
   }
   bool tracing() const { return trace_; }
-  // Work sharing: a receiver whose own socket is empty also reads a peer's that has not been
-  // read for help_ns (a stalled peer); backends may use share() and help_ns() alike.
-  void set_share(bool on, std::int64_t help_ns = 20000) {
-    share_ = on;
+  // Work sharing, by parts (a mask of kShare*): with kShareRead a receiver also reads a peer's
+  // socket that has not been read for help_ns (a stalled peer: its requests wait at most
+  // help_ns, not the length of the stall); backends use share(part) and help_ns() alike
+  // (kShareCollect: reply threads take over a stalled peer's finished requests; kShareFeed:
+  // feeding is a role any of the backend's threads takes when the feeder stalls).
+  static constexpr int kShareRead = 1, kShareCollect = 2, kShareFeed = 4, kShareAll = 7;
+  void set_share(int parts, std::int64_t help_ns = 50000) {
+    if (parts < 0 || parts > kShareAll)
+      throw std::invalid_argument("share must be a mask of read (1), collect (2), feed (4)");
+    share_ = parts;
     help_ns_ = help_ns;
   }
-  bool share() const { return share_; }
+  bool share(int part = kShareAll) const { return (share_ & part) != 0; }
+  int share_parts() const { return share_; }
   std::int64_t help_ns() const { return help_ns_; }
   // With pinning, move the process's other threads to the CPUs left over (before start).
   void set_isolate(bool on) { isolate_ = on; }
@@ -851,6 +876,7 @@ class Server {
     s["queue_peak"] = queue_.peak();
     s["isolated_threads"] = isolated_;
     s["helped_reads"] = helped_reads_.load();
+    s["share"] = std::uint64_t(share_);
     s["rx_batch"] = std::uint64_t(rx_batch_);
     // per thread: stalls (count, total and longest ns), slow sends; with tracing on, the
     // residence histogram, slow requests, their stage sums and dominant stages (summed over
@@ -861,6 +887,8 @@ class Server {
       s[k + "stalls"] = t->stalls.load();
       s[k + "stall_ns"] = t->stall_ns.load();
       s[k + "stall_max_ns"] = t->stall_max_ns.load();
+      s[k + "stall_cpu_ns"] = t->stall_cpu_ns.load();
+      s[k + "stall_max_cpu_ns"] = t->stall_max_cpu_ns.load();
       s[k + "flush_max_ns"] = t->flush_max_ns.load();
       s[k + "slow_flushes"] = t->slow_flushes.load();
       if (!trace_) continue;
@@ -1006,7 +1034,7 @@ class Server {
     return std::uint32_t(std::min<std::int64_t>(d, std::numeric_limits<std::uint32_t>::max()));
   }
 
-  // Receiver r: reads its socket (with share_, also a peer's that nobody read for help_ns_),
+  // Receiver r: reads its socket (sharing reads, also a peer's that nobody read for help_ns_),
   // admits the requests, queues them (in chunks of kChunk, so that the first of a large read
   // do not wait for the last to be parsed) and answers BUSY for those the queue refused.
   void udp_loop(std::size_t r) {
@@ -1104,13 +1132,16 @@ class Server {
       }
       rx_beat_[r].t.store(now, std::memory_order_relaxed);  // socket r is being read
       int got = serve(r);
-      if (share_ && got == 0 && nfds > 1) {  // a peer's socket nobody has read for a while
+      if (share(kShareRead) && nfds > 1) {  // a peer's socket nobody has read for a while
+        // looked at on every pass, busy or not: under load the own socket is never empty
         const std::int64_t t = now_ns();
-        for (std::size_t d = 1; d < nfds && got == 0; ++d) {
+        rx_beat_[r].t.store(t, std::memory_order_relaxed);
+        for (std::size_t d = 1; d < nfds; ++d) {
           const std::size_t k = (r + d) % nfds;
           if (t - rx_beat_[k].t.load(std::memory_order_relaxed) <= help_ns_) continue;
-          got = serve(k);
-          if (got > 0) helped_reads_.fetch_add(1, std::memory_order_relaxed);
+          const int more = serve(k);
+          got += more;
+          if (more > 0) helped_reads_.fetch_add(1, std::memory_order_relaxed);
         }
       }
       if (got <= 0) continue;
@@ -1213,8 +1244,9 @@ class Server {
     std::atomic<std::int64_t> t{0};  // when a receiver last read its socket
   };
   std::unique_ptr<Beat[]> rx_beat_;
-  bool trace_ = false, share_ = false, isolate_ = false;
-  std::int64_t slow_ns_ = 200000, help_ns_ = 20000;
+  bool trace_ = false, isolate_ = false;
+  int share_ = 0;  // kShare* parts
+  std::int64_t slow_ns_ = 200000, help_ns_ = 50000;
   int rx_batch_ = 64;  // datagrams (or runs) a receiver's recvmmsg takes at most
   std::atomic<std::size_t> started_{0};
   std::uint64_t isolated_ = 0;

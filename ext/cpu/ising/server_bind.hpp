@@ -24,8 +24,7 @@ struct Service {
   Backend backend;
   Service(const std::string& host, int udp_port, int tcp_port, std::size_t depth,
           const std::string& mode, int param, int receivers, int collectors, double spin_us,
-          bool offload, bool pin, bool trace, double slow_us, bool share, bool isolate,
-          int rx_batch)
+          bool offload, bool pin, bool trace, double slow_us, int share, bool isolate, int rx_batch)
       : server(host, udp_port, tcp_port, depth, receivers), backend(mode, param, collectors) {
     if (!(spin_us >= 0.0 && spin_us <= 1e6))
       throw std::invalid_argument("spin_us must be in [0, 1e6]");
@@ -55,10 +54,10 @@ void bind_service(nanobind::module_& m, const char* doc) {
   using S = Service<Backend>;
   nb::class_<S>(m, "Server", doc)
       .def(nb::init<const std::string&, int, int, std::size_t, const std::string&, int, int, int,
-                    double, bool, bool, bool, double, bool, bool, int>(),
+                    double, bool, bool, bool, double, int, bool, int>(),
            "host"_a, "udp_port"_a, "tcp_port"_a, "depth"_a, "mode"_a, "param"_a, "receivers"_a,
            "collectors"_a, "spin_us"_a, "offload"_a = false, "pin"_a = false, "trace"_a = false,
-           "slow_us"_a = 200.0, "share"_a = false, "isolate"_a = false, "rx_batch"_a = 64)
+           "slow_us"_a = 200.0, "share"_a = 0, "isolate"_a = false, "rx_batch"_a = 64)
       .def("start", &S::start)
       .def("stop", &S::stop, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("udp_port", [](S& s) { return s.server.udp_port(); })

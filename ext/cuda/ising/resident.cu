@@ -17,10 +17,11 @@
 // one outstanding PCIe read at a time) and copies them into device memory, and reads the host's
 // stop flag every ~50 us. Every other block serves a ring: its warps (warp ring) or the whole
 // block (block ring) claim the next ticket t (a device counter), wait in device memory until
-// the dispatcher has seen t published (sleeping in proportion to how far back in the line t
-// is), read slot t % R (the task, and the field unless it is the model's own, already on the
-// device), solve, write the reply into the slot, fence, and release-store `done`. So hundreds
-// of waiting servers never poll host memory: only the dispatcher does.
+// the dispatcher has seen t published (relaxed polls, sleeping in proportion to how far back in
+// the line t is, and one acquire fence once it is: see wait_ticket), read slot t % R (the task, and
+// the field unless it is the model's own, already on the device), solve, write the reply into the
+// slot, fence, and release-store `done`. So hundreds of waiting servers never poll host memory:
+// only the dispatcher does.
 #include <cuda/atomic>
 
 #include <algorithm>
@@ -393,13 +394,20 @@ struct Rings {
   int generic;  // 1: every warp-sized request on the solver for any replica count
 };
 
-// Claims the next ticket of a ring and waits until it is published (or returns kQuit).
+// Claims the next ticket of a ring and waits until it is published (or returns kQuit). The
+// counter is polled with relaxed loads and the acquire is one fence once the ticket is out: on
+// sm_90 an acquire load at device scope compiles to a strong load followed by an invalidation
+// of the SM's whole L1 cache (CCTL.IVALL), so servers polling that way kept emptying the L1 of
+// the solvers on their SM, which read their coupling rows through L1 every step.
 __device__ unsigned long long wait_ticket(const Rings& r, int ring) {
   const unsigned long long t = atomicAdd(r.next[ring], 1ull);
   cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> avail(*r.avail[ring]);
   while (true) {
-    const unsigned long long a = avail.load(cuda::memory_order_acquire);
-    if (a > t) return t;
+    const unsigned long long a = avail.load(cuda::memory_order_relaxed);
+    if (a > t) {
+      cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+      return t;
+    }
     if (*reinterpret_cast<volatile int*>(r.quit) != 0) return kQuit;
     const unsigned long long behind = t - a;  // requests to come before this one
     __nanosleep(behind >= 64 ? 16384u : 64u + 256u * unsigned(behind));

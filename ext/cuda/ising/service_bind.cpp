@@ -166,7 +166,7 @@ struct GpuWorkers {
       svc::ThreadTrace* trace = s.thread_trace("feed");
       std::vector<svc::Job> jobs;
       while (true) {
-        if (s.share()) {
+        if (s.share(svc::Server::kShareFeed)) {
           if (s.stopping()) break;
           const std::int64_t now = svc::now_ns();
           trace->tick(now);
@@ -186,7 +186,8 @@ struct GpuWorkers {
     };
     auto collector = [this, try_feed](svc::Server& s, int part) {
       svc::ThreadTrace* trace = s.thread_trace("coll" + std::to_string(part));
-      const bool share = s.share();
+      const bool share = s.share(svc::Server::kShareCollect);
+      const bool feed = s.share(svc::Server::kShareFeed);
       const std::int64_t help = s.help_ns();
       std::vector<gi::Done> done;
       std::vector<std::uint64_t> slots;
@@ -198,7 +199,8 @@ struct GpuWorkers {
         trace->tick(now);
         coll_beat[std::size_t(part)].t.store(now, std::memory_order_relaxed);
         int got = resident->poll(done, part, collectors, share);
-        if (share && got == 0) {  // help a collector or the feeder that has stalled
+        if (share) {  // help a collector that has stalled (looked at on every pass: under load
+                      // the own share is never empty)
           for (int q = 1; q < collectors; ++q) {
             const int other = (part + q) % collectors;
             if (now - coll_beat[std::size_t(other)].t.load(std::memory_order_relaxed) > help) {
@@ -207,10 +209,10 @@ struct GpuWorkers {
               if (more > 0) helped_collects.fetch_add(std::uint64_t(more));
             }
           }
-          if (got == 0 && now - feed_beat.t.load(std::memory_order_relaxed) > help) {
-            const std::size_t fed = try_feed(s, jobs);
-            if (fed > 0) helped_feeds.fetch_add(fed);
-          }
+        }
+        if (feed && got == 0 && now - feed_beat.t.load(std::memory_order_relaxed) > help) {
+          const std::size_t fed = try_feed(s, jobs);  // or the feeder
+          if (fed > 0) helped_feeds.fetch_add(fed);
         }
         if (got == 0) {
           if (feeder_done && resident->in_flight() == 0) return;
