@@ -9,7 +9,7 @@ the same over the relevant configurations (ln|psi| within 20 of the largest); th
 configuration's ln|psi| and the module's error there; the largest logit, residual activation
 and smallest picked log-probability. --save writes each run's weights (state_dict) to a folder.
 
-    python tools/fused_trained_check.py --seeds 0 1 2 --iterations 30 [--float64]
+    python tools/fused_trained_check.py --seeds 0 1 2 --iterations 30 [--dtypes float32 float64]
         [--fast other/fast_infer.py] [--save DIR]
     TRITON_INTERPRET=1 python tools/fused_trained_check.py --device cpu --load DIR/*.pt
 """
@@ -84,7 +84,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--iterations", type=int, default=30)
-    ap.add_argument("--float64", action="store_true", help="also train in float64 per seed")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
     ap.add_argument("--fast", default=None, help="another fast_infer.py to check beside")
     ap.add_argument("--save", default=None, help="folder for the trained weights")
     ap.add_argument("--load", nargs="*", default=[], help="check saved weights instead")
@@ -109,7 +109,7 @@ def main():
         a.load_state_dict(torch.load(path, map_location=args.device))
         _check(path, a, x, fast)
     for seed in [] if args.load else args.seeds:
-        for dtype in [torch.float32] + ([torch.float64] if args.float64 else []):
+        for dtype in [getattr(torch, name) for name in args.dtypes]:
             t0 = time.perf_counter()
             a = Ansatz.for_molecule(mol, seed=seed, dtype=dtype, device=args.device)
             r = Runner(

@@ -165,14 +165,16 @@ def _sector_errors(a, label):
     return vs64, vs32
 
 
-def test_trained_checkpoint():
-    """A trained state that every run reproduces: 30 float64 iterations (their trajectory
-    does not depend on the order of float32 atomics), the weights then rounded to float32;
-    the fused path equals the module there to 1e-5 over the whole sector."""
+@pytest.mark.parametrize("seed", [0, 2])
+def test_trained_checkpoint(seed):
+    """Trained states that runs reproduce (to the last bits of float64 sums): 30 float64
+    iterations, the weights then rounded to float32; the fused path equals the module there
+    to 1e-5 over the whole sector. Seed 2 missed it (1.6e-5 on an H200) while the head's
+    products ran on the tensor cores."""
     mol = Molecule.load("N2")
-    a = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device="cuda")
-    Runner(mol, a, topk=64, seed=0).run(30, progress=False)
-    vs64, vs32 = _sector_errors(a.float(), "float64-trained N2/STO-3G")
+    a = Ansatz.for_molecule(mol, seed=seed, dtype=torch.float64, device="cuda")
+    Runner(mol, a, topk=64, seed=seed).run(30, progress=False)
+    vs64, vs32 = _sector_errors(a.float(), f"float64-trained N2/STO-3G, seed {seed}")
     assert vs64 <= TOL and vs32 <= TOL
 
 
