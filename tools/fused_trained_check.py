@@ -119,12 +119,10 @@ def main():
                 seed=seed,
                 fused_inference=dtype == torch.float32 and args.device == "cuda",
             )
-            e = r.run(args.iterations, progress=False).history["e_coupled"].to_numpy()[-1]
+            e = r.run(args.iterations, progress=False).history["e_coupled"].to_numpy()
+            done, e = len(e), e[-1]  # fewer than asked when a signal stopped the run
             name = f"seed {seed} {str(dtype)[6:]} training"
-            print(
-                f"{name}: {args.iterations} iterations, E {e:.10f}, "
-                f"{time.perf_counter() - t0:.1f} s"
-            )
+            print(f"{name}: {done} iterations, E {e:.10f}, {time.perf_counter() - t0:.1f} s")
             if save:
                 torch.save(a.state_dict(), save / f"n2_seed{seed}_{str(dtype)[6:]}.pt")
             _check(name, a, x, fast)

@@ -66,10 +66,6 @@ _MAX_D = 64  # widest d_model laid out (one 64-column tile)
 _MAX_LP = 64  # longest padded sequence
 _GROUP = 16  # feature columns per attention group (the tensor cores' smallest K)
 _FC = 64  # MLP hidden columns per chunk
-# the value and output projections in plain float32 under "tf32x3": the tensor cores' float32
-# accumulation cuts low bits (towards zero), and on these two products that bias reached
-# ln|psi| (1.3e-5 in an emulation of the cut, 1.6e-5 on an H200, against 2.5e-6 without it)
-_VO_PREC = {"tf32x3": "ieee"}
 
 
 def unsupported_reason(ansatz) -> str | None:
@@ -198,7 +194,6 @@ if triton is not None:
         FC: tl.constexpr,
         BN: tl.constexpr,
         PREC: tl.constexpr,
-        VO_PREC: tl.constexpr,
         HAS_PARENT: tl.constexpr,
         STORE: tl.constexpr,
     ):
@@ -263,7 +258,7 @@ if triton is not None:
             x = _layer_norm(h, ln1w + sv, ln1b + sv, c, colmask, D)
             q = _linear(x, wq + sq, bq + sv, c, c, DP, PREC) * scale
             kk = _linear(x, wk + sq, bk + sv, c, c, DP, PREC)
-            v = _linear(x, wv + sq, bv + sv, c, c, DP, VO_PREC)
+            v = _linear(x, wv + sq, bv + sv, c, c, DP, PREC)
             # (configuration, position, group, 16) -> (configuration * group, position, 16)
             qg = tl.reshape(
                 tl.permute(tl.reshape(q, (BN, SP, NG, 16)), (0, 2, 1, 3)), (BN * NG, SP, 16)
@@ -315,7 +310,7 @@ if triton is not None:
                     p = p * inv[:, :, None]
                     o += _dot(p, vg * head[None, None, :], PREC)
             y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, SP, 16)), (0, 2, 1, 3)), (R, DP))
-            h += _linear(y, wo + sq, bo + sv, c, c, DP, VO_PREC)
+            h += _linear(y, wo + sq, bo + sv, c, c, DP, PREC)
             x = _layer_norm(h, ln2w + sv, ln2b + sv, c, colmask, D)
             acc = tl.zeros((R, DP), dtype=tl.float32)
             for f0 in range(0, FP, FC):
@@ -328,15 +323,11 @@ if triton is not None:
 
         # the last LayerNorm in float64: a rounding of its row scale would scale all four
         # logits of a position together, an error of that size times |log p|
-        x = _layer_norm(h.to(tl.float64), lnfw, lnfb, c, colmask, D)
-        # the head in float64 too, one column per token (4 of 16): the tensor cores' float32
-        # accumulation cuts low bits (towards zero), an error that has the same sign in
-        # every logit and every position, so it adds up along the sum over positions
+        x = _layer_norm(h.to(tl.float64), lnfw, lnfb, c, colmask, D).to(tl.float32)
+        whd = tl.load(wh + c[:, None] * 16 + c16[None, :])
+        logits = _dot(x, whd, PREC)
         kb = tl.minimum(k, LT - 1)
-        logits = tl.load(bias16 + kb[:, None] * 16 + c16[None, :])
-        for t in tl.static_range(4):
-            wt = tl.load(wh + c * 16 + t).to(tl.float64)
-            logits += tl.where(c16[None, :] == t, tl.sum(x * wt[None, :], 1)[:, None], 0.0)
+        logits += tl.load(bias16 + kb[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
 
         # the tokens that keep the sector reachable, and the masked log-softmax
         ua = used_a[:, None] + (c16[None, :] & 1)
@@ -349,7 +340,7 @@ if triton is not None:
         # in float64 from here on, with the picked logit's distance to the largest taken first:
         # at tiny amplitudes the conditional log-probabilities are large and their float32
         # roundings (of max + log sum, and of the running sum) would add up
-        lg = tl.where(use, logits, -1.0e30)
+        lg = tl.where(use, logits, -1.0e30).to(tl.float64)
         mx = tl.max(lg, 1)
         ex = tl.where(use, tl.exp(lg - mx[:, None]), 0.0)
         pick = c16[None, :] == target[:, None]
@@ -457,9 +448,8 @@ class FusedInference:
             return lambda b: b.attn.qkv.bias[i * d : (i + 1) * d]
 
         with torch.no_grad():
-            # head bias + logit bias summed in float64 (the kernel's logits are float64)
-            bias = torch.zeros((lp, 16), dtype=torch.float64, device=a.device)
-            bias[: a.norb, :4] = a.logit_bias.double() + a.head.bias.double()
+            bias = torch.zeros((lp, 16), dtype=torch.float32, device=a.device)
+            bias[: a.norb, :4] = a.logit_bias.float() + a.head.bias.float()
             packed = {
                 "tok_emb": _pad(a.token_embedding.weight, (5, dp)),
                 "pos_emb": _pad(a.position_embedding.weight, (lp, dp)),
@@ -570,7 +560,6 @@ class FusedInference:
             FC=_FC,
             BN=bn,
             PREC=self.precision,
-            VO_PREC=_VO_PREC.get(self.precision, self.precision),
             HAS_PARENT=parent is not None,
             STORE=store is not None,
             num_warps=self.num_warps,
