@@ -171,7 +171,7 @@ def test_trained_checkpoint(seed):
     iterations, the weights then rounded to float32; the fused path equals the module there
     to 1e-5 over the whole sector. On an H200 seed 2 misses it (1.61e-5 in two calls, the
     module's float32 pass 3.9e-6): the tensor cores' float32 accumulation cuts low bits, a
-    bias the tf32x3 split does not remove (docs/performance.md#fused-accuracy)."""
+    bias the tf32x3 split does not remove (docs/performance.md#fused-trained)."""
     mol = Molecule.load("N2")
     a = Ansatz.for_molecule(mol, seed=seed, dtype=torch.float64, device="cuda")
     Runner(mol, a, topk=64, seed=seed).run(30, progress=False)
