@@ -52,17 +52,22 @@ between +3.81 and +5.06)."""
 DEFAULT_LR_DECAY_FROM = 0.5
 """The decay starts after this fraction of the run's iterations."""
 
-DEFAULT_TEACHER = 0.0
-"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). Off by
-default. With the default 4 inner steps and a weight of 1.0 (400-iteration schedule, the
-molecule-and-lattice set, three seeds, H200) it cured H2O's stall (18.5 mHa at worst -> 0.165)
-and lowered the largest error over the seeds of every case but LiH, but 4 of the 30 (case, seed)
-runs ended higher, two across 1.6 mHa: the 6-site ring at U = 4 (seed 1, 0.96 -> 1.96) and at
-U = 8 (seed 0, 1.48 -> 2.54) (docs/nnqs_sci.md, "The selected-CI teacher"). Recommended for
-lattices, stretched bonds and stalls: ``Runner(inner_steps=16, teacher=1.0)``, with which every
-case of the set up to 8 sites met both accuracy goals for three seeds."""
+DEFAULT_TEACHER = 1.0
+"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). On by
+default on one rank (``teacher="auto"``; several ranks run without it), together with
+`DEFAULT_TEACHER_INNER_STEPS` and `DEFAULT_TEACHER_GAP`: the teacher's inner-step schedule
+(docs/nnqs_sci.md, "The selected-CI teacher", "#teacher-default")."""
 
-DEFAULT_TEACHER_UNTIL = 100
-"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1): the
-setting measured on the whole set; the 8-site Hubbard chains took 200 and a longer schedule (U = 4:
-600 iterations, 0.29 mHa at worst; U = 8: 800 iterations, 0.47)."""
+DEFAULT_TEACHER_UNTIL = 200
+"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1)."""
+
+DEFAULT_TEACHER_INNER_STEPS = 16
+"""Inner steps of an iteration while the teacher's weight is above 0, and after it while the
+network's variational energy trails the CI energy of S (known without a new eigensolve: S
+unchanged since the teacher's last one) by more than `DEFAULT_TEACHER_GAP`; `DEFAULT_INNER_STEPS`
+otherwise. With 4 inner steps and the teacher, two 6-site ring runs (of 30 on the set) ended
+worse than without it; with 16 every case up to 8 sites met both goals."""
+
+DEFAULT_TEACHER_GAP = 1e-4
+"""Energy (Ha) by which the network may trail the CI energy of an unchanged S before the
+teacher's inner steps stop (None: they stop with the teacher's weight)."""
