@@ -279,7 +279,7 @@ class Runner(Solver):
     pt2: bool = True
     teacher: float | str = "auto"
     teacher_until: int = DEFAULT_TEACHER_UNTIL
-    teacher_inner_steps: int | None = DEFAULT_TEACHER_INNER_STEPS
+    teacher_inner_steps: int | None | str = "auto"
     teacher_gap: float | None = DEFAULT_TEACHER_GAP
     verbose: int = NOTE
 
@@ -406,7 +406,15 @@ class Runner(Solver):
                 f'teacher must be "auto" or a finite weight >= 0, got {self.teacher!r}'
             )
         positive_int("teacher_until", self.teacher_until)
-        positive_int("teacher_inner_steps", self.teacher_inner_steps, allow_none=True, minimum=0)
+        if isinstance(self.teacher_inner_steps, str) and self.teacher_inner_steps != "auto":
+            raise ValueError(
+                'teacher_inner_steps must be "auto", None or an integer >= 0, got '
+                f"{self.teacher_inner_steps!r}"
+            )
+        if self.teacher_inner_steps != "auto":
+            positive_int(
+                "teacher_inner_steps", self.teacher_inner_steps, allow_none=True, minimum=0
+            )
         g = self.teacher_gap
         if g is not None and not (
             isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0
@@ -552,8 +560,12 @@ class Runner(Solver):
 
     @property
     def _extra_inner(self) -> int:
-        """The teacher's inner steps (`teacher_inner_steps`, None: `inner_steps`)."""
+        """The teacher's inner steps: `teacher_inner_steps`; None: `inner_steps`; "auto":
+        `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on a CPU (where an inner
+        step over S costs about as much as the iteration's inference)."""
         n = self.teacher_inner_steps
+        if n == "auto":
+            return DEFAULT_TEACHER_INNER_STEPS if self.device.type == "cuda" else self.inner_steps
         return self.inner_steps if n is None else int(n)
 
     def teacher_weight(self, t: int) -> float:

@@ -152,6 +152,7 @@ def test_teacher_off_is_the_plain_method():
         ({"teacher_until": 0}, "teacher_until"),
         ({"teacher": "on"}, "teacher must be"),
         ({"teacher_inner_steps": -1}, "teacher_inner_steps"),
+        ({"teacher_inner_steps": "many"}, "teacher_inner_steps"),
         ({"teacher_gap": -1e-4}, "teacher_gap"),
         ({"teacher_gap": float("inf")}, "teacher_gap"),
     ],
@@ -162,9 +163,10 @@ def test_bad_teacher_options(kw, match):
 
 
 def test_default_schedule_of_the_teacher_and_its_inner_steps():
-    """The defaults: the teacher on at weight 1 falling to 0 at iteration 200, 16 inner steps
-    while it is on; after it 16 while S is the last solved space and the network trails its CI
-    energy by more than the gap, else 4 (teacher_gap=None: 4 at once)."""
+    """The defaults: the teacher on at weight 1 falling to 0 at iteration 200, its inner steps
+    (16 on a GPU, `inner_steps` on a CPU) while it is on; after it 16 while S is the last solved
+    space and the network trails its CI energy by more than the gap, else 4 (teacher_gap=None:
+    4 at once)."""
     from cuscikit.nnqs import defaults as D
 
     r = _runner()
@@ -172,12 +174,14 @@ def test_default_schedule_of_the_teacher_and_its_inner_steps():
     assert r.teacher_weight(1) == 1.0 and r.teacher_weight(D.DEFAULT_TEACHER_UNTIL) == 0.0
     assert r.teacher_weight(101) == pytest.approx((200 - 101) / 199)
     assert (D.DEFAULT_TEACHER_INNER_STEPS, D.DEFAULT_INNER_STEPS) == (16, 4)
+    assert r.teacher_inner_steps == "auto" and r._extra_inner == 4  # on a CPU: inner_steps
     # a small ring: S stops growing at iteration 3, so after the teacher's weight reaches 0
     # the trailing test needs no new eigensolve
     mol = Molecule.hubbard(4, U=4.0, pbc=True)
     for gap in (1e-4, 1e-2, None):
         ansatz = Ansatz.for_molecule(mol, seed=1, dtype=torch.float64)
-        run = Runner(mol, ansatz, seed=1, teacher_until=4, teacher_gap=gap).run(8, progress=False)
+        run = Runner(mol, ansatz, seed=1, teacher_until=4, teacher_gap=gap, teacher_inner_steps=16)
+        run = run.run(8, progress=False)
         h = run.history
         assert (h["inner_steps"].iloc[:3] == 16).all() and (h["teacher_weight"].iloc[3:] == 0).all()
         assert (h["n_space"].iloc[2:] == h["n_space"].iloc[2]).all()  # S reached: 10 of 36
