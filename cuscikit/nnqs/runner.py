@@ -230,12 +230,21 @@ class Runner(Solver):
             the energy, in the iteration's step and in each inner step, `teacher` times the
             gradient of a fidelity loss that pulls the network's amplitudes and signs on S
             towards that eigenvector; the weight falls linearly to 0 at iteration
-            `teacher_until`, after which the run is the plain method. Only the gradient
-            changes: the energies reported are the network's own. History columns (with
-            teacher > 0): ``teacher_weight``, ``e_teacher`` (the CI energy within S, NaN once
-            the teacher is off) and ``teacher_loss``. One rank only; the optimiser stage runs
-            eagerly (no CUDA graph) while the teacher is on.
+            `teacher_until`, after which the run is the plain method (but for the
+            inner steps, below). Only the gradient changes: the energies reported are the
+            network's own. History columns (with the teacher on): ``teacher_weight``,
+            ``e_teacher`` (the CI energy within S; after `teacher_until` while S is the one
+            last solved, else NaN), ``teacher_loss`` and ``inner_steps`` (this iteration's). One
+            rank only: "auto" (default) is `DEFAULT_TEACHER` on one rank and 0 (off) on
+            several. The pull is part of the recorded optimiser stage (`graphs`).
         teacher_until: the iteration from which the teacher's weight is 0.
+        teacher_inner_steps: inner steps while the teacher's weight is above 0, and after it
+            while S is the space the teacher last solved and the network's variational energy
+            is above that CI energy by more than `teacher_gap` (`inner_steps` otherwise).
+            "auto" (default): `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on
+            a CPU; None: `inner_steps`.
+        teacher_gap: the energy of that test (None: the teacher's inner steps end with its
+            weight).
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
