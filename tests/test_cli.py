@@ -139,14 +139,16 @@ def test_nnqs_decays_the_rate_by_default(capsys):
 
 def test_nnqs_teacher_option(capsys):
     """--teacher W --teacher-until T reach the Runner: the taught run is another run, recorded
-    in the JSON; --teacher 0 (the default) is the plain one."""
+    in the JSON; by default the teacher is on (weight 1, to iteration 200) on one rank;
+    --teacher 0 is the plain method."""
     pytest.importorskip("torch")
     base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", "--iters", "3"]
-    plain = run_json(capsys, *base)
+    default = run_json(capsys, *base)
     off = run_json(capsys, *base, "--teacher", "0", "--teacher-until", "50")
     taught = run_json(capsys, *base, "--teacher", "1.0", "--teacher-until", "50")
-    assert off["e_tot"] == plain["e_tot"] and "teacher" not in off
-    assert taught["e_tot"] != plain["e_tot"]
+    assert "teacher" not in off and off["e_tot"] != default["e_tot"]
+    assert default["teacher"] == 1.0 and default["teacher_until"] == 200
+    assert taught["e_tot"] != off["e_tot"] and taught["e_tot"] != default["e_tot"]
     assert taught["teacher"] == 1.0 and taught["teacher_until"] == 50
 
 

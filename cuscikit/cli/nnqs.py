@@ -82,7 +82,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         raise UsageError(f"--lr-final must lie in (0, 10], got {args.lr_final}")
     if not 0 <= args.lr_decay_from < 1:
         raise UsageError(f"--lr-decay-from must be in [0, 1), got {args.lr_decay_from}")
-    if args.teacher < 0:
+    if args.teacher is not None and args.teacher < 0:
         raise UsageError(f"--teacher must be >= 0 (0: off), got {args.teacher}")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
@@ -97,7 +97,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
         check_writable(args.checkpoint)
     comm = communicator(args)
-    if args.teacher and comm.size > 1:
+    if args.teacher and comm.size > 1:  # None: the Runner's "auto" (off on several ranks)
         raise UsageError("--teacher runs on one rank only: start without mpirun/torchrun")
     if args.device == "cuda" and comm.size > 1:  # one GPU per rank of this host
         from cuscikit.parallel.comm import local_rank
@@ -122,7 +122,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         max_gpu_memory=args.max_gpu_memory,
         compile_inference=args.compile,
         inner_steps=args.inner_steps,
-        teacher=args.teacher,
+        teacher="auto" if args.teacher is None else args.teacher,
         teacher_until=args.teacher_until,
         comm=comm,
     )
@@ -172,8 +172,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "seed": args.seed,
         "e_reference": runner.reference,
     }
-    if args.teacher:
-        report["teacher"], report["teacher_until"] = args.teacher, args.teacher_until
+    if runner.teacher_on:
+        report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
     if report["status"] != "ok" and args.checkpoint:
         report["resume"] = (
             f"the checkpoint {args.checkpoint} holds iteration "
@@ -307,10 +307,11 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
     s.add_argument(
         "--teacher",
         type=finite_float,
-        default=DEFAULT_TEACHER,
+        default=None,
         metavar="W",
         help="weight of the selected-CI teacher at iteration 1 (0: off): the lowest "
-        "eigenvector of H within S pulls the network's amplitudes and signs; one rank only",
+        "eigenvector of H within S pulls the network's amplitudes and signs; one rank only "
+        f"(default: {DEFAULT_TEACHER:g} on one rank, off on several)",
     )
     s.add_argument(
         "--teacher-until",

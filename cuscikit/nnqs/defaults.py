@@ -52,17 +52,28 @@ between +3.81 and +5.06)."""
 DEFAULT_LR_DECAY_FROM = 0.5
 """The decay starts after this fraction of the run's iterations."""
 
-DEFAULT_TEACHER = 0.0
-"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). Off by
-default. With the default 4 inner steps and a weight of 1.0 (400-iteration schedule, the
-molecule-and-lattice set, three seeds, H200) it cured H2O's stall (18.5 mHa at worst -> 0.165)
-and lowered the largest error over the seeds of every case but LiH, but 4 of the 30 (case, seed)
-runs ended higher, two across 1.6 mHa: the 6-site ring at U = 4 (seed 1, 0.96 -> 1.96) and at
-U = 8 (seed 0, 1.48 -> 2.54) (docs/nnqs_sci.md, "The selected-CI teacher"). Recommended for
-lattices, stretched bonds and stalls: ``Runner(inner_steps=16, teacher=1.0)``, with which every
-case of the set up to 8 sites met both accuracy goals for three seeds."""
+DEFAULT_TEACHER = 1.0
+"""Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). On by
+default on one rank (``teacher="auto"``; several ranks run without it, the teacher needing all of
+H_SS on one rank), with its inner-step schedule (`DEFAULT_TEACHER_INNER_STEPS`,
+`DEFAULT_TEACHER_GAP`). With these defaults (H200, three seeds, 400-iteration schedules, 800 for
+the 8-site Hubbard chains) every case of the molecule-and-lattice set up to 8 sites ended within
+1.6 mHa, and 29 of the 30 runs within 0.5 mHa after the PT2 correction (the U = 8 chain, seed 1:
+0.523); before, with the teacher off and 4 inner steps, H2O ended at 18.5 mHa, the H8 chain at
+29.6, the stretched N2 at 26.2 (docs/nnqs_sci.md, "#teacher-schedule")."""
 
-DEFAULT_TEACHER_UNTIL = 100
-"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1): the
-setting measured on the whole set; the 8-site Hubbard chains took 200 and a longer schedule (U = 4:
-600 iterations, 0.29 mHa at worst; U = 8: 800 iterations, 0.47)."""
+DEFAULT_TEACHER_UNTIL = 200
+"""The iteration from which the teacher's weight is 0 (it falls linearly from iteration 1)."""
+
+DEFAULT_TEACHER_INNER_STEPS = 16
+"""Inner steps of an iteration on a CUDA device (``teacher_inner_steps="auto"``; a CPU takes
+`DEFAULT_INNER_STEPS`, where an inner step costs about as much as the iteration's inference: the
+N2 demo's iteration took 8.8 CPU s with 16 and the teacher, 2.9 with 4 and the teacher, 3.3
+without it) while the teacher's weight is above 0, and after it while the network's variational
+energy trails the CI energy of S (known without a new eigensolve: S unchanged since the teacher's
+last one) by more than `DEFAULT_TEACHER_GAP`; `DEFAULT_INNER_STEPS` otherwise. With 4 inner steps
+the teacher left two 6-site ring runs (of 30 on the set) worse than without it; with 16 none."""
+
+DEFAULT_TEACHER_GAP = 1e-4
+"""Energy (Ha, or t) by which the network may trail the CI energy of an unchanged S before the
+teacher's inner steps stop (None: they stop with the teacher's weight)."""

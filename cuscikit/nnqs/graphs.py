@@ -11,6 +11,9 @@ records the whole stage once per size bucket and replays it with one launch:
    its gradient and AdamW;
 3. ``inner_steps`` times: ln psi over S, the Rayleigh quotient of psi on S with H_SS from the
    iteration's pairs, its loss, gradient and AdamW;
+   With a teacher (``run(..., teacher=(weight, c))``, `cuscikit.nnqs.teacher`) every inner
+   step adds ``weight`` times the teacher's coefficients on S to the energy's (the caller passes
+   the iteration's step already combined: unit weights and the combined coefficients);
 4. flags: the loss of step 2, whether any inner step met a non-finite local energy, whether the
    weights are finite.
 
@@ -169,18 +172,21 @@ class OptimizerGraph:
             raise ValueError("the parameters are at different AdamW step counts")
         return exp_avg, exp_avg_sq, lo
 
-    def key_for(self, n: int, m: int, inner_steps: int) -> tuple:
-        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads."""
+    def key_for(self, n: int, m: int, inner_steps: int, teacher: bool = False) -> tuple:
+        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads,
+        whether the inner steps carry a teacher."""
         g = self.optimizer.param_groups[0]
         ptrs = tuple(p.data_ptr() for p in self.params)
         for p in self.params:
             st = self.optimizer.state.get(p) or {}
             ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
         consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
-        return (bucket(n), bucket(m), int(inner_steps), consts, ptrs)
+        return (bucket(n), bucket(m), int(inner_steps), consts, ptrs, bool(teacher))
 
     # ------------------------------------------------------------------------------ run
-    def run(self, configs, w, de, hdiag, pairs, inner_steps: int) -> tuple[float, bool, bool]:
+    def run(
+        self, configs, w, de, hdiag, pairs, inner_steps: int, teacher=None
+    ) -> tuple[float, bool, bool]:
         """Run the stage over S = ``configs``; returns ``(loss, inner_ok, weights_finite)``.
 
         Args:
@@ -190,6 +196,8 @@ class OptimizerGraph:
             hdiag: <x|H|x> over S (n,).
             pairs: (source row, target row, H value) of the off-diagonal H_SS entries.
             inner_steps: inner steps after the iteration's step.
+            teacher: None, or (weight, c): the teacher's weight and vector on S (n,), added to
+                every inner step (`cuscikit.nnqs.teacher.teacher_coefficients`).
 
         When the loss is not finite, an inner step met a non-finite local energy, or the
         weights end non-finite, the weights and the AdamW state are put back as they were and
@@ -201,7 +209,7 @@ class OptimizerGraph:
         src, dst, val = pairs if pairs is not None else ((), (), ())
         src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
         m = src.shape[0]
-        key = self.key_for(n, m, inner_steps)
+        key = self.key_for(n, m, inner_steps, teacher is not None)
         if key != self._key or not self._buf:
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
@@ -218,6 +226,9 @@ class OptimizerGraph:
         b["val"].zero_()[:m].copy_(val)
         b["lr"].fill_(float(self.optimizer.param_groups[0]["lr"]))
         b["step"].fill_(step)
+        if teacher is not None:
+            b["tw"].fill_(float(teacher[0]))
+            b["tc"].zero_()[:n].copy_(torch.as_tensor(teacher[1]).to(dev))
         if self.use_graph:
             if self._graph is None:
                 self._capture()
@@ -267,6 +278,9 @@ class OptimizerGraph:
             # the AdamW steps of one stage are step + 1 .. step + 1 + inner_steps
             "ahead": torch.arange(1, n_inner + 2, dtype=rdt, device=dev),
             "flags": torch.zeros(3, dtype=rdt, device=dev),
+            # the teacher's weight and vector (padded with 0), read only by a teacher's graph
+            "tw": torch.zeros((), dtype=rdt, device=dev),
+            "tc": torch.zeros(n_cap, dtype=rdt, device=dev),
             "exp_avg": exp_avg,
             "exp_avg_sq": exp_avg_sq,
             # flat AdamW: moments, gradient, denominator and update over all parameters
@@ -373,7 +387,13 @@ class OptimizerGraph:
                 e = (w * eloc).real.sum()
                 bad = bad | (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
             with torch.enable_grad():
-                loss = 2.0 * (w * (lp.conj() * (eloc - e))).real.sum()
+                if self._key[5]:  # the teacher's pull added to the energy's coefficients
+                    from cuscikit.nnqs.teacher import teacher_coefficients
+
+                    coef = w * (eloc - e) + b["tw"] * teacher_coefficients(psi, b["tc"], mask)
+                    loss = 2.0 * (lp.conj() * coef).real.sum()
+                else:
+                    loss = 2.0 * (w * (lp.conj() * (eloc - e))).real.sum()
                 grads = self._grads(loss)
             with torch.no_grad():
                 if apply:

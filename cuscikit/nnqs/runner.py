@@ -34,6 +34,8 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
     DEFAULT_TEACHER,
+    DEFAULT_TEACHER_GAP,
+    DEFAULT_TEACHER_INNER_STEPS,
     DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
     DEFAULT_WEIGHT_ADD,
@@ -228,12 +230,21 @@ class Runner(Solver):
             the energy, in the iteration's step and in each inner step, `teacher` times the
             gradient of a fidelity loss that pulls the network's amplitudes and signs on S
             towards that eigenvector; the weight falls linearly to 0 at iteration
-            `teacher_until`, after which the run is the plain method. Only the gradient
-            changes: the energies reported are the network's own. History columns (with
-            teacher > 0): ``teacher_weight``, ``e_teacher`` (the CI energy within S, NaN once
-            the teacher is off) and ``teacher_loss``. One rank only; the optimiser stage runs
-            eagerly (no CUDA graph) while the teacher is on.
+            `teacher_until`, after which the run is the plain method (but for the
+            inner steps, below). Only the gradient changes: the energies reported are the
+            network's own. History columns (with the teacher on): ``teacher_weight``,
+            ``e_teacher`` (the CI energy within S; after `teacher_until` while S is the one
+            last solved, else NaN), ``teacher_loss`` and ``inner_steps`` (this iteration's). One
+            rank only: "auto" (default) is `DEFAULT_TEACHER` on one rank and 0 (off) on
+            several. The pull is part of the recorded optimiser stage (`graphs`).
         teacher_until: the iteration from which the teacher's weight is 0.
+        teacher_inner_steps: inner steps while the teacher's weight is above 0, and after it
+            while S is the space the teacher last solved and the network's variational energy
+            is above that CI energy by more than `teacher_gap` (`inner_steps` otherwise).
+            "auto" (default): `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on
+            a CPU; None: `inner_steps`.
+        teacher_gap: the energy of that test (None: the teacher's inner steps end with its
+            weight).
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
@@ -275,8 +286,10 @@ class Runner(Solver):
     inner_steps: int = DEFAULT_INNER_STEPS
     graphs: bool | str = "auto"
     pt2: bool = True
-    teacher: float = DEFAULT_TEACHER
+    teacher: float | str = "auto"
     teacher_until: int = DEFAULT_TEACHER_UNTIL
+    teacher_inner_steps: int | None | str = "auto"
+    teacher_gap: float | None = DEFAULT_TEACHER_GAP
     verbose: int = NOTE
 
     _keys = {
@@ -320,8 +333,8 @@ class Runner(Solver):
         check_state_symmetry(molecule)
         self.comm = comm if comm is not None else SerialComm()
         self.rank = self.comm.rank
-        if self.teacher and self.comm.size > 1:
-            raise ValueError("teacher > 0 runs on one rank only")
+        if self.teacher != "auto" and self.teacher and self.comm.size > 1:
+            raise ValueError('teacher > 0 runs on one rank only (teacher="auto": off there)')
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -392,14 +405,30 @@ class Runner(Solver):
             raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
-        if not (
+        if self.teacher != "auto" and not (
             isinstance(self.teacher, (int, float))
             and not isinstance(self.teacher, bool)
             and math.isfinite(self.teacher)
             and self.teacher >= 0
         ):
-            raise ValueError(f"teacher must be a finite weight >= 0, got {self.teacher!r}")
+            raise ValueError(
+                f'teacher must be "auto" or a finite weight >= 0, got {self.teacher!r}'
+            )
         positive_int("teacher_until", self.teacher_until)
+        if isinstance(self.teacher_inner_steps, str) and self.teacher_inner_steps != "auto":
+            raise ValueError(
+                'teacher_inner_steps must be "auto", None or an integer >= 0, got '
+                f"{self.teacher_inner_steps!r}"
+            )
+        if self.teacher_inner_steps != "auto":
+            positive_int(
+                "teacher_inner_steps", self.teacher_inner_steps, allow_none=True, minimum=0
+            )
+        g = self.teacher_gap
+        if g is not None and not (
+            isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0
+        ):
+            raise ValueError(f"teacher_gap must be None or a finite energy >= 0, got {g!r}")
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
             raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
@@ -522,15 +551,59 @@ class Runner(Solver):
                 g["lr"] = self.lr
 
     def _want_pairs(self) -> bool:
-        """Whether stage 3 returns the H_SS pairs (inner steps, or a teacher still on)."""
-        return self.inner_steps > 0 or self.teacher_weight(self.iteration + 1) > 0
+        """Whether stage 3 returns the H_SS pairs (inner steps, a teacher still on, or the
+        teacher's inner steps possibly still running after it)."""
+        return (
+            self.inner_steps > 0
+            or self.teacher_weight(self.iteration + 1) > 0
+            or (self.teacher_on > 0 and self._extra_inner > 0)
+        )
+
+    @property
+    def teacher_on(self) -> float:
+        """The teacher's weight at iteration 1 in force: `teacher` with "auto" resolved
+        (`DEFAULT_TEACHER` on one rank, 0 on several)."""
+        if self.teacher == "auto":
+            return DEFAULT_TEACHER if self.comm.size == 1 else 0.0
+        return float(self.teacher)
+
+    @property
+    def _extra_inner(self) -> int:
+        """The teacher's inner steps: `teacher_inner_steps`; None: `inner_steps`; "auto":
+        `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on a CPU (where an inner
+        step over S costs about as much as the iteration's inference)."""
+        n = self.teacher_inner_steps
+        if n == "auto":
+            return DEFAULT_TEACHER_INNER_STEPS if self.device.type == "cuda" else self.inner_steps
+        return self.inner_steps if n is None else int(n)
 
     def teacher_weight(self, t: int) -> float:
-        """The teacher's weight at iteration t (1-based): `teacher` at t = 1, falling linearly
-        to 0 at `teacher_until`."""
-        if not self.teacher or t >= self.teacher_until:
+        """The teacher's weight at iteration t (1-based): the resolved `teacher` at t = 1,
+        falling linearly to 0 at `teacher_until`."""
+        lam0 = self.teacher_on
+        if not lam0 or t >= self.teacher_until:
             return 0.0
-        return float(self.teacher) * (self.teacher_until - t) / (self.teacher_until - 1)
+        return lam0 * (self.teacher_until - t) / (self.teacher_until - 1)
+
+    def _inner_count(self, lam: float, S: np.ndarray, e_v: float, r) -> tuple[int, float]:
+        """(inner steps of this iteration, the CI energy of S if at hand else NaN): the
+        teacher's `teacher_inner_steps` while its weight is above 0, and after it while the
+        last teacher solution belongs to this very S (no new eigensolve; a run resumed from a
+        checkpoint solves once) and the network's variational energy trails that CI energy by
+        more than `teacher_gap`; else `inner_steps`."""
+        if not self.teacher_on:
+            return self.inner_steps, np.nan
+        if r.space_pairs is None or not len(S):
+            return 0, np.nan
+        if lam > 0:
+            return self._extra_inner, np.nan
+        if self._teacher_last is None and self.teacher_gap is not None:
+            self._teacher_solution(S, r)
+        last = self._teacher_last
+        if last is None or not np.array_equal(last[0], S):
+            return self.inner_steps, np.nan
+        trailing = self.teacher_gap is not None and e_v - last[1] > self.teacher_gap
+        return (self._extra_inner if trailing else self.inner_steps), last[1]
 
     # ------------------------------------------------------------------------------ results
     @property
@@ -585,13 +658,13 @@ class Runner(Solver):
 
             p.inference_graph = InferenceGraph(self.ansatz)
 
-    def _graphed_stage(self, S, w, de, r) -> tuple[float, bool] | None:
+    def _graphed_stage(self, S, w, de, r, n_inner, teach=None) -> tuple[float, bool] | None:
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
         iteration takes the eager stage (graphs off, |S| above one batch, a non-finite local
         energy in an inner step: then nothing was applied)."""
         if self._graphs_reason() is not None or not 0 < len(S) <= self.batch_size:
             return None
-        if self.inner_steps and r.space_pairs is None:
+        if n_inner and r.space_pairs is None:
             return None
         from cuscikit.nnqs.graphs import OptimizerGraph
 
@@ -599,7 +672,7 @@ class Runner(Solver):
             if self._graph_stage is None:
                 self._graph_stage = OptimizerGraph(self.ansatz, self.optimizer)
             loss, inner_ok, finite = self._graph_stage.run(
-                S, w, de, r.hdiag, r.space_pairs, self.inner_steps
+                S, w, de, r.hdiag, r.space_pairs, n_inner, teacher=teach
             )
         except (RuntimeError, ValueError) as exc:  # e.g. an operation CUDA cannot capture
             if self.graphs is True:
@@ -640,10 +713,17 @@ class Runner(Solver):
         return self.comm.allreduce(values, op="sum") if self.distributed else values
 
     def _inner(
-        self, S: np.ndarray, hdiag, pairs, share: tuple[int, int] | None = None, teach=None
+        self,
+        S: np.ndarray,
+        hdiag,
+        pairs,
+        share: tuple[int, int] | None = None,
+        teach=None,
+        n_inner: int | None = None,
     ) -> None:
-        """`inner_steps` more AdamW steps on the Rayleigh quotient of psi restricted to S (the
-        variational estimator's loss), with H_SS from this iteration's coupled pairs inside S.
+        """`inner_steps` (or `n_inner`) more AdamW steps on the Rayleigh quotient of psi
+        restricted to S (the variational estimator's loss), with H_SS from this iteration's
+        coupled pairs inside S.
         Each costs a forward and backward pass over S and a sparse product, no inference over
         U: cheap next to an iteration where U is much larger than S.
 
@@ -666,7 +746,7 @@ class Runner(Solver):
             with torch.no_grad():
                 return [self.ansatz.log_psi(S[c : min(c + bs, b)]) for c in range(a, b, bs)]
 
-        for _ in range(self.inner_steps):
+        for _ in range(self.inner_steps if n_inner is None else n_inner):
             self.optimizer.zero_grad(set_to_none=True)
             # this rank's rows keep their graph when they fit in one batch (else the loss
             # recomputes them batch by batch); the other ranks' rows need values only
@@ -808,8 +888,10 @@ class Runner(Solver):
         t0 = time.perf_counter()
         lam = self.teacher_weight(self.iteration + 1)
         teach, extra = None, {}
-        if self.teacher:
-            extra = {"teacher_weight": lam, "e_teacher": np.nan, "teacher_loss": np.nan}
+        n_inner, e_kept = self._inner_count(lam, S, e_v, r)
+        if self.teacher_on:
+            extra = {"teacher_weight": lam, "e_teacher": e_kept, "teacher_loss": np.nan}
+            extra["inner_steps"] = n_inner
         if lam > 0 and r.space_pairs is not None and n > 0:
             from cuscikit.nnqs.teacher import fidelity_loss
 
@@ -824,8 +906,12 @@ class Runner(Solver):
         self.optimizer.zero_grad(set_to_none=True)
         eloc_t = (eloc - e_est).to(torch.complex128)
         graphed = None
-        if math.isfinite(e_c) and math.isfinite(e_v) and teach is None:
-            graphed = self._graphed_stage(S, w, eloc_t, r)
+        if math.isfinite(e_c) and math.isfinite(e_v):
+            if teach is None:
+                graphed = self._graphed_stage(S, w, eloc_t, r, n_inner)
+            else:  # the iteration's step with the teacher's pull, unit weights
+                w1, coef = _with_teacher(w, eloc_t, psi_s, teach)
+                graphed = self._graphed_stage(S, w1, coef, r, n_inner, teach)
         if graphed is not None:  # applied (or undone when the loss or the weights are bad)
             loss_val, finite = graphed
             self._check_loss(loss_val, e_c, e_v)
@@ -845,8 +931,8 @@ class Runner(Solver):
             self._check_loss(loss_val, e_c, e_v)
             before = self._snapshot()
             self.optimizer.step()
-            if self.inner_steps:
-                self._inner(S, r.hdiag, r.space_pairs, r.share, teach)
+            if n_inner:
+                self._inner(S, r.hdiag, r.space_pairs, r.share, teach, n_inner)
             if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
                 self._restore(before)
                 self._nonfinite_weights()

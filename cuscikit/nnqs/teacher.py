@@ -95,9 +95,13 @@ def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[fl
     return e, c
 
 
-def _parts(psi: torch.Tensor, c: torch.Tensor):
-    """(p, q, phase difference aligned by the best global phase) of psi and c on S."""
+def _parts(psi: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None = None):
+    """(p, q, phase difference aligned by the best global phase) of psi and c on S. Rows where
+    `mask` is 0 (padding) get p = 0; padded rows of c must be 0. No host synchronisation (the
+    form a recorded CUDA graph can hold)."""
     prob = psi.abs() ** 2
+    if mask is not None:
+        prob = prob * mask
     p = prob / prob.sum()
     q = c.real.to(torch.float64) ** 2
     q = q / q.sum()
@@ -105,7 +109,8 @@ def _parts(psi: torch.Tensor, c: torch.Tensor):
     unit = torch.where(psi.abs() > 0, psi / psi.abs().clamp_min(1e-300), torch.ones_like(psi))
     rel = unit * sign  # e^{i (phi - theta)}
     z = (q.to(psi.dtype) * rel).sum()
-    phase0 = z / z.abs() if float(z.abs().detach()) > 0 else torch.ones_like(z)
+    za = z.abs()
+    phase0 = torch.where(za > 0, z / za.clamp_min(1e-300), torch.ones_like(z))
     return p, q, torch.angle(rel * phase0.conj())
 
 
@@ -127,10 +132,22 @@ def fidelity_loss(psi, c) -> float:
     return float(kl + 2.0 * (q * (1.0 - torch.cos(delta))).sum())
 
 
-def teacher_coefficients(psi: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+def teacher_coefficients(
+    psi: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """T_x such that the gradient of 2 Re sum_x conj(ln psi_x) T_x (T held fixed) is the
     gradient of `fidelity_loss` with respect to the network's parameters: Re T = p - q and
-    Im T = q sin(phi - theta - phi_0). Complex128, on psi's device."""
+    Im T = q sin(phi - theta - phi_0). Complex128, on psi's device. `mask` (1 on the rows of S,
+    0 on padding; padded rows of c are 0) serves the recorded optimiser stage, whose S is
+    padded to a bucket; the padded rows get T = 0. No host synchronisation.
+
+    Example:
+        >>> import torch
+        >>> c = torch.tensor([0.8, -0.6], dtype=torch.float64)
+        >>> t = teacher_coefficients(c.to(torch.complex128), c)  # psi = c: no pull
+        >>> bool(t.abs().max() < 1e-12)
+        True
+    """
     psi = psi.to(torch.complex128)
-    p, q, delta = _parts(psi, c.to(psi.device))
+    p, q, delta = _parts(psi, c.to(psi.device), mask)
     return torch.complex(p - q, q * torch.sin(delta))

@@ -198,7 +198,7 @@ def test_weight_growth_on_thread_ranks_matches_one_rank():
 
     def make(comm=None):
         ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
-        kw = dict(seed=0, topk=24, growth="weight", inner_steps=0, space_memory=500_000)
+        kw = dict(seed=0, topk=24, growth="weight", inner_steps=0, space_memory=500_000, teacher=0)
         return Runner(mol, ansatz, comm=comm, **kw)
 
     one = make().run(5, progress=False)

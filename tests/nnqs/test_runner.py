@@ -296,9 +296,9 @@ def test_an_inner_step_is_a_variational_step_on_the_same_space():
     same two AdamW steps as two plain iterations of the variational estimator."""
     mol = Molecule.load("LiH")
     full = SCISpace.full(mol)
-    two = make_runner(space=full, estimator="variational", inner_steps=0)
+    two = make_runner(space=full, estimator="variational", inner_steps=0, teacher=0)
     two.run(2, progress=False)
-    inner = make_runner(space=SCISpace.full(mol), estimator="variational", inner_steps=1)
+    inner = make_runner(space=SCISpace.full(mol), estimator="variational", inner_steps=1, teacher=0)
     inner.run(1, progress=False)
     for a, b in zip(two.ansatz.parameters(), inner.ansatz.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -312,8 +312,8 @@ def test_an_inner_step_is_a_variational_step_on_the_same_space():
 
 
 def test_inner_steps_lower_the_energy_per_iteration():
-    plain = make_runner("H2O", topk=32, inner_steps=0).run(30, progress=False).history
-    inner = make_runner("H2O", topk=32, inner_steps=3).run(30, progress=False).history
+    plain = make_runner("H2O", topk=32, inner_steps=0, teacher=0).run(30, progress=False).history
+    inner = make_runner("H2O", topk=32, inner_steps=3, teacher=0).run(30, progress=False).history
     assert inner["e_variational"].iloc[-1] < plain["e_variational"].iloc[-1] - 1e-3
 
 

@@ -90,7 +90,9 @@ def test_runner_teacher_is_the_ci_vector_of_its_space():
         space = SCISpace(r.molecule, r.space.configs.copy())
         row = r.step()
         assert row["teacher_weight"] == pytest.approx(0.5 * max(0, 4 - t) / 3)
-        if t < 4:  # the teacher on: its energy is the CI energy of the iteration's S
+        solved = r._teacher_last is not None and np.array_equal(r._teacher_last[0], space.configs)
+        if t < 4 or solved:  # its energy is the CI energy of the iteration's S while it is on,
+            # and after it while S is the last one solved (no new eigensolve)
             assert row["e_teacher"] == pytest.approx(space.exact_energy(method="dense"), abs=1e-9)
             assert row["e_teacher"] <= row["e_variational"] + 1e-9
         else:
@@ -122,7 +124,7 @@ def test_teacher_solves_again_only_when_the_space_changes(monkeypatch):
 
 
 def test_teacher_pulls_the_network_towards_the_ci_vector():
-    plain = _runner(inner_steps=2).run(6, progress=False)
+    plain = _runner(inner_steps=2, teacher=0).run(6, progress=False)
     taught = _runner(inner_steps=2, teacher=5.0, teacher_until=100).run(6, progress=False)
     h = taught.history
     assert h["teacher_loss"].iloc[-1] < 0.5 * h["teacher_loss"].iloc[1]
@@ -132,8 +134,9 @@ def test_teacher_pulls_the_network_towards_the_ci_vector():
 
 
 def test_teacher_off_is_the_plain_method():
-    a = _runner(inner_steps=2).run(4, progress=False).history
-    b = _runner(inner_steps=2, teacher=0.7, teacher_until=1).run(4, progress=False).history
+    a = _runner(inner_steps=2, teacher=0).run(4, progress=False).history
+    b = _runner(inner_steps=2, teacher=0.7, teacher_until=1, teacher_gap=None)
+    b = b.run(4, progress=False).history
     cols = [k for k in a.columns if not k.startswith("t_") and k != "peak_memory_bytes"]
     for k in cols:
         np.testing.assert_array_equal(a[k].to_numpy(), b[k].to_numpy(), err_msg=k)
@@ -147,8 +150,45 @@ def test_teacher_off_is_the_plain_method():
         ({"teacher": float("nan")}, "teacher must be"),
         ({"teacher": True}, "teacher must be"),
         ({"teacher_until": 0}, "teacher_until"),
+        ({"teacher": "on"}, "teacher must be"),
+        ({"teacher_inner_steps": -1}, "teacher_inner_steps"),
+        ({"teacher_inner_steps": "many"}, "teacher_inner_steps"),
+        ({"teacher_gap": -1e-4}, "teacher_gap"),
+        ({"teacher_gap": float("inf")}, "teacher_gap"),
     ],
 )
 def test_bad_teacher_options(kw, match):
     with pytest.raises(ValueError, match=match):
         _runner(**kw)
+
+
+def test_default_schedule_of_the_teacher_and_its_inner_steps():
+    """The defaults: the teacher on at weight 1 falling to 0 at iteration 200, its inner steps
+    (16 on a GPU, `inner_steps` on a CPU) while it is on; after it 16 while S is the last solved
+    space and the network trails its CI energy by more than the gap, else 4 (teacher_gap=None:
+    4 at once)."""
+    from cuscikit.nnqs import defaults as D
+
+    r = _runner()
+    assert r.teacher == "auto" and r.teacher_on == D.DEFAULT_TEACHER == 1.0
+    assert r.teacher_weight(1) == 1.0 and r.teacher_weight(D.DEFAULT_TEACHER_UNTIL) == 0.0
+    assert r.teacher_weight(101) == pytest.approx((200 - 101) / 199)
+    assert (D.DEFAULT_TEACHER_INNER_STEPS, D.DEFAULT_INNER_STEPS) == (16, 4)
+    assert r.teacher_inner_steps == "auto" and r._extra_inner == 4  # on a CPU: inner_steps
+    # a small ring: S stops growing at iteration 3, so after the teacher's weight reaches 0
+    # the trailing test needs no new eigensolve
+    mol = Molecule.hubbard(4, U=4.0, pbc=True)
+    for gap in (1e-4, 1e-2, None):
+        ansatz = Ansatz.for_molecule(mol, seed=1, dtype=torch.float64)
+        run = Runner(mol, ansatz, seed=1, teacher_until=4, teacher_gap=gap, teacher_inner_steps=16)
+        run = run.run(8, progress=False)
+        h = run.history
+        assert (h["inner_steps"].iloc[:3] == 16).all() and (h["teacher_weight"].iloc[3:] == 0).all()
+        assert (h["n_space"].iloc[2:] == h["n_space"].iloc[2]).all()  # S reached: 10 of 36
+        after = h.iloc[3:]
+        assert np.isfinite(after["e_teacher"]).all()  # S unchanged: the last solution holds
+        trailing = after["e_variational"] - after["e_teacher"] > (
+            gap if gap is not None else np.inf
+        )
+        np.testing.assert_array_equal(after["inner_steps"], np.where(trailing, 16, 4))
+    assert (h["inner_steps"].iloc[3:] == 4).all()  # gap None

@@ -57,6 +57,7 @@ def make_runner(case: dict, comm=None, device: str = "cpu") -> Runner:
     """The Runner of a case (float64 ansatz, seed 0), on one rank when comm is None; on a
     CUDA device with the gpu pipeline."""
     kw = {k: v for k, v in case.items() if k not in ("system", "iters")}
+    kw.setdefault("teacher", 0)  # one rank only: the single-rank reference runs without it too
     if device != "cpu":
         kw["pipeline"] = "gpu"
     mol = Molecule.load(case["system"])

@@ -66,6 +66,8 @@ def test_cli_on_two_gpus_matches_one_gpu(tmp_path, monkeypatch):
         "cuda",
         "--dtype",
         "float64",
+        "--teacher",  # one rank only: the one-GPU reference runs without it too
+        "0",
         "--json",
     ]
     one = subprocess.run(

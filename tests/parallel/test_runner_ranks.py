@@ -227,7 +227,7 @@ def test_runner_mpiexec(P, tmp_path):
 @pytest.mark.mpi
 def test_cli_under_mpiexec_matches_one_process(tmp_path, capsys):
     argv = ["nnqs", "LiH", "--iters", "10", "--topk", "16", "--max-space", "60"]
-    argv += ["--dtype", "float64", "--json", "--output-dir"]
+    argv += ["--dtype", "float64", "--teacher", "0", "--json", "--output-dir"]  # teacher: 1 rank
     assert main([*argv, str(tmp_path / "one")]) == 0
     one = capsys.readouterr().out.splitlines()
     cmd = mpiexec() + ["-n", "2", sys.executable, "-m", "cuscikit", *argv, str(tmp_path / "two")]
