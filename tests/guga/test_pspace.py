@@ -33,6 +33,7 @@ def test_pspace_hamiltonian_equals_sigma_elements(space):
     ref = np.stack([eng.contract(E[:, j], V, h) for j in range(len(csfs))], axis=1)[csfs]
     scale = np.abs(ref).max()
     assert np.abs(pspace_hamiltonian(drt, csfs, V, h, chunk_rows=40) - ref).max() < 1e-13 * scale
+    assert np.abs(pspace_hamiltonian(drt, csfs, V, h) - ref).max() < 1e-13 * scale  # default
     H = pspace_hamiltonian(drt, csfs, V, h, diag=np.diag(ref), chunk_rows=7)
     assert np.abs(H - ref).max() < 1e-13 * scale
     A = rng.standard_normal((npair, 6))
@@ -64,7 +65,7 @@ def test_preconditioner_on_tensors_equals_numpy():
     csfs = np.arange(p)
     H = rng.standard_normal((p, p))
     H = 0.5 * (H + H.T) + np.diag(hdiag[:p])
-    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    R, X = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
     host = PSpacePreconditioner(hdiag, csfs, H)
     dev = PSpacePreconditioner(torch.as_tensor(hdiag), csfs, H)
     thetas = np.array([-2.5, -1.7])
@@ -91,17 +92,18 @@ def test_pspace_solve_equals_diagonal_solve(space, nroots):
 def test_preconditioner_equals_dense_olsen_correction():
     """The host correction (two work vectors, column by column) against Olsen's formula written
     densely: M = (H_PP - t) on the space and (H_mm - t) elsewhere, t = M^-1 (r - e x) with
-    e = (x M^-1 r) / (x M^-1 x), for two columns at once (one diagonal exactly at t: clamped)."""
+    e = (x M^-1 r) / (x M^-1 x), for three columns at once (one diagonal exactly at t: clamped;
+    one t below every diagonal, where the clamp is skipped)."""
     rng = np.random.default_rng(8)
     n, p = 200, 15
     hdiag = np.sort(rng.standard_normal(n))
     csfs = rng.choice(n, size=p, replace=False)
     H = rng.standard_normal((p, p))
     H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
-    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    R, X = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
     pre = PSpacePreconditioner(hdiag, csfs, H)
     outside = np.setdiff1d(np.arange(n), csfs)
-    thetas = np.array([-1.2, hdiag[outside[7]] + pre.shift])
+    thetas = np.array([-1.2, hdiag[outside[7]] + pre.shift, hdiag[0] - 0.5])
     got = pre(R, thetas, X)
     for j, t in enumerate(thetas - pre.shift):
         M = np.diag(np.where(np.abs(hdiag - t) < 1e-8, 1e-8, hdiag - t))
