@@ -89,6 +89,27 @@ def test_pspace_solve_equals_diagonal_solve(space, nroots):
     assert np.abs(np.asarray(e_p) - np.asarray(e_d)).max() < 1e-10
 
 
+def test_pspace_grows_with_the_space(monkeypatch):
+    """pspace_grow: above that many CSFs the P space holds pspace_size sqrt(n / pspace_grow)
+    CSFs (at most 4 pspace_size); the energy is the fixed-size P space's."""
+    n, nelec = 8, (4, 4)  # 1764 CSFs
+    h1, g4, _ = packed_random_integrals(n, 5)
+    sizes = []
+    real = GUGASolver._pspace
+
+    def spy(self, eng, op_vh, hdiag, sub, size):
+        sizes.append(size)
+        return real(self, eng, op_vh, hdiag, sub, size)
+
+    monkeypatch.setattr(GUGASolver, "_pspace", spy)
+    opts = dict(conv_tol=1e-12, pspace_size=40)
+    e_fixed, _ = GUGASolver(pspace_grow=0, **opts).kernel(h1, g4, n, nelec)
+    e_grown, _ = GUGASolver(pspace_grow=400, **opts).kernel(h1, g4, n, nelec)
+    e_capped, _ = GUGASolver(pspace_grow=50, **opts).kernel(h1, g4, n, nelec)
+    assert sizes == [40, int(40 * np.sqrt(1764 / 400)), 160]
+    assert abs(e_grown - e_fixed) < 1e-10 and abs(e_capped - e_fixed) < 1e-10
+
+
 def test_preconditioner_equals_dense_olsen_correction():
     """The host correction (two work vectors, column by column) against Olsen's formula written
     densely: M = (H_PP - t) on the space and (H_mm - t) elsewhere, t = M^-1 (r - e x) with
