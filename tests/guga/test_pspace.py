@@ -65,7 +65,7 @@ def test_preconditioner_on_tensors_equals_numpy():
     csfs = np.arange(p)
     H = rng.standard_normal((p, p))
     H = 0.5 * (H + H.T) + np.diag(hdiag[:p])
-    R, X = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
+    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
     host = PSpacePreconditioner(hdiag, csfs, H)
     dev = PSpacePreconditioner(torch.as_tensor(hdiag), csfs, H)
     thetas = np.array([-2.5, -1.7])
