@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GUGA CI against PySCF on a GPU machine's idle CPUs, in one call: PySCF from wheels carried in
 # WHL (default whl-pyscf), the rows of tools/guga_cpu_pairs.py (each solver on CPUs of its own,
-# 2 threads) within DEADLINE seconds, and beside them the GUGA GPU tests pinned to CPUs the
+# 2 threads) within DEADLINE seconds of the whole script (pip install included), and beside them the GUGA GPU tests pinned to CPUs the
 # benchmark leaves free (GPU_TESTS=0 skips them). Expects the compiled modules in cuscikit/
 # (tools/prebuild_py312.sh). Logs and the JSON of every finished job land in $OUT.
 #   usage: DEADLINE=140 bash tools/device_guga_cpu.sh 14:2 12:2 12:0 10:2 10:0 14:0
@@ -23,6 +23,6 @@ else
   bench_cpus=0-$((ncpu - 1))
 fi
 taskset -c "$bench_cpus" python3 tools/guga_cpu_pairs.py --rows "$@" --threads 2 --repeat 0 \
-  --out "$out/rows" --deadline "${DEADLINE:-140}" 2>&1 | tee "$out/pairs.txt"
+  --out "$out/rows" --deadline $((${DEADLINE:-140} - SECONDS - 5)) 2>&1 | tee "$out/pairs.txt"
 wait
 cat "$out/gpu_tests.txt" 2>/dev/null

@@ -7,7 +7,7 @@ CPU set per job; jobs start in the order of `--rows` (anchor and GUGA of a row t
 while CPU sets are free, the rest when one frees. The anchor and GUGA of a row then run at
 the same time on the same kind of core (not the same cores one after the other, as the
 benchmark does): both share the memory bandwidth of the jobs around them. Each job's
-result is written to OUT/<solver>-<ncas>-<2S>.json as it finishes, and the table of the
+result is written to OUT/<solver>-<ncas>-<2S>.json ('+' as '_') as it finishes, and the table of the
 finished rows is printed at the end or at `--deadline` seconds (unfinished jobs are then
 stopped and left out).
 
@@ -84,7 +84,7 @@ def main() -> None:
         while todo and free:
             m, n, s = todo.pop(0)
             cs = free.pop(0)
-            path = out / f"{m}-{n}-{s}.json"
+            path = out / f"{m.replace('+', '_')}-{n}-{s}.json"
             cmd = ["taskset", "-c", ",".join(map(str, cs)), sys.executable, __file__]
             cmd += ["--threads", str(args.threads), "--out", str(out)]
             cmd += ["--job", m, str(n), str(s), str(args.repeat), str(path)]
@@ -109,7 +109,7 @@ def main() -> None:
     for n, s in rows:
         res = {}
         for m in (ANCHOR, "guga"):
-            f = out / f"{m}-{n}-{s}.json"
+            f = out / f"{m.replace('+', '_')}-{n}-{s}.json"
             if f.exists():
                 res[m] = json.loads(f.read_text())
         for m, r in res.items():
