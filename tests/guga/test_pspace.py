@@ -33,6 +33,7 @@ def test_pspace_hamiltonian_equals_sigma_elements(space):
     ref = np.stack([eng.contract(E[:, j], V, h) for j in range(len(csfs))], axis=1)[csfs]
     scale = np.abs(ref).max()
     assert np.abs(pspace_hamiltonian(drt, csfs, V, h, chunk_rows=40) - ref).max() < 1e-13 * scale
+    assert np.abs(pspace_hamiltonian(drt, csfs, V, h) - ref).max() < 1e-13 * scale  # default
     H = pspace_hamiltonian(drt, csfs, V, h, diag=np.diag(ref), chunk_rows=7)
     assert np.abs(H - ref).max() < 1e-13 * scale
     A = rng.standard_normal((npair, 6))
@@ -88,20 +89,42 @@ def test_pspace_solve_equals_diagonal_solve(space, nroots):
     assert np.abs(np.asarray(e_p) - np.asarray(e_d)).max() < 1e-10
 
 
+def test_pspace_grows_with_the_space(monkeypatch):
+    """pspace_grow: above that many CSFs the P space holds pspace_size sqrt(n / pspace_grow)
+    CSFs (at most 4 pspace_size); the energy is the fixed-size P space's."""
+    n, nelec = 8, (4, 4)  # 1764 CSFs
+    h1, g4, _ = packed_random_integrals(n, 5)
+    sizes = []
+    real = GUGASolver._pspace
+
+    def spy(self, eng, op_vh, hdiag, sub, size):
+        sizes.append(size)
+        return real(self, eng, op_vh, hdiag, sub, size)
+
+    monkeypatch.setattr(GUGASolver, "_pspace", spy)
+    opts = dict(conv_tol=1e-12, pspace_size=40)
+    e_fixed, _ = GUGASolver(pspace_grow=0, **opts).kernel(h1, g4, n, nelec)
+    e_grown, _ = GUGASolver(pspace_grow=400, **opts).kernel(h1, g4, n, nelec)
+    e_capped, _ = GUGASolver(pspace_grow=50, **opts).kernel(h1, g4, n, nelec)
+    assert sizes == [40, int(40 * np.sqrt(1764 / 400)), 160]
+    assert abs(e_grown - e_fixed) < 1e-10 and abs(e_capped - e_fixed) < 1e-10
+
+
 def test_preconditioner_equals_dense_olsen_correction():
     """The host correction (two work vectors, column by column) against Olsen's formula written
     densely: M = (H_PP - t) on the space and (H_mm - t) elsewhere, t = M^-1 (r - e x) with
-    e = (x M^-1 r) / (x M^-1 x), for two columns at once (one diagonal exactly at t: clamped)."""
+    e = (x M^-1 r) / (x M^-1 x), for three columns at once (one diagonal exactly at t: clamped;
+    one t below every diagonal, where the clamp is skipped)."""
     rng = np.random.default_rng(8)
     n, p = 200, 15
     hdiag = np.sort(rng.standard_normal(n))
     csfs = rng.choice(n, size=p, replace=False)
     H = rng.standard_normal((p, p))
     H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
-    R, X = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    R, X = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
     pre = PSpacePreconditioner(hdiag, csfs, H)
     outside = np.setdiff1d(np.arange(n), csfs)
-    thetas = np.array([-1.2, hdiag[outside[7]] + pre.shift])
+    thetas = np.array([-1.2, hdiag[outside[7]] + pre.shift, hdiag[0] - 0.5])
     got = pre(R, thetas, X)
     for j, t in enumerate(thetas - pre.shift):
         M = np.diag(np.where(np.abs(hdiag - t) < 1e-8, 1e-8, hdiag - t))
