@@ -13,6 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _runner(mol, device, **kw):
+    # The teacher's inner-step count defaults by device ("auto": 16 on CUDA, `inner_steps` on a
+    # CPU); a comparison across devices fixes it, so both sides run the same schedule.
+    kw.setdefault("teacher_inner_steps", None)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device=device)
     return Runner(mol, ansatz, topk=64, seed=0, **kw)
 
