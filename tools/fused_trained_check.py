@@ -118,6 +118,7 @@ def main():
                 topk=64,
                 seed=seed,
                 fused_inference=dtype == torch.float32 and args.device == "cuda",
+                teacher=0,  # the plain method: the trajectories measured in the docs
             )
             e = r.run(args.iterations, progress=False).history["e_coupled"].to_numpy()
             done, e = len(e), e[-1]  # fewer than asked when a signal stopped the run

@@ -122,7 +122,11 @@ def test_weights_repacked_after_an_optimiser_step():
 
 def _run(mol, fused, iters):
     a = Ansatz.for_molecule(mol, seed=0, device="cuda")
-    r = Runner(mol, a, topk=64, seed=0, fused_inference=fused)
+    # teacher=0: the plain method, where the agreement below was measured. With the default
+    # teacher (16 inner steps an iteration on CUDA) the two float32 runs failed the 1e-6 check
+    # within five iterations on an H200: four times the optimiser steps over which a
+    # rounding-level difference can grow.
+    r = Runner(mol, a, topk=64, seed=0, fused_inference=fused, teacher=0)
     return r, r.run(iters, progress=False).history
 
 
@@ -174,7 +178,9 @@ def test_trained_checkpoint(seed):
     bias the tf32x3 split does not remove (docs/performance.md#fused-trained)."""
     mol = Molecule.load("N2")
     a = Ansatz.for_molecule(mol, seed=seed, dtype=torch.float64, device="cuda")
-    Runner(mol, a, topk=64, seed=seed).run(30, progress=False)
+    # teacher=0: the plain method's trajectory, the states measured above (the teacher, on by
+    # default, trains other weights)
+    Runner(mol, a, topk=64, seed=seed, teacher=0).run(30, progress=False)
     vs64, vs32 = _sector_errors(a.float(), f"float64-trained N2/STO-3G, seed {seed}")
     assert vs64 <= TOL and vs32 <= TOL
 
@@ -263,7 +269,8 @@ def test_runner_with_prefix_order_matches_without():
     hist = {}
     for share in (True, False):
         a = Ansatz.for_molecule(mol, seed=0, device="cuda")
-        r = Runner(mol, a, topk=64, seed=0, fused_inference=True, pipeline="gpu")
+        # teacher=0: the plain method, as in the float32 comparison above
+        r = Runner(mol, a, topk=64, seed=0, fused_inference=True, pipeline="gpu", teacher=0)
         r._pipeline.fused_inference = FusedInference(r.ansatz, share_prefixes=share)
         hist[share] = r.run(3, progress=False).history
         if share:
