@@ -249,19 +249,20 @@ class PSpacePreconditioner:
         G[self._idx] = self._dev(v[:, :k])
         return G
 
-    def _apply(self, Y, thetas):
-        """M^-1 Y column by column."""
-        d = self.hdiag[:, None] - self._dev(np.asarray(thetas))[None, :]
-        if self.torch is None:
-            Z = Y / np.where(np.abs(d) < 1e-8, 1e-8, d)
-        else:  # in place: one vector per column beside Y (3.6 GB each at CAS(18,18))
-            torch = self.torch
-            tiny = d.new_full((), 1e-8)
-            Z = torch.div(Y, torch.where(torch.abs(d) < 1e-8, tiny, d, out=d), out=d)
-        ys = self._U.T @ self._host(Y[self._idx])
+    def _pspace_shifts(self, thetas) -> np.ndarray:
+        """(len(w), k) the eigenvalues of H_PP minus each theta, kept away from 0 by 1e-8."""
         dw = self._w[:, None] - thetas[None, :]
-        dw = np.where(np.abs(dw) < 1e-8, 1e-8, dw)
-        Z[self._idx] = self._dev(self._U @ (ys / dw))
+        return np.where(np.abs(dw) < 1e-8, 1e-8, dw)
+
+    def _apply(self, Y, thetas):
+        """M^-1 Y column by column, for vectors on a torch device (the host's correction is
+        `_olsen_host`), in place: one vector per column beside Y (3.6 GB each at CAS(18,18))."""
+        torch = self.torch
+        d = self.hdiag[:, None] - self._dev(np.asarray(thetas))[None, :]
+        tiny = d.new_full((), 1e-8)
+        Z = torch.div(Y, torch.where(torch.abs(d) < 1e-8, tiny, d, out=d), out=d)
+        ys = self._U.T @ self._host(Y[self._idx])
+        Z[self._idx] = self._dev(self._U @ (ys / self._pspace_shifts(thetas)))
         return Z
 
     def _olsen_host(self, R, thetas, X) -> np.ndarray:
@@ -273,8 +274,7 @@ class PSpacePreconditioner:
             self._work = np.empty((2, n))
         d, mx = self._work
         idx, U = self._idx, self._U
-        dw = self._w[:, None] - thetas[None, :]
-        dw = np.where(np.abs(dw) < 1e-8, 1e-8, dw)
+        dw = self._pspace_shifts(thetas)
         if getattr(self, "_hmin", None) is None:
             self._hmin = float(np.min(self.hdiag))
         for j in range(k):
