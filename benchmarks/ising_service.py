@@ -5,11 +5,14 @@ The backend "echo" answers without solving: the same sockets, threads and load g
 no work behind them, so its table is the ceiling of everything but the solver.
 
 The server runs in a child process pinned to --server-cores, the C++ load generator in this
-process pinned to --client-cores. Every --check-th completed request's energy is compared with
-the library's CPU reference for the same request (a mismatch fails the run; not for echo). For
-the resident kernel the column "dev" is the mean time a request's solver spent on the GPU,
-"wait" the mean time from receipt to its submission to the kernel's ring, "rest" the mean of
-the residence less both.
+process pinned to --client-cores. The offered load is one Poisson process at the rate (request i
+due at its i-th arrival, sent on socket i % --senders); "sent/s" is the number sent over the
+time from the schedule's start to the last send (the rate offered in fact), "done/s" the OK
+replies over the time from the schedule's start to the last OK reply. Every --check-th
+completed request's energy is compared with the library's CPU reference for the same request
+(a mismatch fails the run; not for echo). For the resident kernel the column "dev" is the mean
+time a request's solver spent on the GPU, "wait" the mean time from receipt to its submission
+to the kernel's ring, "rest" the mean of the residence less both.
 Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
 socket, sending and receiving) spin for work instead of sleeping (--spin-us; 1000000 keeps the
 server's threads from falling asleep between rows, as tools/device_ising_service.sh runs it)
@@ -425,7 +428,8 @@ def main(argv=None) -> int:
         f"{args.kind} models, {args.steps} steps, {args.replicas} replica(s) per request"
     )
     head = (
-        f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
+        f"{'backend':>9} {'n':>5} {'offered/s':>10} {'sent/s':>10} {'done/s':>10} {'busy':>7} "
+        f"{'lost':>7} "
         f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'dev':>6} "
         f"{'wait':>5} {'rest':>5} {'steal':>5} {'preempt':>7} {'checked':>7}"
     )
@@ -491,7 +495,8 @@ def main(argv=None) -> int:
                         return "-" if v is None else f"{v:.0f}"
 
                     print(
-                        f"{backend:>9} {n:>5} {rate:>10.0f} {rep.completed_per_s:>10.0f} "
+                        f"{backend:>9} {n:>5} {rate:>10.0f} {rep.sent_per_s:>10.0f} "
+                        f"{rep.completed_per_s:>10.0f} "
                         f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
                         f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
                         f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
@@ -526,6 +531,11 @@ def main(argv=None) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    print(
+        "(sent/s = requests sent / time from the schedule's start to the last send, the rate "
+        "offered in fact; done/s = OK replies / time from the schedule's start to the last OK "
+        "reply)"
+    )
     print("(times in microseconds; busy = BUSY replies, lost = no reply; resident: dev = mean "
           "device solve, wait = mean receipt to submit, rest = mean residence less both: the "
           "kernel picking the request up and a collector finding it done; steal = ms of CPU "
