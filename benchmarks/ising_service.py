@@ -13,7 +13,8 @@ completed request's energy is compared with the library's CPU reference for the 
 (a mismatch fails the run; not for echo). For the resident kernel the column "dev" is the mean
 time a request's solver spent on the GPU, "wait" the mean time from receipt to its submission
 to the kernel's ring, "rest" the mean of the residence less both.
-Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
+Server threads (3 receivers, the feeder, 3 collectors: with 2 receivers the tail at 1-1.5 M
+req/s grew in the receive sockets, see docs/ising_service.md) and the generator's threads (one per
 socket, sending and receiving) spin for work instead of sleeping (--spin-us; 1000000 keeps the
 server's threads from falling asleep between rows, as tools/device_ising_service.sh runs it)
 and are pinned to one core each (--no-pin: not; --isolate, default on, moves the server's
@@ -379,9 +380,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
-    p.add_argument("--receivers", type=int, default=2, help="server UDP receiver threads")
+    p.add_argument("--receivers", type=int, default=3, help="server UDP receiver threads")
     p.add_argument("--senders", type=int, default=6, help="load generator sockets (threads)")
-    p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
+    p.add_argument("--collectors", type=int, default=3, help="resident: reply threads")
     p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
     p.add_argument("--spin-us", type=float, default=50.0,
                    help="server receivers and workers spin this long before blocking")  # fmt: skip
