@@ -5,12 +5,16 @@ The backend "echo" answers without solving: the same sockets, threads and load g
 no work behind them, so its table is the ceiling of everything but the solver.
 
 The server runs in a child process pinned to --server-cores, the C++ load generator in this
-process pinned to --client-cores. Every --check-th completed request's energy is compared with
-the library's CPU reference for the same request (a mismatch fails the run; not for echo). For
-the resident kernel the column "dev" is the mean time a request's solver spent on the GPU,
-"wait" the mean time from receipt to its submission to the kernel's ring, "rest" the mean of
-the residence less both.
-Server threads (2 receivers, the feeder, 4 collectors) and the generator's threads (one per
+process pinned to --client-cores. The offered load is one Poisson process at the rate (request i
+due at its i-th arrival, sent on socket i % --senders); "sent/s" is the number sent over the
+time from the schedule's start to the last send (the rate offered in fact), "done/s" the OK
+replies over the time from the schedule's start to the last OK reply. Every --check-th
+completed request's energy is compared with the library's CPU reference for the same request
+(a mismatch fails the run; not for echo). For the resident kernel the column "dev" is the mean
+time a request's solver spent on the GPU, "wait" the mean time from receipt to its submission
+to the kernel's ring, "rest" the mean of the residence less both.
+Server threads (3 receivers, the feeder, 3 collectors: with 2 receivers the tail at 1-1.5 M
+req/s grew in the receive sockets, see docs/ising_service.md) and the generator's threads (one per
 socket, sending and receiving) spin for work instead of sleeping (--spin-us; 1000000 keeps the
 server's threads from falling asleep between rows, as tools/device_ising_service.sh runs it)
 and are pinned to one core each (--no-pin: not; --isolate, default on, moves the server's
@@ -376,9 +380,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--depth", type=int, default=4096)
-    p.add_argument("--receivers", type=int, default=2, help="server UDP receiver threads")
+    p.add_argument("--receivers", type=int, default=3, help="server UDP receiver threads")
     p.add_argument("--senders", type=int, default=6, help="load generator sockets (threads)")
-    p.add_argument("--collectors", type=int, default=4, help="resident: reply threads")
+    p.add_argument("--collectors", type=int, default=3, help="resident: reply threads")
     p.add_argument("--blocks", type=int, default=0, help="resident: persistent blocks (0: all)")
     p.add_argument("--spin-us", type=float, default=50.0,
                    help="server receivers and workers spin this long before blocking")  # fmt: skip
@@ -425,7 +429,8 @@ def main(argv=None) -> int:
         f"{args.kind} models, {args.steps} steps, {args.replicas} replica(s) per request"
     )
     head = (
-        f"{'backend':>9} {'n':>5} {'offered/s':>10} {'done/s':>10} {'busy':>7} {'lost':>7} "
+        f"{'backend':>9} {'n':>5} {'offered/s':>10} {'sent/s':>10} {'done/s':>10} {'busy':>7} "
+        f"{'lost':>7} "
         f"{'rtt p50':>8} {'p99':>8} {'p99.9':>8} {'res p50':>8} {'p99':>8} {'dev':>6} "
         f"{'wait':>5} {'rest':>5} {'steal':>5} {'preempt':>7} {'checked':>7}"
     )
@@ -491,7 +496,8 @@ def main(argv=None) -> int:
                         return "-" if v is None else f"{v:.0f}"
 
                     print(
-                        f"{backend:>9} {n:>5} {rate:>10.0f} {rep.completed_per_s:>10.0f} "
+                        f"{backend:>9} {n:>5} {rate:>10.0f} {rep.sent_per_s:>10.0f} "
+                        f"{rep.completed_per_s:>10.0f} "
                         f"{rep.busy:>7} {rep.lost:>7} {f(rep.rtt_us['p50']):>8} "
                         f"{f(rep.rtt_us['p99']):>8} {f(rep.rtt_us['p999']):>8} "
                         f"{f(rep.residence_us['p50']):>8} {f(rep.residence_us['p99']):>8} "
@@ -526,6 +532,11 @@ def main(argv=None) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    print(
+        "(sent/s = requests sent / time from the schedule's start to the last send, the rate "
+        "offered in fact; done/s = OK replies / time from the schedule's start to the last OK "
+        "reply)"
+    )
     print("(times in microseconds; busy = BUSY replies, lost = no reply; resident: dev = mean "
           "device solve, wait = mean receipt to submit, rest = mean residence less both: the "
           "kernel picking the request up and a collector finding it done; steal = ms of CPU "

@@ -12,7 +12,9 @@
 # (the same for the echo backend at ECHO_VARIANT_RATES), TESTS (a pytest -k filter; "none": no tests),
 # BASELINES=0 (no launch and CPU runs), BENCH_OPTS (options for every run), SPIN_US (the
 # server's --spin-us, default 1000000: its threads stay awake between rows), VARIANT_TIMEOUT
-# (seconds for each variant's run, default 30).
+# (seconds for each variant's run, default 30), RESIDENT_TIMEOUT (the resident run's, default
+# 100), MORE_SIZES and MORE_RATES (a second resident run "resident_more" over these sizes and
+# rates, e.g. the larger models at fewer rates; MORE_TIMEOUT, default 60).
 set -u
 OUT=${OUT:-$PWD/device_ising_service_out}
 mkdir -p "$OUT"
@@ -81,7 +83,11 @@ for v in "${evariants[@]}"; do
   k=$((k + 1))
   run "echo_variant$k" 30 --backends echo --n 64 --rates ${ECHO_VARIANT_RATES:-1000000} $v
 done
-run resident 100 --backends resident --n $SIZES --rates $RATES
+run resident "${RESIDENT_TIMEOUT:-100}" --backends resident --n $SIZES --rates $RATES
+if [ -n "${MORE_SIZES:-}" ]; then
+  run resident_more "${MORE_TIMEOUT:-60}" --backends resident --n $MORE_SIZES \
+    --rates ${MORE_RATES:-$RATES}
+fi
 k=0
 IFS=';' read -ra variants <<< "${VARIANTS---no-offload;--no-offload --no-pin}"
 for v in "${variants[@]}"; do
@@ -99,9 +105,9 @@ fi
 python3 - "$OUT" <<'PYEOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-KEEP = ("backend", "label", "n", "offered_per_s", "completed_per_s", "busy", "errors", "lost",
-        "rtt_p50_us", "rtt_p99_us", "rtt_p999_us", "residence_p50_us", "residence_p99_us",
-        "device_solve_mean_us", "feed_wait_mean_us", "checked", "steal_ms")
+KEEP = ("backend", "label", "n", "offered_per_s", "sent_per_s", "completed_per_s", "busy",
+        "errors", "lost", "rtt_p50_us", "rtt_p99_us", "rtt_p999_us", "residence_p50_us",
+        "residence_p99_us", "device_solve_mean_us", "feed_wait_mean_us", "checked", "steal_ms")
 
 
 def compact(row):
@@ -122,7 +128,7 @@ def compact(row):
 
 merged = {"machine": (out / "machine.txt").read_text().strip(), "script": "benchmarks/ising_service.py"}
 variants = sorted(p.stem for p in out.glob("*variant*.json"))
-for name in ["echo", "resident"] + variants + ["launch", "cpu"]:
+for name in ["echo", "resident", "resident_more"] + variants + ["launch", "cpu"]:
     p = out / f"{name}.json"
     if p.is_file():
         d = json.loads(p.read_text())

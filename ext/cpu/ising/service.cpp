@@ -87,7 +87,8 @@ void cpu_worker(svc::Server& s, bool echo, int index) {
 
 // Sends `count` copies of `request` (request_id = i, seed = seed0 + i) to host:port from
 // `senders` sockets, each with one thread that both sends and receives (request i goes out on
-// socket i % senders): open loop (Poisson arrivals at `rate` per second in all) or closed loop
+// socket i % senders): open loop (request i due at the i-th arrival of one Poisson process at
+// `rate` per second) or closed loop
 // (`in_flight` outstanding in all). Records per request its send time, round trip (-1: no reply
 // came before every socket was silent for drain_s), status, residence and energy. spin: the
 // threads spin on non-blocking reads instead of sleeping in poll() between sends (a core each,
@@ -163,8 +164,19 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
     return took;
   };
 
+  // Open loop: one Poisson process at `rate` for all sockets, request i due at its i-th
+  // arrival. Every thread draws the same gaps (same seed) and takes the arrivals of its own
+  // requests (i = first, first + stride, ...), so that the load offered in all is `rate` up to
+  // the last request. (A Poisson process of rate / senders per socket, each with its share of
+  // the requests, would offer `rate` only until the first socket ran out: the run would end
+  // with the slowest socket, offering in all ~0.5-1 % less than `rate` over a 0.4 s run.)
   std::mt19937_64 rng(rng_seed);
   std::exponential_distribution<double> gap(rate > 0 ? rate : 1.0);
+  double due_s = 0.0;  // the schedule's time of the last arrival drawn (s since t0)
+  auto next_due = [&](std::size_t arrivals) {  // `arrivals` more of the process
+    for (std::size_t a = 0; a < arrivals; ++a) due_s += gap(rng);
+    return std::int64_t(due_s * 1e9);
+  };
   constexpr std::size_t kBatch = 64;
   const std::size_t L = request.size();
   // offload: a run of up to `per_run` requests per message (one UDP_SEGMENT send)
@@ -180,7 +192,7 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
   // leave late and at once, a burst at the start of every run that the offered load does not
   // have.
   const std::int64_t t0 = start_at();
-  std::int64_t due_ns = t0 + std::int64_t(gap(rng) * 1e9);  // the next arrival (open loop)
+  std::int64_t due_ns = t0 + next_due(first + 1);  // this socket's next arrival (open loop)
   std::size_t sent = 0;
   std::int64_t last_activity = t0;  // the last send or reply
   std::int64_t last_pass = 0;
@@ -198,7 +210,7 @@ void load_one(int fd, std::size_t first, std::size_t stride, std::size_t count, 
         while (sent + k < mine && k < kBatch && (sent + k) - received < std::size_t(in_flight)) ++k;
       } else {
         while (sent + k < mine && k < kBatch && due_ns <= now) {
-          due_ns += std::int64_t(gap(rng) * 1e9);
+          due_ns = t0 + next_due(stride);
           ++k;
         }
       }
@@ -318,9 +330,8 @@ LoadResult run_load(const std::string& host, int port, std::vector<std::uint8_t>
     threads.emplace_back([&, k] {
       if (!cpus.empty()) svc::pin_to(cpus[std::size_t(k) % cpus.size()]);
       ::pthread_setname_np(::pthread_self(), ("gen" + std::to_string(k)).c_str());
-      load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate / senders, flight, drain_s,
-               spin, offload, rng_seed + std::uint64_t(k), request, start_at, res,
-               stalls[std::size_t(k)].data());
+      load_one(fds[k], std::size_t(k), std::size_t(senders), count, rate, flight, drain_s, spin,
+               offload, rng_seed, request, start_at, res, stalls[std::size_t(k)].data());
     });
   while (ready.load() < senders) std::this_thread::yield();
   const std::int64_t t0 = now_ns() + 200000;  // 200 us from now
