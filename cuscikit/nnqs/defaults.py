@@ -71,9 +71,20 @@ DEFAULT_TEACHER_INNER_STEPS = 16
 N2 demo's iteration took 8.8 CPU s with 16 and the teacher, 2.9 with 4 and the teacher, 3.3
 without it) while the teacher's weight is above 0, and after it while the network's variational
 energy trails the CI energy of S (known without a new eigensolve: S unchanged since the teacher's
-last one) by more than `DEFAULT_TEACHER_GAP`; `DEFAULT_INNER_STEPS` otherwise. With 4 inner steps
-the teacher left two 6-site ring runs (of 30 on the set) worse than without it; with 16 none."""
+last one) by more than `DEFAULT_TEACHER_GAP` (with `DEFAULT_TEACHER_HOLD` the teacher's weight
+itself is held on that test, and the inner steps end with the weight, once); `DEFAULT_INNER_STEPS`
+otherwise. With 4 inner steps the teacher left two 6-site ring runs (of 30 on the set) worse than
+without it; with 16 none."""
 
 DEFAULT_TEACHER_GAP = 1e-4
 """Energy (Ha, or t) by which the network may trail the CI energy of an unchanged S before the
-teacher's inner steps stop (None: they stop with the teacher's weight)."""
+teacher's inner steps stop (None: they stop with the teacher's weight), and the test that
+releases the hold (`DEFAULT_TEACHER_HOLD`)."""
+
+DEFAULT_TEACHER_HOLD = 1.0
+"""The teacher's weight is held at no less than this fraction of its weight at iteration 1
+(`Runner(teacher_hold=...)`; 0: the linear fall alone) while the network's variational energy
+trails the CI energy of S by more than `DEFAULT_TEACHER_GAP`; after `DEFAULT_TEACHER_UNTIL` only
+while S is unchanged (the last solution at hand, no new eigensolve). Released once the gap closes
+(or S changes after `DEFAULT_TEACHER_UNTIL`) and for good, so the inner-step count changes once a
+run (docs/nnqs_sci.md, "#teacher-hold")."""

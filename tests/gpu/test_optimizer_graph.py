@@ -45,19 +45,21 @@ def test_graphed_stage_matches_eager_stage(name):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("hold", [1.0, 0.0])
 @pytest.mark.parametrize("name", ["LiH", "H2O"])
-def test_graphed_stage_with_the_teacher_matches_eager_stage(name):
-    """The teacher's pull and its inner steps (16 while it is on, then the gap rule) inside the
-    recorded stage: every iteration replays a graph, and energies, losses and weights agree with
-    the eager stage to 1e-9 (4x the AdamW steps of the plain stage)."""
-    kw = dict(teacher=1.0, teacher_until=12)
+def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
+    """The teacher's pull and its inner steps (16 while it is on, then the hold's one-way end or,
+    without the hold, the gap rule) inside the recorded stage: every iteration replays a graph,
+    and energies, losses and weights agree with the eager stage to 1e-9 (4x the AdamW steps of
+    the plain stage)."""
+    kw = dict(teacher=1.0, teacher_until=12, teacher_hold=hold)
     decay = LearningRateDecay(start=10, end=20, final_lr=1e-4)
     eager = _runner(name, graphs=False, **kw).run(20, [decay], progress=False)
     graphed = _runner(name, graphs=True, **kw).run(20, [decay], progress=False)
     assert graphed.graphs_active and graphed._graph_stage.replays == 20
     assert (graphed.history["inner_steps"].iloc[:11] == 16).all()
     np.testing.assert_array_equal(graphed.history["inner_steps"], eager.history["inner_steps"])
-    for c in [*COLUMNS, "e_teacher"]:
+    for c in [*COLUMNS, "e_teacher", "teacher_weight"]:
         np.testing.assert_allclose(graphed.history[c], eager.history[c], rtol=0, atol=1e-9)
     for a, b in zip(eager.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
