@@ -256,15 +256,32 @@ def test_hold_keeps_the_weight_while_the_gap_is_open_and_releases_for_good(until
     assert (steps[: max(k, until - 1)] == 16).all() and (steps[max(k, until - 1) :] == 4).all()
 
 
-def test_hold_ends_when_the_space_changes_after_the_schedule():
+def test_hold_ends_when_the_space_changes_after_the_schedule(tmp_path):
     """After teacher_until the hold needs the last solution (no new eigensolve): LiH's S still
-    grows at iteration 3, so the hold ends there although the gap is open."""
+    grows at iteration 3, so the hold ends there although the gap is open. Its checkpoint, whose
+    history holds that NaN e_teacher, loads (and so does one of a run with pt2=False, whose
+    e_pt2 is NaN); infinities are refused."""
+    import h5py
+
+    from cuscikit.nnqs.checkpoint import CheckpointError, _digest
+
     r = _runner(teacher_until=3, teacher_hold=1.0, teacher_inner_steps=3)
     h = r.run(4, progress=False).history
     assert h["teacher_weight"].tolist()[:2] == [1.0, 1.0]
     assert h["teacher_released"].tolist() == [False, False, True, True]
     assert h["n_space"].iloc[2] != h["n_space"].iloc[1] and np.isnan(h["e_teacher"].iloc[2])
     assert h["teacher_weight"].iloc[2] == 0 and h["inner_steps"].tolist() == [3, 3, 4, 4]
+    r.save(tmp_path / "a.h5")
+    assert _runner(teacher_until=3).load(tmp_path / "a.h5").teacher_released
+    plain = _runner(teacher=0, pt2=False).run(1, progress=False)
+    plain.save(tmp_path / "b.h5")
+    assert np.isnan(_runner(teacher=0, pt2=False).load(tmp_path / "b.h5").history["e_pt2"]).all()
+    with h5py.File(tmp_path / "b.h5", "r+") as f:
+        del f["history/e_pt2"]
+        ds = f.create_dataset("history/e_pt2", data=np.array([np.inf]))
+        ds.attrs["sha256"] = _digest(ds[()])
+    with pytest.raises(CheckpointError, match="non-finite"):
+        _runner(teacher=0, pt2=False).load(tmp_path / "b.h5")
 
 
 def test_checkpoint_keeps_the_hold_and_the_teacher_solution(tmp_path):
