@@ -138,18 +138,22 @@ def test_nnqs_decays_the_rate_by_default(capsys):
 
 
 def test_nnqs_teacher_option(capsys):
-    """--teacher W --teacher-until T reach the Runner: the taught run is another run, recorded
-    in the JSON; by default the teacher is on (weight 1, to iteration 200) on one rank;
-    --teacher 0 is the plain method."""
+    """--teacher W --teacher-until T --teacher-hold H reach the Runner: the taught run is
+    another run, recorded in the JSON; by default the teacher is on (weight 1, to iteration
+    200, held at 1 while the network trails) on one rank; --teacher 0 is the plain method."""
     pytest.importorskip("torch")
     base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", "--iters", "3"]
     default = run_json(capsys, *base)
     off = run_json(capsys, *base, "--teacher", "0", "--teacher-until", "50")
-    taught = run_json(capsys, *base, "--teacher", "1.0", "--teacher-until", "50")
+    taught = run_json(
+        capsys, *base, "--teacher", "1.0", "--teacher-until", "50", "--teacher-hold", "0"
+    )
     assert "teacher" not in off and off["e_tot"] != default["e_tot"]
     assert default["teacher"] == 1.0 and default["teacher_until"] == 200
+    assert default["teacher_hold"] == 1.0 and default["teacher_released"] is False
     assert taught["e_tot"] != off["e_tot"] and taught["e_tot"] != default["e_tot"]
     assert taught["teacher"] == 1.0 and taught["teacher_until"] == 50
+    assert taught["teacher_hold"] == 0 and "teacher_released" not in taught
 
 
 @pytest.mark.parametrize(
@@ -159,6 +163,9 @@ def test_nnqs_teacher_option(capsys):
         (["--teacher", "-1"], "--teacher"),
         (["--teacher", "nan"], "--teacher"),
         (["--teacher-until", "0"], "--teacher-until"),
+        (["--teacher-hold", "-0.5"], "--teacher-hold"),
+        (["--teacher-hold", "2"], "--teacher-hold"),
+        (["--teacher-hold", "nan"], "--teacher-hold"),
         (["--device", "tpu"], "unknown --device"),
         (["--iters", "-1"], "--iters"),
         (["--inner-steps", "-1"], "--inner-steps"),

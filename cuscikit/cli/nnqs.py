@@ -29,6 +29,7 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
     DEFAULT_TEACHER,
+    DEFAULT_TEACHER_HOLD,
     DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
 )
@@ -84,6 +85,10 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         raise UsageError(f"--lr-decay-from must be in [0, 1), got {args.lr_decay_from}")
     if args.teacher is not None and args.teacher < 0:
         raise UsageError(f"--teacher must be >= 0 (0: off), got {args.teacher}")
+    if not 0 <= args.teacher_hold <= 1:
+        raise UsageError(
+            f"--teacher-hold must be a fraction in [0, 1] (0: off), got {args.teacher_hold}"
+        )
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"unknown --device {args.device!r}: use cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -124,6 +129,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         inner_steps=args.inner_steps,
         teacher="auto" if args.teacher is None else args.teacher,
         teacher_until=args.teacher_until,
+        teacher_hold=args.teacher_hold,
         comm=comm,
     )
     # the rate schedule travels with the checkpoint; a resume under another one is warned about
@@ -174,6 +180,9 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     }
     if runner.teacher_on:
         report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
+        report["teacher_hold"] = args.teacher_hold
+        if args.teacher_hold > 0:
+            report["teacher_released"] = runner.teacher_released
     if report["status"] != "ok" and args.checkpoint:
         report["resume"] = (
             f"the checkpoint {args.checkpoint} holds iteration "
@@ -319,6 +328,15 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         default=DEFAULT_TEACHER_UNTIL,
         metavar="T",
         help="the teacher's weight falls linearly to 0 at iteration T",
+    )
+    s.add_argument(
+        "--teacher-hold",
+        type=finite_float,
+        default=DEFAULT_TEACHER_HOLD,
+        metavar="H",
+        help="hold the teacher's weight at no less than H times its first (0: off) while the "
+        "network trails the CI energy of S; after T only while S is unchanged; released for "
+        "good once the gap closes",
     )
     s.add_argument(
         "--lr-final",

@@ -2,7 +2,11 @@
 
 Layout: attributes on the root (format, version, iteration, settings, molecule fingerprint,
 run conditions); groups `model/` (one dataset per parameter or buffer), `optimizer/state`
-(torch's serialised AdamW state), `space/configs`, `rng/`, `history/` (one dataset per column).
+(torch's serialised AdamW state), `space/configs`, `rng/`, `history/` (one dataset per column)
+and `teacher/` (the selected-CI teacher's state: attribute ``released``, the hold's one-way end,
+and its last solution, ``space`` and ``vector`` with the attribute ``energy``, so that a resumed
+run reuses it as the uninterrupted one does; files without the group resume with no solution at
+hand and the released flag of the history's last row).
 
 What a reader may rely on:
 
@@ -37,6 +41,7 @@ import torch
 FORMAT = "cuscikit-nnqs-checkpoint"
 VERSION = 2
 _READABLE = (1, 2)
+_MAY_BE_NAN = ("e_teacher", "e_pt2", "e_tot_pt2")
 
 
 class CheckpointError(ValueError):
@@ -298,6 +303,13 @@ def _write(runner, target: str) -> None:
         for col in history.columns:
             put(f"history/{col}", history[col].to_numpy())
         h.attrs["columns"] = json.dumps(list(history.columns))
+        t = f.create_group("teacher")
+        t.attrs["released"] = bool(getattr(runner, "_teacher_released", False))
+        last = getattr(runner, "_teacher_last", None)
+        if last is not None:
+            put("teacher/space", np.asarray(last[0]))
+            put("teacher/vector", np.asarray(last[2], dtype=np.float64))
+            t.attrs["energy"] = float(last[1])
 
 
 def save_checkpoint(runner, path: str | os.PathLike) -> None:
@@ -383,6 +395,14 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
             iteration = int(f.attrs["iteration"])
             settings = json.loads(f.attrs["settings"])
             saved_cond = json.loads(f.attrs.get("conditions", "{}"))
+            teacher = None
+            if "teacher" in f:
+                g = f["teacher"]
+                teacher = {"released": bool(g.attrs["released"])}
+                if "space" in g:
+                    teacher["space"] = np.array(read("teacher/space"))
+                    teacher["vector"] = np.array(read("teacher/vector"))
+                    teacher["energy"] = float(g.attrs["energy"])
     except CheckpointError as exc:
         if str(exc).startswith(path):
             raise
@@ -405,7 +425,12 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
     ):
         raise CheckpointError(f"{path}: the history's iteration column is not 1..{n_rows}")
     for k, v in history.items():
-        if v.dtype.kind == "f" and k.startswith(("e_", "loss")) and not np.isfinite(v).all():
+        if v.dtype.kind != "f" or not k.startswith(("e_", "loss")):
+            continue
+        # NaN marks a value not computed in these (the teacher's energy while no solution of
+        # that S is at hand, the PT2 terms with pt2=False); infinities are never written
+        bad = np.isinf(v) if k in _MAY_BE_NAN else ~np.isfinite(v)
+        if bad.any():
             raise CheckpointError(f"{path}: history column {k} holds non-finite values")
     own = runner.ansatz.state_dict()
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
@@ -443,6 +468,25 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         ) from None
     if len(space) != len(configs):
         raise CheckpointError(f"{path}: its space holds duplicate configurations")
+    teacher_last = None
+    if teacher is None:  # an older file: the flag of the history's last row, no solution
+        col = history.get("teacher_released")
+        released = bool(col[-1]) if col is not None and len(col) else False
+    else:
+        released = teacher["released"]
+        if "space" in teacher:
+            try:
+                t_space = check_configurations(
+                    teacher["space"], runner.molecule.norb, runner.molecule.nelec
+                )
+            except ValueError as exc:
+                raise CheckpointError(
+                    f"{path}: the teacher's space does not fit the molecule ({exc})"
+                ) from None
+            vec, e_t = teacher["vector"], teacher["energy"]
+            if vec.shape != (len(t_space),) or not (np.isfinite(vec).all() and np.isfinite(e_t)):
+                raise CheckpointError(f"{path}: the teacher's solution is damaged")
+            teacher_last = (t_space, e_t, vec)
 
     # --- everything checked: assign (the model and optimiser through copies first)
     model_backup = {k: v.detach().clone() for k, v in runner.ansatz.state_dict().items()}
@@ -459,6 +503,8 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
     runner.rng.bit_generator.state = np_state
     runner._rows = [{c: history[c][k].item() for c in cols} for k in range(n_rows)]
     runner.iteration = iteration
+    runner._teacher_last = teacher_last
+    runner._teacher_released = released
     if version < 2:
         warnings.warn(
             f"{path}: a checkpoint of version 1 (no checksums); invariants checked", stacklevel=3

@@ -35,6 +35,7 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_MAX_SPACE,
     DEFAULT_TEACHER,
     DEFAULT_TEACHER_GAP,
+    DEFAULT_TEACHER_HOLD,
     DEFAULT_TEACHER_INNER_STEPS,
     DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
@@ -230,21 +231,32 @@ class Runner(Solver):
             the energy, in the iteration's step and in each inner step, `teacher` times the
             gradient of a fidelity loss that pulls the network's amplitudes and signs on S
             towards that eigenvector; the weight falls linearly to 0 at iteration
-            `teacher_until`, after which the run is the plain method (but for the
-            inner steps, below). Only the gradient changes: the energies reported are the
-            network's own. History columns (with the teacher on): ``teacher_weight``,
-            ``e_teacher`` (the CI energy within S; after `teacher_until` while S is the one
-            last solved, else NaN), ``teacher_loss`` and ``inner_steps`` (this iteration's). One
+            `teacher_until` (unless held, `teacher_hold`), after which the run is the plain
+            method (but for the inner steps, below). Only the gradient changes: the energies
+            reported are the network's own. History columns (with the teacher on):
+            ``teacher_weight``, ``e_teacher`` (the CI energy within S; after `teacher_until`
+            while S is the one last solved, else NaN), ``teacher_loss``, ``inner_steps`` (this
+            iteration's) and, with `teacher_hold` > 0, ``teacher_released``. One
             rank only: "auto" (default) is `DEFAULT_TEACHER` on one rank and 0 (off) on
             several. The pull is part of the recorded optimiser stage (`graphs`).
         teacher_until: the iteration from which the teacher's weight is 0.
-        teacher_inner_steps: inner steps while the teacher's weight is above 0, and after it
-            while S is the space the teacher last solved and the network's variational energy
-            is above that CI energy by more than `teacher_gap` (`inner_steps` otherwise).
+        teacher_inner_steps: inner steps while the teacher's weight is above 0; with
+            `teacher_hold` = 0 also after it while S is the space the teacher last solved and
+            the network's variational energy is above that CI energy by more than `teacher_gap`
+            (`inner_steps` otherwise; with a hold, `inner_steps` once the weight is 0, so the
+            count changes once a run).
             "auto" (default): `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on
             a CPU; None: `inner_steps`.
-        teacher_gap: the energy of that test (None: the teacher's inner steps end with its
-            weight).
+        teacher_gap: the energy of that test and of the hold's (None: the teacher's inner
+            steps end with its weight; needs `teacher_hold` = 0).
+        teacher_hold: a fraction h in [0, 1] (0: off): while the network's variational energy
+            is above the CI energy of S by more than `teacher_gap`, the teacher's weight is at
+            least h times its weight at iteration 1; before `teacher_until` from the teacher's
+            solution of each S, from `teacher_until` on only while S is the space last solved
+            (no new eigensolve). The first iteration where the schedule is below that and the
+            test fails (or S has changed after `teacher_until`) releases the hold for good
+            (`teacher_released`, kept by `save` / `load`: a resumed run is the same run);
+            from then on the weight is the linear schedule's.
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
@@ -290,6 +302,7 @@ class Runner(Solver):
     teacher_until: int = DEFAULT_TEACHER_UNTIL
     teacher_inner_steps: int | None | str = "auto"
     teacher_gap: float | None = DEFAULT_TEACHER_GAP
+    teacher_hold: float = DEFAULT_TEACHER_HOLD
     verbose: int = NOTE
 
     _keys = {
@@ -429,6 +442,18 @@ class Runner(Solver):
             isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0
         ):
             raise ValueError(f"teacher_gap must be None or a finite energy >= 0, got {g!r}")
+        h = self.teacher_hold
+        if isinstance(h, bool) or not (
+            isinstance(h, (int, float)) and math.isfinite(h) and 0 <= h <= 1
+        ):
+            raise ValueError(
+                f"teacher_hold must be a fraction in [0, 1] of the teacher's weight, got {h!r}"
+            )
+        if h > 0 and g is None and self.teacher != 0:
+            raise ValueError(
+                "teacher_hold > 0 releases the teacher once the network is within teacher_gap "
+                "of the CI energy of S: give teacher_gap, or teacher_hold=0"
+            )
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
             raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
@@ -486,6 +511,7 @@ class Runner(Solver):
         self._graph_stage = None
         self._graphs_off: str | None = None
         self._teacher_last = None  # (S, energy, vector) of the last teacher solve
+        self._teacher_released = False  # the hold's one-way end (`teacher_hold`)
         self._set_graph_inference()  # raises for graphs=True where graphs cannot run
         self._built_with = {k: getattr(self, k) for k in self._structural}
 
@@ -557,6 +583,7 @@ class Runner(Solver):
             self.inner_steps > 0
             or self.teacher_weight(self.iteration + 1) > 0
             or (self.teacher_on > 0 and self._extra_inner > 0)
+            or self._holding
         )
 
     @property
@@ -577,13 +604,48 @@ class Runner(Solver):
             return DEFAULT_TEACHER_INNER_STEPS if self.device.type == "cuda" else self.inner_steps
         return self.inner_steps if n is None else int(n)
 
+    @property
+    def teacher_released(self) -> bool:
+        """Whether the teacher's hold (`teacher_hold`) has ended: from then on its weight is
+        `teacher_weight` and its inner steps end with it. For good: a checkpoint keeps it."""
+        return self._teacher_released
+
+    @property
+    def _holding(self) -> bool:
+        """Whether the hold is still in force (a teacher, `teacher_hold` > 0, not released)."""
+        return self.teacher_on > 0 and self.teacher_hold > 0 and not self._teacher_released
+
     def teacher_weight(self, t: int) -> float:
-        """The teacher's weight at iteration t (1-based): the resolved `teacher` at t = 1,
-        falling linearly to 0 at `teacher_until`."""
+        """The teacher's scheduled weight at iteration t (1-based): the resolved `teacher` at
+        t = 1, falling linearly to 0 at `teacher_until` (the hold, `teacher_hold`, may keep the
+        weight of an iteration above it)."""
         lam0 = self.teacher_on
         if not lam0 or t >= self.teacher_until:
             return 0.0
         return lam0 * (self.teacher_until - t) / (self.teacher_until - 1)
+
+    def _held_weight(self, lam: float, S: np.ndarray, e_v: float, r) -> tuple[float, bool]:
+        """(the teacher's weight of this iteration, whether this iteration releases the hold).
+        The weight is the scheduled `lam`, or `teacher_hold` times the starting weight while
+        the hold is in force and binds (`lam` below it) and the network's variational energy
+        is above the CI energy of S by more than `teacher_gap`: while the schedule runs, from
+        the teacher's solution of S (which it needs anyway), after it only from the last
+        solution, while S is the space it solved (no new eigensolve). The first iteration that
+        fails the test releases the hold for good (`_step` records it once the iteration is
+        applied)."""
+        if not self._holding or r.space_pairs is None or not len(S) or not math.isfinite(e_v):
+            return lam, False
+        held = self.teacher_hold * self.teacher_on
+        if lam >= held:
+            return lam, False  # the schedule is not below the hold: nothing to decide yet
+        if lam > 0:
+            e_ci = self._teacher_solution(S, r)[0]
+        else:
+            last = self._teacher_last
+            e_ci = last[1] if last is not None and np.array_equal(last[0], S) else None
+        if e_ci is not None and e_v - e_ci > self.teacher_gap:
+            return held, False
+        return lam, True
 
     def _inner_count(self, lam: float, S: np.ndarray, e_v: float, r) -> tuple[int, float]:
         """(inner steps of this iteration, the CI energy of S if at hand else NaN): the
@@ -597,6 +659,10 @@ class Runner(Solver):
             return 0, np.nan
         if lam > 0:
             return self._extra_inner, np.nan
+        if self.teacher_hold > 0:  # the hold decided: its end is the end of the inner steps
+            last = self._teacher_last
+            kept = last is not None and np.array_equal(last[0], S)
+            return self.inner_steps, (last[1] if kept else np.nan)
         if self._teacher_last is None and self.teacher_gap is not None:
             self._teacher_solution(S, r)
         last = self._teacher_last
@@ -886,12 +952,14 @@ class Runner(Solver):
         # The selected-CI teacher (on while its weight is above 0): the lowest eigenvector of
         # H_SS, and its pull on this iteration's psi.
         t0 = time.perf_counter()
-        lam = self.teacher_weight(self.iteration + 1)
+        lam, release = self._held_weight(self.teacher_weight(self.iteration + 1), S, e_v, r)
         teach, extra = None, {}
         n_inner, e_kept = self._inner_count(lam, S, e_v, r)
         if self.teacher_on:
             extra = {"teacher_weight": lam, "e_teacher": e_kept, "teacher_loss": np.nan}
             extra["inner_steps"] = n_inner
+            if self.teacher_hold > 0:
+                extra["teacher_released"] = self._teacher_released or release
         if lam > 0 and r.space_pairs is not None and n > 0:
             from cuscikit.nnqs.teacher import fidelity_loss
 
@@ -946,6 +1014,7 @@ class Runner(Solver):
         else:
             n_new, weight_dropped, grown = self._grow_by_weight(r, e_v, z, n)
         self.iteration += 1
+        self._teacher_released = self._teacher_released or release
         t["other"] = time.perf_counter() - t0
         total = time.perf_counter() - t_start
         t["other"] += max(0.0, total - sum(t.values()))  # transfers and bookkeeping

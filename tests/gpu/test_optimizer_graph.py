@@ -45,22 +45,35 @@ def test_graphed_stage_matches_eager_stage(name):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("hold", [1.0, 0.0])
 @pytest.mark.parametrize("name", ["LiH", "H2O"])
-def test_graphed_stage_with_the_teacher_matches_eager_stage(name):
-    """The teacher's pull and its inner steps (16 while it is on, then the gap rule) inside the
-    recorded stage: every iteration replays a graph, and energies, losses and weights agree with
-    the eager stage to 1e-9 (4x the AdamW steps of the plain stage)."""
-    kw = dict(teacher=1.0, teacher_until=12)
+def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
+    """The teacher's pull and its inner steps (16 while it is on, then the hold's one-way end or,
+    without the hold, the gap rule) inside the recorded stage: every iteration replays a graph,
+    and energies, losses and weights agree with the eager stage to 1e-9 (4x the AdamW steps of
+    the plain stage). With the hold the pull stays at full weight with 16 inner steps through
+    all 20 iterations (320 AdamW steps, whose m / sqrt(v) lifts the rounding differences of
+    the two stages, which sum in other orders, once the network sits near the teacher's
+    vector): on an H200 the energies then differed by up to 5.4e-9 and LiH's losses by 6.5e-8
+    from iteration 11 on; on a CPU the graph body against the eager stage (H2O, same schedule)
+    3.2e-7 in the loss and 3.6e-7 in the weights, against 6e-11 and 7e-11 without the hold. So
+    with the hold the energies are compared to 1e-7 and the losses and weights to 1e-5 (a wrong
+    weight or mask moves the loss by the teacher's loss, ~0.1, at its first iteration)."""
+    kw = dict(teacher=1.0, teacher_until=12, teacher_hold=hold)
+    tol_e, tol_w = (1e-9, 1e-9) if hold == 0 else (1e-7, 1e-5)
     decay = LearningRateDecay(start=10, end=20, final_lr=1e-4)
     eager = _runner(name, graphs=False, **kw).run(20, [decay], progress=False)
     graphed = _runner(name, graphs=True, **kw).run(20, [decay], progress=False)
     assert graphed.graphs_active and graphed._graph_stage.replays == 20
     assert (graphed.history["inner_steps"].iloc[:11] == 16).all()
     np.testing.assert_array_equal(graphed.history["inner_steps"], eager.history["inner_steps"])
-    for c in [*COLUMNS, "e_teacher"]:
+    for c in ["e_teacher", "teacher_weight"]:  # the same S, the same weight
         np.testing.assert_allclose(graphed.history[c], eager.history[c], rtol=0, atol=1e-9)
+    for c in COLUMNS:
+        tol = tol_w if c == "loss" else tol_e
+        np.testing.assert_allclose(graphed.history[c], eager.history[c], rtol=0, atol=tol)
     for a, b in zip(eager.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+        torch.testing.assert_close(a, b, rtol=0, atol=tol_w)
 
 
 def test_graphed_stage_undoes_a_bad_step_and_resumes_from_checkpoint(tmp_path):

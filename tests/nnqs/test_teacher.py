@@ -85,7 +85,7 @@ def _runner(**kw):
 
 
 def test_runner_teacher_is_the_ci_vector_of_its_space():
-    r = _runner(teacher=0.5, teacher_until=4)
+    r = _runner(teacher=0.5, teacher_until=4, teacher_hold=0)
     for t in range(1, 6):
         space = SCISpace(r.molecule, r.space.configs.copy())
         row = r.step()
@@ -135,7 +135,7 @@ def test_teacher_pulls_the_network_towards_the_ci_vector():
 
 def test_teacher_off_is_the_plain_method():
     a = _runner(inner_steps=2, teacher=0).run(4, progress=False).history
-    b = _runner(inner_steps=2, teacher=0.7, teacher_until=1, teacher_gap=None)
+    b = _runner(inner_steps=2, teacher=0.7, teacher_until=1, teacher_gap=None, teacher_hold=0)
     b = b.run(4, progress=False).history
     cols = [k for k in a.columns if not k.startswith("t_") and k != "peak_memory_bytes"]
     for k in cols:
@@ -155,6 +155,12 @@ def test_teacher_off_is_the_plain_method():
         ({"teacher_inner_steps": "many"}, "teacher_inner_steps"),
         ({"teacher_gap": -1e-4}, "teacher_gap"),
         ({"teacher_gap": float("inf")}, "teacher_gap"),
+        ({"teacher_hold": -0.1}, "teacher_hold"),
+        ({"teacher_hold": 1.5}, "teacher_hold"),
+        ({"teacher_hold": float("nan")}, "teacher_hold"),
+        ({"teacher_hold": True}, "teacher_hold"),
+        ({"teacher_hold": "on"}, "teacher_hold"),
+        ({"teacher_hold": 0.5, "teacher_gap": None}, "teacher_gap"),
     ],
 )
 def test_bad_teacher_options(kw, match):
@@ -163,14 +169,15 @@ def test_bad_teacher_options(kw, match):
 
 
 def test_default_schedule_of_the_teacher_and_its_inner_steps():
-    """The defaults: the teacher on at weight 1 falling to 0 at iteration 200, its inner steps
-    (16 on a GPU, `inner_steps` on a CPU) while it is on; after it 16 while S is the last solved
-    space and the network trails its CI energy by more than the gap, else 4 (teacher_gap=None:
-    4 at once)."""
+    """The defaults: the teacher on at weight 1 falling to 0 at iteration 200 (held, below),
+    its inner steps (16 on a GPU, `inner_steps` on a CPU) while it is on; without the hold after
+    it 16 while S is the last solved space and the network trails its CI energy by more than
+    the gap, else 4 (teacher_gap=None: 4 at once)."""
     from cuscikit.nnqs import defaults as D
 
     r = _runner()
     assert r.teacher == "auto" and r.teacher_on == D.DEFAULT_TEACHER == 1.0
+    assert r.teacher_hold == D.DEFAULT_TEACHER_HOLD == 1.0
     assert r.teacher_weight(1) == 1.0 and r.teacher_weight(D.DEFAULT_TEACHER_UNTIL) == 0.0
     assert r.teacher_weight(101) == pytest.approx((200 - 101) / 199)
     assert (D.DEFAULT_TEACHER_INNER_STEPS, D.DEFAULT_INNER_STEPS) == (16, 4)
@@ -180,7 +187,15 @@ def test_default_schedule_of_the_teacher_and_its_inner_steps():
     mol = Molecule.hubbard(4, U=4.0, pbc=True)
     for gap in (1e-4, 1e-2, None):
         ansatz = Ansatz.for_molecule(mol, seed=1, dtype=torch.float64)
-        run = Runner(mol, ansatz, seed=1, teacher_until=4, teacher_gap=gap, teacher_inner_steps=16)
+        run = Runner(
+            mol,
+            ansatz,
+            seed=1,
+            teacher_until=4,
+            teacher_gap=gap,
+            teacher_inner_steps=16,
+            teacher_hold=0,
+        )
         run = run.run(8, progress=False)
         h = run.history
         assert (h["inner_steps"].iloc[:3] == 16).all() and (h["teacher_weight"].iloc[3:] == 0).all()
@@ -192,3 +207,106 @@ def test_default_schedule_of_the_teacher_and_its_inner_steps():
         )
         np.testing.assert_array_equal(after["inner_steps"], np.where(trailing, 16, 4))
     assert (h["inner_steps"].iloc[3:] == 4).all()  # gap None
+    assert "teacher_released" not in h.columns  # no hold: the columns of the schedule alone
+
+
+def _ring(**kw):
+    """The 4-site Hubbard ring (U = 4): S stops growing at iteration 3 (10 of 36)."""
+    mol = Molecule.hubbard(4, U=4.0, pbc=True)
+    ansatz = Ansatz.for_molecule(mol, seed=1, dtype=torch.float64)
+    return Runner(mol, ansatz, seed=1, **{"teacher_inner_steps": 16, **kw})
+
+
+def test_hold_zero_is_the_linear_schedule():
+    """teacher_hold=0: the weight is the linear fall of `teacher_weight` at every iteration and
+    the history has no hold column (the run of the schedule before the hold existed)."""
+    r = _ring(teacher_until=4, teacher_hold=0).run(6, progress=False)
+    h = r.history
+    want = [r.teacher_weight(t) for t in range(1, 7)]
+    np.testing.assert_array_equal(h["teacher_weight"], want)
+    assert want[:4] == [1.0, pytest.approx(2 / 3), pytest.approx(1 / 3), 0.0]
+    assert "teacher_released" not in h.columns and not r.teacher_released
+
+
+@pytest.mark.parametrize("until", [4, 40])
+def test_hold_keeps_the_weight_while_the_gap_is_open_and_releases_for_good(until):
+    """With the hold the weight stays at teacher_hold * teacher from iteration 2 (where the
+    linear fall would be below it) while the network trails the CI energy of S by more than
+    teacher_gap; the first iteration within the gap releases it for good, and from then on the
+    weight is the linear schedule's (0 after teacher_until, where the inner steps go back to
+    `inner_steps` once: the count changes once a run). With teacher_until = 40 the release comes
+    first and the teacher goes on at the scheduled weight."""
+    gap = 1e-2
+    r = _ring(teacher_until=until, teacher_hold=0.75, teacher=2.0, teacher_gap=gap)
+    r.run(14, progress=False)
+    h = r.history
+    released = h["teacher_released"].to_numpy()
+    assert released.dtype == bool and not released[0] and released[-1] and r.teacher_released
+    k = int(np.argmax(released))  # the releasing iteration (0-based row)
+    assert (released[k:]).all()  # one way
+    trail = (h["e_variational"] - h["e_teacher"]).to_numpy()
+    sched = np.array([r.teacher_weight(t) for t in range(1, 15)])
+    assert k > 1 and sched[k] < 1.5  # the test is made only where the hold binds
+    np.testing.assert_array_equal(h["teacher_weight"].iloc[:k], np.maximum(sched[:k], 1.5))
+    assert (trail[1:k] > gap).all() and trail[k] <= gap
+    np.testing.assert_array_equal(h["teacher_weight"].iloc[k:], sched[k:])
+    assert (sched[k:] > 0).all() == (until > 14)
+    steps = h["inner_steps"].to_numpy()
+    assert int(np.count_nonzero(np.diff(steps))) == (1 if until < 14 else 0)
+    assert (steps[: max(k, until - 1)] == 16).all() and (steps[max(k, until - 1) :] == 4).all()
+
+
+def test_hold_ends_when_the_space_changes_after_the_schedule(tmp_path):
+    """After teacher_until the hold needs the last solution (no new eigensolve): LiH's S still
+    grows at iteration 3, so the hold ends there although the gap is open. Its checkpoint, whose
+    history holds that NaN e_teacher, loads (and so does one of a run with pt2=False, whose
+    e_pt2 is NaN); infinities are refused."""
+    import h5py
+
+    from cuscikit.nnqs.checkpoint import CheckpointError, _digest
+
+    r = _runner(teacher_until=3, teacher_hold=1.0, teacher_inner_steps=3)
+    h = r.run(4, progress=False).history
+    assert h["teacher_weight"].tolist()[:2] == [1.0, 1.0]
+    assert h["teacher_released"].tolist() == [False, False, True, True]
+    assert h["n_space"].iloc[2] != h["n_space"].iloc[1] and np.isnan(h["e_teacher"].iloc[2])
+    assert h["teacher_weight"].iloc[2] == 0 and h["inner_steps"].tolist() == [3, 3, 4, 4]
+    r.save(tmp_path / "a.h5")
+    assert _runner(teacher_until=3).load(tmp_path / "a.h5").teacher_released
+    plain = _runner(teacher=0, pt2=False).run(1, progress=False)
+    plain.save(tmp_path / "b.h5")
+    assert np.isnan(_runner(teacher=0, pt2=False).load(tmp_path / "b.h5").history["e_pt2"]).all()
+    with h5py.File(tmp_path / "b.h5", "r+") as f:
+        del f["history/e_pt2"]
+        ds = f.create_dataset("history/e_pt2", data=np.array([np.inf]))
+        ds.attrs["sha256"] = _digest(ds[()])
+    with pytest.raises(CheckpointError, match="non-finite"):
+        _runner(teacher=0, pt2=False).load(tmp_path / "b.h5")
+
+
+def test_checkpoint_keeps_the_hold_and_the_teacher_solution(tmp_path):
+    """A run resumed from a checkpoint (before the release, after teacher_until, and after the
+    release) continues exactly as the uninterrupted one: the released flag and the last
+    solution travel with the file. A file without the teacher's group takes the flag from
+    the history's last row."""
+    import h5py
+
+    kw = dict(teacher_until=4, teacher_hold=1.0, teacher_gap=1e-2)
+    whole = _ring(**kw)
+    for k, n in ((6, 6), (12, 6)):
+        whole.run(n, progress=False)
+        whole.save(tmp_path / f"at{k}.h5")
+    whole.run(2, progress=False)
+    h = whole.history
+    assert not h["teacher_released"].iloc[5] and h["teacher_released"].iloc[11]
+    cols = [c for c in h.columns if not c.startswith("t_") and c != "peak_memory_bytes"]
+    for k in (6, 12):
+        again = _ring(**kw).load(tmp_path / f"at{k}.h5")
+        assert again.teacher_released == bool(h["teacher_released"].iloc[k - 1])
+        rest = again.run(14 - k, progress=False).history
+        for c in cols:
+            np.testing.assert_array_equal(rest[c].to_numpy(), h[c].to_numpy(), err_msg=c)
+    with h5py.File(tmp_path / "at12.h5", "r+") as f:
+        del f["teacher"]
+    older = _ring(**kw).load(tmp_path / "at12.h5")
+    assert older.teacher_released and older._teacher_last is None
