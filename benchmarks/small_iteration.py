@@ -10,7 +10,8 @@ by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare pa
 first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
-        [--variants eager graph graph-torch-ops eager-compiled] [--profile] [--profile-compile]
+        [--variants eager graph graph-teacher0 graph-torch-ops ...] [--profile]
+        [--profile-levers] [--profile-compile]
         [--attn-warps {1,2,4,8}]
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
@@ -20,14 +21,19 @@ of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``):
 in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
 compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
 
+Variants ending in ``-teacher0`` run without the selected-CI teacher (``teacher=0``), so with
+`inner_steps` inner steps instead of the teacher's; the table's "inner" is the median of the
+iteration's inner steps.
+
 --profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
 inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
 torch.profiler: kernels per stage and per pass (forward, backward and AdamW over S), their
 summed GPU time and the GPU span of the replay, the costliest kernels; and the iteration that
 supplied the inputs as a whole: kernels, GPU time, host synchronisations.
-The same for two levers recorded in the stage through `OptimizerGraph(log_psi=...)`, with
-the seconds their first call took (compilation, warm-up and recording): the phase MLP on a
-second stream beside the transformer, and with --profile-compile a `torch.compile`d ln psi.
+With --profile-levers and --profile-compile the same for two levers recorded in the stage
+through `OptimizerGraph(log_psi=...)`, with the seconds their first call took (compilation,
+warm-up and recording): the phase MLP on a second stream beside the transformer, and a
+`torch.compile`d ln psi.
 The replays apply their AdamW steps: the profile comes after the timed run.
 
 --kernels: only the Triton training kernels at the model's shapes (--kernel-rows sequences,
@@ -55,6 +61,9 @@ from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
     "graph": {"graphs": True},
+    # the defaults without the selected-CI teacher (and so without its inner steps)
+    "eager-teacher0": {"graphs": False, "teacher": 0},
+    "graph-teacher0": {"graphs": True, "teacher": 0},
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
@@ -66,10 +75,29 @@ def run(mol, options: dict, iterations: int, dtype):
     fused_ops.ENABLED = options.pop("fused_ops", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
+    _time_teacher_solves(runner)
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
     return runner, time.perf_counter() - t0
+
+
+def _time_teacher_solves(runner) -> None:
+    """Seconds of the teacher's solution per iteration (the eigensolve of H_SS, or the reuse of
+    the last one), in ``runner._teacher_solve_s`` by iteration: part of the "energy" stage."""
+    solve = runner._teacher_solution
+    runner._teacher_solve_s = {}
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        out = solve(*a, **kw)
+        it = runner.iteration + 1
+        runner._teacher_solve_s[it] = runner._teacher_solve_s.get(it, 0.0) + (
+            time.perf_counter() - t0
+        )
+        return out
+
+    runner._teacher_solution = timed
 
 
 def _device_events(prof):
@@ -146,8 +174,9 @@ def _profile_stage(label: str, fn, passes: int) -> list:
     ]
 
 
-def profile_run(runner, compile_too: bool) -> list:
-    """The profile rows of `--profile` for a run whose optimiser stage was recorded."""
+def profile_run(runner, compile_too: bool, levers: bool = False) -> list:
+    """The profile rows of `--profile` for a run whose optimiser stage was recorded (with
+    `levers`, the phase MLP on a second stream too)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -159,9 +188,9 @@ def profile_run(runner, compile_too: bool) -> list:
     seen = {}
     run_stage = stage.run
 
-    def keep(*a):
-        seen["args"] = a
-        return run_stage(*a)
+    def keep(*a, **kw):  # the Runner passes the teacher by keyword
+        seen["args"], seen["kw"] = a, kw
+        return run_stage(*a, **kw)
 
     stage.run = keep
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
@@ -190,21 +219,23 @@ def profile_run(runner, compile_too: bool) -> list:
     if "args" not in seen:
         print("# the profiled iteration did not take the recorded stage")
         return []
-    args = seen["args"]
-    passes = 1 + int(args[-1])
-    rows = [_profile_stage("recorded stage", lambda: stage.run(*args), passes)]
-    variants = [("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz))]
+    args, kw = seen["args"], seen["kw"]
+    passes = 1 + int(args[5])  # the iteration's step and its inner steps
+    rows = [_profile_stage("recorded stage", lambda: stage.run(*args, **kw), passes)]
+    variants = []
+    if levers:
+        variants.append(("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz)))
     if compile_too:
         variants.append(("compiled ln psi", lambda: torch.compile(runner.ansatz._log_psi_tokens)))
     for label, make in variants:
         try:
             graph = OptimizerGraph(runner.ansatz, runner.optimizer, log_psi=make())
             t0 = time.perf_counter()
-            graph.run(*args)
+            graph.run(*args, **kw)
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             label = f"{label} (first call {first:.1f} s)"
-            rows.append(_profile_stage(label, lambda g=graph: g.run(*args), passes))
+            rows.append(_profile_stage(label, lambda g=graph: g.run(*args, **kw), passes))
         except Exception as exc:  # noqa: BLE001 - a lever that cannot be recorded is a result
             print(f"# {label}: failed: {type(exc).__name__}: {exc}", flush=True)
     return rows
@@ -305,6 +336,7 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-compile", action="store_true")
+    ap.add_argument("--profile-levers", action="store_true")
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
@@ -335,16 +367,25 @@ def main():
             tail = h[h["iteration"] >= args.first]
             med = {s: float(np.median(tail[f"t_{s}"])) * 1e3 for s in STAGES}
             label = variant
+            solves = [v for k, v in runner._teacher_solve_s.items() if k >= args.first]
+            if solves:
+                label += f" (teacher solve {np.median(solves) * 1e3:.2f} ms of energy)"
             if runner._graph_stage is not None:
                 label += f" ({runner._graph_stage.captures} captures)"
             if runner._graphs_off is not None:
                 label += " (graphs failed: eager)"
                 print("#", runner._graphs_off)
+            inner = (
+                f"{tail['inner_steps'].median():g}"
+                if "inner_steps" in tail
+                else str(runner.inner_steps)
+            )
             rows.append(
                 [
                     name,
                     label,
                     int(tail["n_space"].median()),
+                    inner,
                     f"{float(np.median(tail['t_total'])) * 1e3:.2f}",
                     *(f"{med[s]:.2f}" for s in STAGES),
                     f"{wall:.1f}",
@@ -352,8 +393,8 @@ def main():
                 ]
             )
             print(rows[-1], flush=True)
-            if args.profile or args.profile_compile:
-                for prow in profile_run(runner, args.profile_compile):
+            if args.profile or args.profile_compile or args.profile_levers:
+                for prow in profile_run(runner, args.profile_compile, args.profile_levers):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
         first_variant, *others = hist
@@ -379,6 +420,7 @@ def main():
                     name,
                     f"max |dE| {variant} - {first_variant}",
                     "",
+                    "",
                     f"{first:.1e} (it<{args.first})",
                     *[""] * len(STAGES),
                     "",
@@ -388,7 +430,7 @@ def main():
     print_table(
         f"Milliseconds per iteration (median over iterations {args.first}..{args.iterations}), "
         f"{dtype}",
-        ["system", "optimiser stage", "|S|", "total ms", *STAGES, "run s", "final E"],
+        ["system", "optimiser stage", "|S|", "inner", "total ms", *STAGES, "run s", "final E"],
         rows,
     )
     if profiles:
