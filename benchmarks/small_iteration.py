@@ -16,6 +16,8 @@ first few dozen iterations, and against the eager path's own spread after that.
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+``--history-out DIR`` writes each variant's energies; ``--reference DIR`` compares each variant
+with the same variant's energies in DIR (another process, e.g. another version of the package).
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
 in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
@@ -64,6 +66,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the defaults without the selected-CI teacher (and so without its inner steps)
     "eager-teacher0": {"graphs": False, "teacher": 0},
     "graph-teacher0": {"graphs": True, "teacher": 0},
+    # the pipeline without the reuse of S-only data (`Pipeline.reuse_space`; ignored where the
+    # package has no such option)
+    "graph-noreuse": {"graphs": True, "reuse_space": False},
+    "graph-teacher0-noreuse": {"graphs": True, "teacher": 0, "reuse_space": False},
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
@@ -73,31 +79,60 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
 def run(mol, options: dict, iterations: int, dtype):
     options = dict(options)
     fused_ops.ENABLED = options.pop("fused_ops", True)
+    reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
-    _time_teacher_solves(runner)
+    if hasattr(runner._pipeline, "reuse_space"):
+        runner._pipeline.reuse_space = reuse
+    _time_teacher(runner)
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
     return runner, time.perf_counter() - t0
 
 
-def _time_teacher_solves(runner) -> None:
-    """Seconds of the teacher's solution per iteration (the eigensolve of H_SS, or the reuse of
-    the last one), in ``runner._teacher_solve_s`` by iteration: part of the "energy" stage."""
-    solve = runner._teacher_solution
-    runner._teacher_solve_s = {}
+_TEACHER_S: dict = {}  # (piece, iteration) -> seconds, for the run in progress
+_RUNNING: dict = {}
+TEACHER_PIECES = ("solve", "loss", "pull")
+
+
+def _timed(fn, piece: str):
+    """`fn` with its seconds added to _TEACHER_S under (piece, the iteration running)."""
 
     def timed(*a, **kw):
         t0 = time.perf_counter()
-        out = solve(*a, **kw)
-        it = runner.iteration + 1
-        runner._teacher_solve_s[it] = runner._teacher_solve_s.get(it, 0.0) + (
-            time.perf_counter() - t0
-        )
+        out = fn(*a, **kw)
+        key = (piece, _RUNNING["runner"].iteration + 1)
+        _TEACHER_S[key] = _TEACHER_S.get(key, 0.0) + time.perf_counter() - t0
         return out
 
-    runner._teacher_solution = timed
+    return timed
+
+
+def _time_teacher(runner) -> None:
+    """Time the teacher's host-side pieces of every iteration of this run: "solve" (the
+    eigensolve of H_SS or the reuse of the last one) and "loss" (the `teacher_loss` column),
+    both in the "energy" stage, and "pull" (its coefficients for the iteration's step, and the
+    eager inner steps'), in the "optimizer" stage."""
+    import cuscikit.nnqs.runner as runner_module
+    import cuscikit.nnqs.teacher as teacher_module
+
+    if not _RUNNING:  # once per process: the module functions the Runner looks up per call
+        teacher_module.fidelity_loss = _timed(teacher_module.fidelity_loss, "loss")
+        runner_module._with_teacher = _timed(runner_module._with_teacher, "pull")
+    _RUNNING["runner"] = runner
+    _TEACHER_S.clear()
+    runner._teacher_solution = _timed(runner._teacher_solution, "solve")
+
+
+def _teacher_label(first: int) -> str:
+    """ " (teacher solve/loss/pull ms)": medians over iterations from `first`, or ""."""
+    parts = []
+    for piece in TEACHER_PIECES:
+        v = [s for (p, it), s in _TEACHER_S.items() if p == piece and it >= first]
+        if v:
+            parts.append(f"{piece} {np.median(v) * 1e3:.2f}")
+    return f" (teacher ms: {', '.join(parts)})" if parts else ""
 
 
 def _device_events(prof):
@@ -340,6 +375,12 @@ def main():
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
+    ap.add_argument("--history-out", help="write each variant's energies (CSV) to this folder")
+    ap.add_argument(
+        "--reference",
+        help="a --history-out folder of another run: each variant's energies are compared with "
+        "the same variant's there (e.g. another package's, --float64)",
+    )
     args = ap.parse_args()
     if args.attn_warps:
         fused_ops._ATTN_WARPS = args.attn_warps
@@ -367,11 +408,12 @@ def main():
             tail = h[h["iteration"] >= args.first]
             med = {s: float(np.median(tail[f"t_{s}"])) * 1e3 for s in STAGES}
             label = variant
-            solves = [v for k, v in runner._teacher_solve_s.items() if k >= args.first]
-            if solves:
-                label += f" (teacher solve {np.median(solves) * 1e3:.2f} ms of energy)"
+            label += _teacher_label(args.first)
             if runner._graph_stage is not None:
                 label += f" ({runner._graph_stage.captures} captures)"
+            reused = getattr(runner._pipeline, "reused", None)
+            if reused is not None:
+                label += f" (S reused {reused}x)"
             if runner._graphs_off is not None:
                 label += " (graphs failed: eager)"
                 print("#", runner._graphs_off)
@@ -397,16 +439,36 @@ def main():
                 for prow in profile_run(runner, args.profile_compile, args.profile_levers):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
-        first_variant, *others = hist
-        ref = hist[first_variant][["e_coupled", "e_variational"]]
-        for variant in others:
-            d = (hist[variant][["e_coupled", "e_variational"]] - ref).abs().max(axis=1)
+        if args.history_out:  # for --reference in another process (another package)
+            import os
+
+            os.makedirs(args.history_out, exist_ok=True)
+            for variant, h in hist.items():
+                path = os.path.join(args.history_out, f"{name}_{variant.replace(' ', '')}.csv")
+                h[["iteration", "e_coupled", "e_variational"]].to_csv(path, index=False)
+        pairs = []
+        first_variant = next(iter(hist))
+        pairs += [(v, hist[v], first_variant, hist[first_variant]) for v in list(hist)[1:]]
+        if args.reference:
+            import os
+
+            import pandas as pd
+
+            for variant, h in hist.items():
+                path = os.path.join(args.reference, f"{name}_{variant.replace(' ', '')}.csv")
+                if os.path.exists(path):
+                    pairs.append((variant, h, f"{variant} (--reference)", pd.read_csv(path)))
+        for variant, h, ref_name, ref_h in pairs:
+            k = min(len(h), len(ref_h))
+            ref = ref_h[["e_coupled", "e_variational"]].iloc[:k].reset_index(drop=True)
+            mine = h[["e_coupled", "e_variational"]].iloc[:k].reset_index(drop=True)
+            d = (mine - ref).abs().max(axis=1)
             first = float(d.iloc[: args.first].max())
-            its = hist[variant]["iteration"].to_numpy()
+            its = h["iteration"].to_numpy()[:k]
             worst_it = int(its[int(np.argmax(d.to_numpy()))])
             over = np.flatnonzero(d.to_numpy() > 1e-10)
             print(
-                f"# {name}, {variant} - {first_variant}: first iteration with |dE| > 1e-10: "
+                f"# {name}, {variant} - {ref_name}: first iteration with |dE| > 1e-10: "
                 f"{int(its[over[0]]) if len(over) else 'none'}; |dE| at iterations "
                 + ", ".join(
                     f"{int(i)}: {x:.1e}"
@@ -418,7 +480,7 @@ def main():
             rows.append(
                 [
                     name,
-                    f"max |dE| {variant} - {first_variant}",
+                    f"max |dE| {variant} - {ref_name}",
                     "",
                     "",
                     f"{first:.1e} (it<{args.first})",

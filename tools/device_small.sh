@@ -23,6 +23,10 @@
 #           recorded with torch's kernels, recorded and eager with the Triton ones); the gpu
 #           tests of TEST_FILES (default: the kernels and the recorded stage), one pytest
 #           process per file, selected by TEST_K, with PYTEST_ARGS
+#   compare64  float64 over ITERS64 iterations of VARIANTS64 (default: graph graph-teacher0),
+#           BASE_NNQS's package first, then this tree compared with it variant by variant,
+#           while the gpu tests of TEST_FILES (default: the recorded stage and the pipeline)
+#           run beside them, one pytest process per file
 # A pytest process that ignores the limit's SIGTERM is killed 10 s later (timeout -k 10).
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
@@ -106,10 +110,33 @@ for step in "$@"; do
       done
       wait
       echo "check: done at $((SECONDS - t0)) s" ;;
+    compare64)
+      # the GPU tests of TEST_FILES in the background (one pytest process per file), and in
+      # front float64 over ITERS64 iterations (default 40) of VARIANTS64 (default: graph
+      # graph-teacher0) with BASE_NNQS's package, then with this tree compared against it
+      # variant by variant (--reference)
+      for f in ${TEST_FILES:-tests/gpu/test_optimizer_graph.py tests/gpu/test_pipeline.py}; do
+        # shellcheck disable=SC2086  # PYTEST_ARGS: more options
+        timeout -k 10 "${TT:-80}" python3 -m pytest -q ${PYTEST_ARGS:-} -p no:cacheprovider \
+          -m gpu "$f" > "$out/tests_$(basename "$f" .py).log" 2>&1 &
+      done
+      # shellcheck disable=SC2086  # the variants: words
+      (cd benchmarks && PYTHONPATH=$base timeout -k 5 "${T64:-80}" python3 small_iteration.py \
+        --float64 --iterations "${ITERS64:-40}" --variants ${VARIANTS64:-graph graph-teacher0} \
+        --history-out "$out/hist_base") > "$out/f64_base.log" 2>&1
+      echo "compare64 base: exit $? at $((SECONDS - t0)) s"
+      # shellcheck disable=SC2086  # the variants: words
+      (cd benchmarks && timeout -k 5 "${T64:-80}" python3 small_iteration.py --float64 \
+        --iterations "${ITERS64:-40}" --variants ${VARIANTS64:-graph graph-teacher0} \
+        --reference "$out/hist_base") > "$out/f64_branch.log" 2>&1
+      echo "compare64 branch: exit $? at $((SECONDS - t0)) s"
+      wait
+      echo "compare64: done at $((SECONDS - t0)) s" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
-for f in kernels f32_before f32_after f64 compile f64_repro f32_ops f64_ops infer; do
+for f in kernels f32_before f32_after f64 compile f64_repro f32_ops f64_ops f64_base f64_branch \
+  infer; do
   [ -f "$out/$f.log" ] && { echo "== $f"; grep -v USDT "$out/$f.log" | tail -14; }
 done
 for f in "$out"/tests*.log; do [ -f "$f" ] && { echo "== $f"; tail -6 "$f"; }; done
