@@ -54,7 +54,7 @@ import time
 
 import numpy as np
 import torch
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 from cuscikit import Ansatz, Molecule, Runner
 from cuscikit.nnqs import fused_ops
@@ -375,6 +375,8 @@ def main():
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
+    ap.add_argument("--json-out", help="write the tables' rows as benchmarks/results keeps them")
+    ap.add_argument("--note", default="", help="how the machine was shared, for --json-out")
     ap.add_argument("--history-out", help="write each variant's energies (CSV) to this folder")
     ap.add_argument(
         "--reference",
@@ -489,26 +491,39 @@ def main():
                     f"{float(d.max()):.1e} (all; iteration {worst_it})",
                 ]
             )
+    header = ["system", "optimiser stage", "|S|", "inner", "total ms", *STAGES, "run s", "final E"]
     print_table(
         f"Milliseconds per iteration (median over iterations {args.first}..{args.iterations}), "
         f"{dtype}",
-        ["system", "optimiser stage", "|S|", "inner", "total ms", *STAGES, "run s", "final E"],
+        header,
         rows,
     )
+    profile_header = [
+        "system",
+        "stage",
+        "wall ms",
+        "kernels",
+        "per pass",
+        "kernel ms",
+        "GPU span ms",
+        "kernel ms per pass",
+        "copies/sets",
+    ]
+    if args.json_out:
+        kept = argparse.Namespace(**vars(args))
+        for name in ("history_out", "reference"):  # folders of this machine: only whether set
+            setattr(kept, name, bool(getattr(kept, name)))
+        table = [dict(zip(header, r, strict=True)) for r in rows]
+        table += [
+            {"table": "profile", **dict(zip(profile_header, r, strict=True))} for r in profiles
+        ]
+        write_json(
+            args.json_out, "small_iteration.py", "small-systems", kept, table, note=args.note
+        )
     if profiles:
         print_table(
             f"The recorded optimiser stage, replayed after the run (one replay profiled), {dtype}",
-            [
-                "system",
-                "stage",
-                "wall ms",
-                "kernels",
-                "per pass",
-                "kernel ms",
-                "GPU span ms",
-                "kernel ms per pass",
-                "copies/sets",
-            ],
+            profile_header,
             profiles,
         )
 

@@ -50,8 +50,8 @@ for step in "$@"; do
     before)
       # shellcheck disable=SC2086  # VARIANTS: words
       (cd benchmarks && PYTHONPATH=$base timeout "${T1:-40}" python3 small_iteration.py \
-        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile) \
-        > "$out/f32_before.log" 2>&1
+        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile \
+        --json-out "$out/f32_before.json") > "$out/f32_before.log" 2>&1
       echo "before: exit $? at $((SECONDS - t0)) s" ;;
     kernels)
       (cd benchmarks && timeout "${TK:-40}" python3 small_iteration.py --kernels) \
@@ -62,8 +62,8 @@ for step in "$@"; do
     after)
       # shellcheck disable=SC2086  # warps_arg: empty, or the option and its value; VARIANTS
       (cd benchmarks && timeout "${T1:-40}" python3 small_iteration.py ${warps_arg:-} \
-        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile) \
-        > "$out/f32_after.log" 2>&1
+        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile \
+        --json-out "$out/f32_after.json") > "$out/f32_after.log" 2>&1
       echo "after: exit $? at $((SECONDS - t0)) s" ;;
     side)
       (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
@@ -123,12 +123,14 @@ for step in "$@"; do
       # shellcheck disable=SC2086  # the variants: words
       (cd benchmarks && PYTHONPATH=$base timeout -k 5 "${T64:-80}" python3 small_iteration.py \
         --float64 --iterations "${ITERS64:-40}" --variants ${VARIANTS64:-graph graph-teacher0} \
-        --history-out "$out/hist_base") > "$out/f64_base.log" 2>&1
+        --history-out "$out/hist_base" --json-out "$out/f64_base.json") \
+        > "$out/f64_base.log" 2>&1
       echo "compare64 base: exit $? at $((SECONDS - t0)) s"
       # shellcheck disable=SC2086  # the variants: words
       (cd benchmarks && timeout -k 5 "${T64:-80}" python3 small_iteration.py --float64 \
         --iterations "${ITERS64:-40}" --variants ${VARIANTS64:-graph graph-teacher0} \
-        --reference "$out/hist_base") > "$out/f64_branch.log" 2>&1
+        --reference "$out/hist_base" --json-out "$out/f64_branch.json") \
+        > "$out/f64_branch.log" 2>&1
       echo "compare64 branch: exit $? at $((SECONDS - t0)) s"
       wait
       echo "compare64: done at $((SECONDS - t0)) s" ;;
