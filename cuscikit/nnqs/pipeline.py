@@ -29,9 +29,9 @@ On rank r of P (P = 1 is the single-process run):
    are added up on a's owner (`GlobalDedup.reduce`), which also evaluates H_aa: the terms of
    the Epstein-Nesbet second-order energy (the Runner divides by E_var - H_aa).
 
-On one rank, while S stays the same between iterations (the same configurations in the same
+On one rank, once S has stayed the same for two iterations (the same configurations in the same
 order: a space that has stopped growing), everything that depends on S alone is kept from the
-iteration that built it and reused (`Pipeline.reuse_space`): stage 1 and barrier 1 (the coupled
+second of them and reused while S stays (`Pipeline.reuse_space`): stage 1 and barrier 1 (the coupled
 sets, L, U and the routing), the locations of the coupled configurations in L, H_xx of S, the
 H_SS pairs, the PT2 rows outside S and their H_aa. Only what depends on psi runs again (the
 inference over U, the selection, the numerators), so the results are those of a fresh iteration
@@ -168,9 +168,10 @@ class Pipeline:
         pt2: also return the terms of the Epstein-Nesbet second-order correction.
 
     Attributes:
-        reuse_space: on one rank, keep the S-only data of an iteration (its coupled sets
-            included) until S changes and reuse it while S is the same (default True; see the
-            module docstring). Cold data parked in host memory is not kept.
+        reuse_space: on one rank, keep the S-only data (its coupled sets included) of an
+            iteration whose S equals the last iteration's, and reuse it while S stays the same
+            (default True; see the module docstring). A growing S keeps nothing beyond its
+            iteration; cold data parked in host memory is not kept.
         reused: iterations so far that reused the S-only data.
     """
 
@@ -223,6 +224,7 @@ class Pipeline:
         self.reuse_space = True
         self.reused = 0
         self._space_cache: _SpaceData | None = None
+        self._last_space: np.ndarray | None = None  # the last S (host copy)
 
     # ------------------------------------------------------------------------- memory plan
     def _bytes_per_item(self) -> int:
@@ -288,6 +290,7 @@ class Pipeline:
                 else:
                     self.item_limit = max(1, self.largest_batch // 2)
                 self.retries += 1
+                self._space_cache = None  # the retry plans its batches again
                 torch.cuda.empty_cache()
                 limit = "no limit" if self.item_limit is None else f"{self.item_limit:,}"
                 warnings.warn(
@@ -431,8 +434,13 @@ class Pipeline:
         times["generation"] += time.perf_counter() - t0  # the equality test
         if sd is None:
             sd = self._space_data(space_configs, times)
-            if self.reuse_space and comm.size == 1 and sd.staged == 0:
-                self._space_cache = sd
+            # kept only for an S that repeats the last one: a growing run holds its cold data
+            # no longer than before (not through the optimiser stage)
+            last, self._last_space = self._last_space, None
+            if self.reuse_space and comm.size == 1:
+                self._last_space = sd.configs
+                if sd.staged == 0 and last is not None and np.array_equal(last, sd.configs):
+                    self._space_cache = sd
         else:
             self.reused += 1
         lo, hi, S, m, cold, staged = sd.lo, sd.hi, sd.S, sd.m, sd.cold, sd.staged
