@@ -10,24 +10,32 @@ by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare pa
 first few dozen iterations, and against the eager path's own spread after that.
 
     python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
-        [--variants eager graph graph-torch-ops eager-compiled] [--profile] [--profile-compile]
+        [--variants eager graph graph-teacher0 graph-torch-ops ...] [--profile]
+        [--profile-levers] [--profile-compile]
         [--attn-warps {1,2,4,8}]
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
+``--history-out DIR`` writes each variant's energies; ``--reference DIR`` compares each variant
+with the same variant's energies in DIR (another process, e.g. another version of the package).
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
 in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
 compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
+
+Variants ending in ``-teacher0`` run without the selected-CI teacher (``teacher=0``), so with
+`inner_steps` inner steps instead of the teacher's; the table's "inner" is the median of the
+iteration's inner steps.
 
 --profile: after each run with a recorded optimiser stage, one more iteration keeps the stage's
 inputs; the stage is then replayed 20 times (wall milliseconds per stage) and once under
 torch.profiler: kernels per stage and per pass (forward, backward and AdamW over S), their
 summed GPU time and the GPU span of the replay, the costliest kernels; and the iteration that
 supplied the inputs as a whole: kernels, GPU time, host synchronisations.
-The same for two levers recorded in the stage through `OptimizerGraph(log_psi=...)`, with
-the seconds their first call took (compilation, warm-up and recording): the phase MLP on a
-second stream beside the transformer, and with --profile-compile a `torch.compile`d ln psi.
+With --profile-levers and --profile-compile the same for two levers recorded in the stage
+through `OptimizerGraph(log_psi=...)`, with the seconds their first call took (compilation,
+warm-up and recording): the phase MLP on a second stream beside the transformer, and a
+`torch.compile`d ln psi.
 The replays apply their AdamW steps: the profile comes after the timed run.
 
 --kernels: only the Triton training kernels at the model's shapes (--kernel-rows sequences,
@@ -46,7 +54,7 @@ import time
 
 import numpy as np
 import torch
-from _common import machine, print_table
+from _common import machine, print_table, write_json
 
 from cuscikit import Ansatz, Molecule, Runner
 from cuscikit.nnqs import fused_ops
@@ -55,6 +63,13 @@ from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
     "graph": {"graphs": True},
+    # the defaults without the selected-CI teacher (and so without its inner steps)
+    "eager-teacher0": {"graphs": False, "teacher": 0},
+    "graph-teacher0": {"graphs": True, "teacher": 0},
+    # the pipeline without the reuse of S-only data (`Pipeline.reuse_space`; ignored where the
+    # package has no such option)
+    "graph-noreuse": {"graphs": True, "reuse_space": False},
+    "graph-teacher0-noreuse": {"graphs": True, "teacher": 0, "reuse_space": False},
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
@@ -64,12 +79,60 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
 def run(mol, options: dict, iterations: int, dtype):
     options = dict(options)
     fused_ops.ENABLED = options.pop("fused_ops", True)
+    reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
+    if hasattr(runner._pipeline, "reuse_space"):
+        runner._pipeline.reuse_space = reuse
+    _time_teacher(runner)
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
     return runner, time.perf_counter() - t0
+
+
+_TEACHER_S: dict = {}  # (piece, iteration) -> seconds, for the run in progress
+_RUNNING: dict = {}
+TEACHER_PIECES = ("solve", "loss", "pull")
+
+
+def _timed(fn, piece: str):
+    """`fn` with its seconds added to _TEACHER_S under (piece, the iteration running)."""
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        out = fn(*a, **kw)
+        key = (piece, _RUNNING["runner"].iteration + 1)
+        _TEACHER_S[key] = _TEACHER_S.get(key, 0.0) + time.perf_counter() - t0
+        return out
+
+    return timed
+
+
+def _time_teacher(runner) -> None:
+    """Time the teacher's host-side pieces of every iteration of this run: "solve" (the
+    eigensolve of H_SS or the reuse of the last one) and "loss" (the `teacher_loss` column),
+    both in the "energy" stage, and "pull" (its coefficients for the iteration's step, and the
+    eager inner steps'), in the "optimizer" stage."""
+    import cuscikit.nnqs.runner as runner_module
+    import cuscikit.nnqs.teacher as teacher_module
+
+    if not _RUNNING:  # once per process: the module functions the Runner looks up per call
+        teacher_module.fidelity_loss = _timed(teacher_module.fidelity_loss, "loss")
+        runner_module._with_teacher = _timed(runner_module._with_teacher, "pull")
+    _RUNNING["runner"] = runner
+    _TEACHER_S.clear()
+    runner._teacher_solution = _timed(runner._teacher_solution, "solve")
+
+
+def _teacher_label(first: int) -> str:
+    """ " (teacher solve/loss/pull ms)": medians over iterations from `first`, or ""."""
+    parts = []
+    for piece in TEACHER_PIECES:
+        v = [s for (p, it), s in _TEACHER_S.items() if p == piece and it >= first]
+        if v:
+            parts.append(f"{piece} {np.median(v) * 1e3:.2f}")
+    return f" (teacher ms: {', '.join(parts)})" if parts else ""
 
 
 def _device_events(prof):
@@ -146,8 +209,9 @@ def _profile_stage(label: str, fn, passes: int) -> list:
     ]
 
 
-def profile_run(runner, compile_too: bool) -> list:
-    """The profile rows of `--profile` for a run whose optimiser stage was recorded."""
+def profile_run(runner, compile_too: bool, levers: bool = False) -> list:
+    """The profile rows of `--profile` for a run whose optimiser stage was recorded (with
+    `levers`, the phase MLP on a second stream too)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -159,9 +223,9 @@ def profile_run(runner, compile_too: bool) -> list:
     seen = {}
     run_stage = stage.run
 
-    def keep(*a):
-        seen["args"] = a
-        return run_stage(*a)
+    def keep(*a, **kw):  # the Runner passes the teacher by keyword
+        seen["args"], seen["kw"] = a, kw
+        return run_stage(*a, **kw)
 
     stage.run = keep
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
@@ -190,21 +254,23 @@ def profile_run(runner, compile_too: bool) -> list:
     if "args" not in seen:
         print("# the profiled iteration did not take the recorded stage")
         return []
-    args = seen["args"]
-    passes = 1 + int(args[-1])
-    rows = [_profile_stage("recorded stage", lambda: stage.run(*args), passes)]
-    variants = [("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz))]
+    args, kw = seen["args"], seen["kw"]
+    passes = 1 + int(args[5])  # the iteration's step and its inner steps
+    rows = [_profile_stage("recorded stage", lambda: stage.run(*args, **kw), passes)]
+    variants = []
+    if levers:
+        variants.append(("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz)))
     if compile_too:
         variants.append(("compiled ln psi", lambda: torch.compile(runner.ansatz._log_psi_tokens)))
     for label, make in variants:
         try:
             graph = OptimizerGraph(runner.ansatz, runner.optimizer, log_psi=make())
             t0 = time.perf_counter()
-            graph.run(*args)
+            graph.run(*args, **kw)
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             label = f"{label} (first call {first:.1f} s)"
-            rows.append(_profile_stage(label, lambda g=graph: g.run(*args), passes))
+            rows.append(_profile_stage(label, lambda g=graph: g.run(*args, **kw), passes))
         except Exception as exc:  # noqa: BLE001 - a lever that cannot be recorded is a result
             print(f"# {label}: failed: {type(exc).__name__}: {exc}", flush=True)
     return rows
@@ -305,9 +371,18 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-compile", action="store_true")
+    ap.add_argument("--profile-levers", action="store_true")
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
+    ap.add_argument("--json-out", help="write the tables' rows as benchmarks/results keeps them")
+    ap.add_argument("--note", default="", help="how the machine was shared, for --json-out")
+    ap.add_argument("--history-out", help="write each variant's energies (CSV) to this folder")
+    ap.add_argument(
+        "--reference",
+        help="a --history-out folder of another run: each variant's energies are compared with "
+        "the same variant's there (e.g. another package's, --float64)",
+    )
     args = ap.parse_args()
     if args.attn_warps:
         fused_ops._ATTN_WARPS = args.attn_warps
@@ -335,16 +410,26 @@ def main():
             tail = h[h["iteration"] >= args.first]
             med = {s: float(np.median(tail[f"t_{s}"])) * 1e3 for s in STAGES}
             label = variant
+            label += _teacher_label(args.first)
             if runner._graph_stage is not None:
                 label += f" ({runner._graph_stage.captures} captures)"
+            reused = getattr(runner._pipeline, "reused", None)
+            if reused is not None:
+                label += f" (S reused {reused}x)"
             if runner._graphs_off is not None:
                 label += " (graphs failed: eager)"
                 print("#", runner._graphs_off)
+            inner = (
+                f"{tail['inner_steps'].median():g}"
+                if "inner_steps" in tail
+                else str(runner.inner_steps)
+            )
             rows.append(
                 [
                     name,
                     label,
                     int(tail["n_space"].median()),
+                    inner,
                     f"{float(np.median(tail['t_total'])) * 1e3:.2f}",
                     *(f"{med[s]:.2f}" for s in STAGES),
                     f"{wall:.1f}",
@@ -352,20 +437,40 @@ def main():
                 ]
             )
             print(rows[-1], flush=True)
-            if args.profile or args.profile_compile:
-                for prow in profile_run(runner, args.profile_compile):
+            if args.profile or args.profile_compile or args.profile_levers:
+                for prow in profile_run(runner, args.profile_compile, args.profile_levers):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
-        first_variant, *others = hist
-        ref = hist[first_variant][["e_coupled", "e_variational"]]
-        for variant in others:
-            d = (hist[variant][["e_coupled", "e_variational"]] - ref).abs().max(axis=1)
+        if args.history_out:  # for --reference in another process (another package)
+            import os
+
+            os.makedirs(args.history_out, exist_ok=True)
+            for variant, h in hist.items():
+                path = os.path.join(args.history_out, f"{name}_{variant.replace(' ', '')}.csv")
+                h[["iteration", "e_coupled", "e_variational"]].to_csv(path, index=False)
+        pairs = []
+        first_variant = next(iter(hist))
+        pairs += [(v, hist[v], first_variant, hist[first_variant]) for v in list(hist)[1:]]
+        if args.reference:
+            import os
+
+            import pandas as pd
+
+            for variant, h in hist.items():
+                path = os.path.join(args.reference, f"{name}_{variant.replace(' ', '')}.csv")
+                if os.path.exists(path):
+                    pairs.append((variant, h, f"{variant} (--reference)", pd.read_csv(path)))
+        for variant, h, ref_name, ref_h in pairs:
+            k = min(len(h), len(ref_h))
+            ref = ref_h[["e_coupled", "e_variational"]].iloc[:k].reset_index(drop=True)
+            mine = h[["e_coupled", "e_variational"]].iloc[:k].reset_index(drop=True)
+            d = (mine - ref).abs().max(axis=1)
             first = float(d.iloc[: args.first].max())
-            its = hist[variant]["iteration"].to_numpy()
+            its = h["iteration"].to_numpy()[:k]
             worst_it = int(its[int(np.argmax(d.to_numpy()))])
             over = np.flatnonzero(d.to_numpy() > 1e-10)
             print(
-                f"# {name}, {variant} - {first_variant}: first iteration with |dE| > 1e-10: "
+                f"# {name}, {variant} - {ref_name}: first iteration with |dE| > 1e-10: "
                 f"{int(its[over[0]]) if len(over) else 'none'}; |dE| at iterations "
                 + ", ".join(
                     f"{int(i)}: {x:.1e}"
@@ -377,7 +482,8 @@ def main():
             rows.append(
                 [
                     name,
-                    f"max |dE| {variant} - {first_variant}",
+                    f"max |dE| {variant} - {ref_name}",
+                    "",
                     "",
                     f"{first:.1e} (it<{args.first})",
                     *[""] * len(STAGES),
@@ -385,26 +491,39 @@ def main():
                     f"{float(d.max()):.1e} (all; iteration {worst_it})",
                 ]
             )
+    header = ["system", "optimiser stage", "|S|", "inner", "total ms", *STAGES, "run s", "final E"]
     print_table(
         f"Milliseconds per iteration (median over iterations {args.first}..{args.iterations}), "
         f"{dtype}",
-        ["system", "optimiser stage", "|S|", "total ms", *STAGES, "run s", "final E"],
+        header,
         rows,
     )
+    profile_header = [
+        "system",
+        "stage",
+        "wall ms",
+        "kernels",
+        "per pass",
+        "kernel ms",
+        "GPU span ms",
+        "kernel ms per pass",
+        "copies/sets",
+    ]
+    if args.json_out:
+        kept = argparse.Namespace(**vars(args))
+        for name in ("history_out", "reference"):  # folders of this machine: only whether set
+            setattr(kept, name, bool(getattr(kept, name)))
+        table = [dict(zip(header, r, strict=True)) for r in rows]
+        table += [
+            {"table": "profile", **dict(zip(profile_header, r, strict=True))} for r in profiles
+        ]
+        write_json(
+            args.json_out, "small_iteration.py", "small-systems", kept, table, note=args.note
+        )
     if profiles:
         print_table(
             f"The recorded optimiser stage, replayed after the run (one replay profiled), {dtype}",
-            [
-                "system",
-                "stage",
-                "wall ms",
-                "kernels",
-                "per pass",
-                "kernel ms",
-                "GPU span ms",
-                "kernel ms per pass",
-                "copies/sets",
-            ],
+            profile_header,
             profiles,
         )
 

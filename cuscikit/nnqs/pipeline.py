@@ -29,6 +29,14 @@ On rank r of P (P = 1 is the single-process run):
    are added up on a's owner (`GlobalDedup.reduce`), which also evaluates H_aa: the terms of
    the Epstein-Nesbet second-order energy (the Runner divides by E_var - H_aa).
 
+On one rank, once S has stayed the same for two iterations (the same configurations in the same
+order: a space that has stopped growing), everything that depends on S alone is kept from the
+second of them and reused while S stays (`Pipeline.reuse_space`): stage 1 and barrier 1 (the coupled
+sets, L, U and the routing), the locations of the coupled configurations in L, H_xx of S, the
+H_SS pairs, the PT2 rows outside S and their H_aa. Only what depends on psi runs again (the
+inference over U, the selection, the numerators), so the results are those of a fresh iteration
+exactly, without its sorts, searches and host synchronisations.
+
 A GPU stage that runs out of memory is repeated with smaller batches in single-process runs; on
 several ranks the error ends the failing rank's run, and the others stop at their next
 collective (`cuscikit.parallel.CommError` under torch.distributed; mpiexec ends the job).
@@ -113,6 +121,30 @@ class StageResult:
     pt2_keys: object = None
 
 
+class _SpaceData:
+    """What stage 1 and barrier 1 give for a space S (the coupled sets, L, U, the routing), and
+    the S-only values of stages 2 and 3, computed by the first iteration that needs them
+    (`memo`). `Pipeline` keeps one for the next iteration while S does not change (one rank).
+    Nothing here is written after it is made: the stages read it, every iteration's results
+    are new arrays."""
+
+    def __init__(self, configs, lo, hi, S, m, batches, cold, staged, L, gd, sloc_in_L,
+                 in_space_U, in_space_L, model_bytes):  # fmt: skip
+        self.configs = np.array(configs, copy=True)  # the host S, for the equality test
+        self.lo, self.hi, self.S, self.m = lo, hi, S, m
+        self.batches, self.cold, self.staged = batches, cold, staged
+        self.L, self.gd, self.U = L, gd, gd.unique
+        self.sloc_in_L, self.in_space_U, self.in_space_L = sloc_in_L, in_space_U, in_space_L
+        self.model_bytes = model_bytes
+        self.memo: dict = {}
+
+    def get(self, key, make):
+        """The value of `key`, made by ``make()`` the first time."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+
 class Pipeline:
     """Runs stages 1-3 for a Runner: one engine, one communicator.
 
@@ -134,6 +166,13 @@ class Pipeline:
             1e-5 in ln psi it is dropped with a warning and the module runs instead.
         want_pairs: also return the H_SS entries of this rank's sources (inner steps).
         pt2: also return the terms of the Epstein-Nesbet second-order correction.
+
+    Attributes:
+        reuse_space: on one rank, keep the S-only data (its coupled sets included) of an
+            iteration whose S equals the last iteration's, and reuse it while S stays the same
+            (default True; see the module docstring). A growing S keeps nothing beyond its
+            iteration; cold data parked in host memory is not kept.
+        reused: iterations so far that reused the S-only data.
     """
 
     def __init__(
@@ -182,6 +221,10 @@ class Pipeline:
         # ln psi without gradient of at most `batch_size` rows through recorded CUDA graphs
         # (`cuscikit.nnqs.graphs.InferenceGraph`; set by the Runner with `graphs`), or None
         self.inference_graph = None
+        self.reuse_space = True
+        self.reused = 0
+        self._space_cache: _SpaceData | None = None
+        self._last_space: np.ndarray | None = None  # the last S (host copy)
 
     # ------------------------------------------------------------------------- memory plan
     def _bytes_per_item(self) -> int:
@@ -247,6 +290,7 @@ class Pipeline:
                 else:
                     self.item_limit = max(1, self.largest_batch // 2)
                 self.retries += 1
+                self._space_cache = None  # the retry plans its batches again
                 torch.cuda.empty_cache()
                 limit = "no limit" if self.item_limit is None else f"{self.item_limit:,}"
                 warnings.warn(
@@ -310,15 +354,30 @@ class Pipeline:
             self.inference_graph = None
             return None
 
-    def _run(self, space_configs: np.ndarray, k: int) -> StageResult:
+    def _cached_space(self, space_configs: np.ndarray) -> _SpaceData | None:
+        """The kept S-only data when S is the one it was made for (one rank, `reuse_space`);
+        else None, and the kept data is let go (before the new S's stage 1 allocates)."""
+        sd = self._space_cache
+        if sd is None:
+            return None
+        if (
+            self.reuse_space
+            and self.comm.size == 1
+            and sd.configs.shape == np.shape(space_configs)
+            and np.array_equal(sd.configs, space_configs)
+        ):
+            return sd
+        self._space_cache = None
+        return None
+
+    def _space_data(self, space_configs: np.ndarray, times: dict) -> _SpaceData:
+        """Stage 1 and barrier 1 for S: the coupled sets (kept or parked), L, U, the routing."""
         eng, comm = self.engine, self.comm
-        times = {"generation": 0.0, "dedup": 0.0, "inference": 0.0, "energy": 0.0}
         model_bytes = torch.cuda.memory_allocated(eng.device) if self.gpu else 0
         n_space = len(space_configs)
         lo, hi = source_share(n_space, comm.size, comm.rank)
         S = eng.keys(space_configs)
         S_loc = S[lo:hi]
-        n_loc = hi - lo
 
         # Stage 1: generation and local de-dup per batch; the cold data stays or is parked.
         self._stage = "generation"
@@ -357,12 +416,38 @@ class Pipeline:
         del parts
         # Barrier 1: this rank's slice of the global unique set, and the routing back to L.
         gd = global_dedup(L, comm, end_bit=eng.end_bit, sorted_unique=True)
-        U = gd.unique
-        offset = int(gd.offsets[comm.rank])
         sloc_in_L = eng.locate(L, S_loc)
-        in_space_U = eng.find(S, U) >= 0  # S is replicated: the owners know membership
+        in_space_U = eng.find(S, gd.unique) >= 0  # S is replicated: the owners know membership
         in_space_L = gd.fetch(in_space_U, comm)
         times["dedup"] += self._clock(t0)
+        return _SpaceData(
+            space_configs, lo, hi, S, m, batches, cold, staged, L, gd, sloc_in_L,
+            in_space_U, in_space_L, model_bytes,
+        )  # fmt: skip
+
+    def _run(self, space_configs: np.ndarray, k: int) -> StageResult:
+        eng, comm = self.engine, self.comm
+        times = {"generation": 0.0, "dedup": 0.0, "inference": 0.0, "energy": 0.0}
+        n_space = len(space_configs)
+        t0 = time.perf_counter()
+        sd = self._cached_space(space_configs)
+        times["generation"] += time.perf_counter() - t0  # the equality test
+        if sd is None:
+            sd = self._space_data(space_configs, times)
+            # kept only for an S that repeats the last one: a growing run holds its cold data
+            # no longer than before (not through the optimiser stage)
+            last, self._last_space = self._last_space, None
+            if self.reuse_space and comm.size == 1:
+                self._last_space = sd.configs
+                if sd.staged == 0 and last is not None and np.array_equal(last, sd.configs):
+                    self._space_cache = sd
+        else:
+            self.reused += 1
+        lo, hi, S, m, cold, staged = sd.lo, sd.hi, sd.S, sd.m, sd.cold, sd.staged
+        S_loc, n_loc = S[lo:hi], hi - lo
+        L, gd, U = sd.L, sd.gd, sd.U
+        offset = int(gd.offsets[comm.rank])
+        sloc_in_L, in_space_U, in_space_L = sd.sloc_in_L, sd.in_space_U, sd.in_space_L
 
         # Stage 2: ln psi over U_r with a running top-K over U_r \ S.
         self._stage = "inference"
@@ -371,7 +456,8 @@ class Pipeline:
         logpsi = self._zeros_complex(u)
         selector = TorchTopK(k) if self.tensors else RunningTopK(k)
         lp_graph = None
-        rows = self._arange(u)
+        fused = self.fused_inference
+        order = fused is not None and fused.share_prefixes and self.tensors
         if 0 < n_loc <= self.batch_size:
             if self.keep_graph and torch.is_grad_enabled():
                 lp_graph = self.ansatz.log_psi(S_loc)
@@ -380,15 +466,10 @@ class Pipeline:
                 if lp_graph is None:
                     with torch.no_grad():
                         lp_graph = self.ansatz.log_psi(S_loc)
-            mine = eng.find(U, S_loc)  # this rank's sources among its owned keys
-            have = mine >= 0
+            mine, have, rows = sd.get(("sources in U", order), lambda: self._rest_of_U(sd, order))
             logpsi[mine[have]] = self._to_engine(lp_graph.detach())[have]
-            known = self._zeros_bool(u)
-            known[mine[have]] = True
-            rows = rows[~known]
-        fused = self.fused_inference
-        if fused is not None and fused.share_prefixes and self.tensors and len(rows) > 1:
-            rows = rows[fused.order(U[rows])]  # batches of shared first orbitals
+        else:
+            rows = sd.get(("all of U", order), lambda: self._ordered(U, self._arange(u), order))
         with torch.no_grad():
             for b0 in range(0, len(rows), self.batch_size):
                 r = rows[b0 : b0 + self.batch_size]
@@ -405,7 +486,7 @@ class Pipeline:
         t0 = time.perf_counter()
         lp_L = gd.fetch(logpsi, comm)
         lp_s = lp_L[sloc_in_L]
-        s_rows = _host(gd.global_rows(sloc_in_L))
+        s_rows = sd.get("S rows", lambda: _host(gd.global_rows(sloc_in_L)))
         top = selector.indices()
         if self.tensors:
             top = top.to(eng.device)
@@ -431,26 +512,30 @@ class Pipeline:
             num_c, num_v = self._zeros_complex(n_loc), self._zeros_complex(n_loc)
             acc_L = self._zeros_complex(len(L)) if self.pt2 else None
             pairs = []
-            for a, b, item in self._replay(cold):
+            for i, (a, b, item) in enumerate(self._replay(cold)):
                 offs, cfg, val = item
-                idx = eng.locate(L, cfg)
+                idx = sd.get(("located", i), lambda c=cfg: eng.locate(L, c))
                 num_c[a:b], num_v[a:b] = eng.numerators(offs, val, idx, psi_L, in_space_L)
-                if self.want_pairs:
+                if self.want_pairs and "pairs" not in sd.memo:
                     pairs.append(self._space_pairs(lo + a, offs, cfg, val, idx, in_space_L, S))
                 if self.pt2:  # sum_x H_ax psi(x) for every a outside S
-                    out = ~in_space_L[idx]
-                    contrib = val * psi_s[a:b][self._sources_of(offs)]
-                    index_add(acc_L, idx[out], contrib[out])
-            hdiag = eng.diagonal(S_loc)
+                    src, out, idx_out = sd.get(
+                        ("outside S", i),
+                        lambda o=offs, j=idx: self._outside(o, j, in_space_L),
+                    )
+                    contrib = val * psi_s[a:b][src]
+                    index_add(acc_L, idx_out, contrib[out])
+            hdiag = sd.get("hdiag", lambda: eng.diagonal(S_loc))
             eloc_c = hdiag + num_c / psi_s
             eloc_v = hdiag + num_v / psi_s
             pt2_num = pt2_diag = pt2_keys = None
             if self.pt2:  # the sums meet on the owners, which know H_aa
                 acc_U = gd.reduce(acc_L, comm)
-                rows = self._nonzero(~in_space_U)
+                rows, pt2_keys, pt2_diag = sd.get("pt2 rows", lambda: self._pt2_rows(sd))
                 pt2_num = acc_U[rows].abs() ** 2 if self.tensors else np.abs(acc_U[rows]) ** 2
-                pt2_keys = U[rows]
-                pt2_diag = eng.diagonal(pt2_keys)
+        space_pairs = None
+        if self.want_pairs:
+            space_pairs = sd.get("pairs", lambda: self._join_pairs(pairs))
         times["energy"] = self._clock(t0)
         busy = sum(times.values())
         return StageResult(
@@ -460,7 +545,7 @@ class Pipeline:
             eloc_variational=eloc_v,
             hdiag=hdiag,
             lp_graph=lp_graph,
-            space_pairs=self._join_pairs(pairs) if self.want_pairs else None,
+            space_pairs=space_pairs,
             new_configs=new_configs,
             keep_rows=np.concatenate([s_rows_all, new_rows]),
             keep_configs=np.concatenate([space_configs, new_configs]),
@@ -471,8 +556,8 @@ class Pipeline:
             loads=(n_loc, m, u, busy),
             dedup=gd.metrics,
             bytes_staged=staged,
-            n_batches=len(batches),
-            peak_theoretical=self.theoretical_peak(n_loc, m, u, model_bytes)
+            n_batches=len(sd.batches),
+            peak_theoretical=self.theoretical_peak(n_loc, m, u, sd.model_bytes)
             if self.gpu
             else float("nan"),
             pt2_numerators=pt2_num,
@@ -481,6 +566,34 @@ class Pipeline:
         )
 
     # ---------------------------------------------------------------------------- helpers
+    def _rest_of_U(self, sd: _SpaceData, order: bool):
+        """(rows of this rank's sources in U_r, which of them it owns, the other rows of U_r
+        in inference order): the sources take their ln psi from the pass over S."""
+        mine = self.engine.find(sd.U, sd.S[sd.lo : sd.hi])
+        have = mine >= 0
+        known = self._zeros_bool(len(sd.U))
+        known[mine[have]] = True
+        return mine, have, self._ordered(sd.U, self._arange(len(sd.U))[~known], order)
+
+    def _ordered(self, U, rows, order: bool):
+        """Rows of U in inference order: batches of shared first orbitals for the fused
+        kernel (`order`), else as they are."""
+        if order and len(rows) > 1:
+            return rows[self.fused_inference.order(U[rows])]
+        return rows
+
+    def _outside(self, offs, idx, in_space_L):
+        """(source of every coupled entry of a batch, which entries lie outside S, their rows
+        in L): what the PT2 sums of the batch add where."""
+        out = ~in_space_L[idx]
+        return self._sources_of(offs), out, idx[out]
+
+    def _pt2_rows(self, sd: _SpaceData):
+        """(rows of U_r outside S, their keys, their H_aa)."""
+        rows = self._nonzero(~sd.in_space_U)
+        keys = sd.U[rows]
+        return rows, keys, self.engine.diagonal(keys)
+
     def _space_pairs(self, first, offs, cfg, val, idx, in_space_L, S):
         """H_SS entries of a batch of sources: (source row in S, target row in S, value)."""
         eng = self.engine

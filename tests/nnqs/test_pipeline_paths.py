@@ -96,3 +96,46 @@ def test_tensor_path_on_thread_ranks_equals_one_rank(P):
     np.testing.assert_array_equal(src, _host(one.space_pairs[0]))
     # the PT2 sums meet on their owners: the ranks' terms add up to the single-rank sum
     assert abs(sum(_pt2(p) for p in parts) - _pt2(one)) <= 1e-12 * abs(_pt2(one))
+
+
+@pytest.mark.parametrize("kind, batch", [("cpu", 16384), ("cpu-tensors", 16384), ("cpu", 40)])
+def test_unchanged_space_reuses_its_data_exactly(kind, batch):
+    """Once S repeats, its S-only data is kept and reused while S stays (`Pipeline.reuse_space`);
+    the stages equal a fresh pipeline's with the same network, exactly, and a new S lets the
+    kept data go."""
+    mol = Molecule.load("H2O")
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    S = _space(mol, 150)
+    kept = Pipeline(engine(kind, mol), ansatz, want_pairs=True, pt2=True, batch_size=batch)
+    kept.run(S, 24)
+    assert kept._space_cache is None  # a first S keeps nothing
+    kept.run(S.copy(), 24)  # the same S again: its data is kept
+    assert kept.reused == 0 and kept._space_cache is not None
+    with torch.no_grad():  # a step of the network between the iterations
+        for p in ansatz.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    again = kept.run(S.copy(), 24)
+    assert kept.reused == 1
+    _same(again, _stages(mol, ansatz, kind, S, batch_size=batch))
+    other = S[:-1]
+    np.testing.assert_array_equal(kept.run(other, 24).keep_configs[: len(other)], other)
+    assert kept.reused == 1 and kept._space_cache is None  # a new S lets the old data go
+    kept.run(other, 24)
+    _same(kept.run(other, 24), _stages(mol, ansatz, kind, other, batch_size=batch))
+    assert kept.reused == 2
+
+
+def test_runner_reuse_leaves_the_history_unchanged():
+    """A run whose S stops growing takes the same path with and without the reuse."""
+    from cuscikit import Runner
+
+    mol = Molecule.load("LiH")
+    hist = []
+    for reuse in (True, False):
+        ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+        runner = Runner(mol, ansatz, seed=0, topk=256, verbose=0, teacher=0, inner_steps=1)
+        runner._pipeline.reuse_space = reuse
+        runner.run(6, progress=False)
+        assert (runner._pipeline.reused > 0) == reuse
+        hist.append(runner.history[["e_coupled", "e_variational", "e_pt2", "loss", "n_space"]])
+    np.testing.assert_array_equal(hist[0].to_numpy(), hist[1].to_numpy())
