@@ -556,7 +556,8 @@ class GUGASolver(Solver):
             idx, d = idx_t.cpu().numpy(), hdiag[idx_t].cpu().numpy()
         csfs = idx if sub is None else np.asarray(sub)[idx]
         H = pspace_hamiltonian(eng.drt, csfs, *op_vh, diag=d)
-        pre = PSpacePreconditioner(hdiag, idx, H)
+        pre = PSpacePreconditioner(hdiag, idx, H, overwrite_h=True)  # keeps H's eigenpairs only
+        del H
         pre.shift = float(self.level_shift)
         return pre
 

@@ -174,3 +174,30 @@ def test_start_noise_is_capped_at_the_pspace_norm(on_tensor):
     G = _start_vectors(pre.hdiag, n, 1, pre)
     G = G.numpy() if on_tensor else G
     assert 0.99e-5 * np.sqrt(p) < np.linalg.norm(G[p:, 0]) < 1.0000001e-5 * np.sqrt(p)
+
+
+def test_preconditioner_keeps_only_the_eigenpairs():
+    """PSpacePreconditioner reads H's lower triangle and keeps its eigenpairs only: H is left as
+    it is unless overwrite_h (then no copy of it is made: the build holds about one matrix
+    beside H, where a symmetrised copy and numpy's eigh held several)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(12)
+    n, p = 1000, 300
+    hdiag = np.sort(rng.standard_normal(n))
+    H = rng.standard_normal((p, p))
+    H = H + H.T + np.diag(hdiag[:p])
+    keep = H.copy()
+    a = PSpacePreconditioner(hdiag, np.arange(p), H)
+    assert np.array_equal(H, keep)
+    upper = np.triu(H, 1)
+    H -= upper  # the lower triangle alone: the same eigenpairs
+    tracemalloc.start()
+    try:
+        b = PSpacePreconditioner(hdiag, np.arange(p), H, overwrite_h=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * 8 * p * p
+    np.testing.assert_allclose(b._w, np.linalg.eigvalsh(keep), atol=1e-10)
+    np.testing.assert_allclose(np.abs(a._U.T @ b._U), np.eye(p), atol=1e-8)
