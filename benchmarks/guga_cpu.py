@@ -8,7 +8,8 @@ DRT and the loop table, or the coupling lists with ``--sigma-method lists``; wal
 seconds of the process, the latter summed over its threads and less sensitive to other jobs)
 and reads its peak resident memory ("peak MiB", the process's, imports and integrals included)
 and the solver's own ("solve MiB": the peak during the solve above the resident memory just
-before it, measured alike for every solver on Linux), then times one sigma vector (H c) on a
+before it, measured alike for every solver on Linux) and the sigma vectors the solve took
+("sigma vecs": calls of GUGA's sigma, of PySCF's contract_2e), then times one sigma vector on a
 random vector (median and best of ``--repeat``). The anchor is PySCF's
 direct_spin1 with fix_spin_ (to select the spin); also shown: plain direct_spin1 (no spin
 penalty, the lowest state of the M sector), direct_spin0 for singlets, pyscf-forge's csf_solver
@@ -88,6 +89,29 @@ def _solver_base() -> float:
     return _status_mib("VmRSS")
 
 
+class _Counted:
+    """Counts the calls of the method `name` of obj's class until `undo` (the sigma vectors of a
+    solve; the class, not the instance: PySCF warns of instance attributes that shadow one)."""
+
+    def __init__(self, obj, name: str):
+        self.cls, self.name, self.calls = type(obj), name, 0
+        self.own = self.cls.__dict__.get(name)
+        real = getattr(self.cls, name)
+
+        def counted(this, *args, **kwargs):
+            self.calls += 1
+            return real(this, *args, **kwargs)
+
+        setattr(self.cls, name, counted)
+
+    def undo(self) -> int:
+        if self.own is None:
+            delattr(self.cls, self.name)
+        else:
+            setattr(self.cls, self.name, self.own)
+        return self.calls
+
+
 def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bool, opts, queue):
     from pyscf import fci, lib
 
@@ -118,10 +142,12 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
         out["size"] = eng.ncsf
         out["list_mib"] = (eng.list_bytes + eng.loop_bytes) / 2**20
         if solve:
+            counted = _Counted(eng, "contract")  # one call per sigma vector
             t1, c1 = time.perf_counter(), time.process_time()
             e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
             out["solve_s"] = out["setup_s"] + time.perf_counter() - t1
             out["solve_cpu_s"] = out["setup_cpu_s"] + time.process_time() - c1
+            out["sigma_vectors"] = counted.undo()
             out["e"] = float(e)
             out["peak_mib"] = _peak_mib()
             out["own_mib"] = _status_mib("VmHWM") - base
@@ -172,11 +198,13 @@ def _run(method: str, ncas: int, twos: int, threads: int, repeat: int, solve: bo
 
 def _timed_solve(solver, h1, eri, ncas, nelec, ecore, out: dict) -> None:
     """A full solve: wall and CPU seconds, the energy and the peak memory into `out`."""
+    counted = _Counted(solver, "contract_2e")  # PySCF's Davidson: one call per sigma vector
     base = _solver_base()
     t0, c0 = time.perf_counter(), time.process_time()
     e, _ = solver.kernel(h1, eri, ncas, nelec, ecore=ecore)
     out["solve_s"] = time.perf_counter() - t0
     out["solve_cpu_s"] = time.process_time() - c0
+    out["sigma_vectors"] = counted.undo()
     out["e"] = float(e)
     out["peak_mib"] = _peak_mib()
     out["own_mib"] = _status_mib("VmHWM") - base
@@ -280,8 +308,9 @@ def main() -> None:
                         f"{r['e']:.10f}",
                         f"{r['e'] - anchor['e']:+.1e}",
                         f"{r['peak_mib']:.0f}",
-                        f"{r.get('own_mib', float('nan')):.0f}",
+                        f"{r.get('own_mib', float('nan')):.1f}",
                         f"{r.get('list_mib', float('nan')):.0f}",
+                        f"{r.get('sigma_vectors', float('nan')):.0f}",
                     ]
                 )
             print_table(
@@ -304,6 +333,7 @@ def main() -> None:
                     "peak MiB",
                     "solve MiB",
                     "tables MiB",
+                    "sigma vecs",
                 ],
                 rows,
             )

@@ -132,12 +132,18 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
         loc = np.minimum(np.searchsorted(csfs[order], bra), p - 1)
         inside = csfs[order][loc] == bra
         flat = order[loc[inside]] * p + src[inside]
-        H += np.bincount(flat, h[P[inside]] * w[inside], minlength=p * p)
+        np.add.at(H, flat, h[P[inside]] * w[inside])
+        del order, loc, inside, flat
     # rows (m, j) of A, sorted by m: each m's rows are contiguous
+    # (the per-coupling arrays are dropped as soon as they are used: together they were the
+    # largest part of the build in a small space)
     ukey, row_of = np.unique(bra * p + src, return_inverse=True)
+    del src, bra, code
     row_m, row_j = np.divmod(ukey, p)
+    del ukey
     starts = np.flatnonzero(np.r_[True, row_m[1:] != row_m[:-1]])  # first row of each m
-    sizes = np.diff(np.r_[starts, len(ukey)])
+    del row_m
+    sizes = np.diff(np.r_[starts, len(row_j)])
     if diag is not None:  # only the m that couple to two CSFs of the space or more
         keep = np.repeat(sizes >= 2, sizes)
         new_row = np.cumsum(keep) - 1
@@ -145,9 +151,11 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
         row_of, P, w = new_row[row_of[mask]], P[mask], w[mask]
         row_j = row_j[keep]
         starts, sizes = (new_row[starts[sizes >= 2]], sizes[sizes >= 2])
+        del keep, new_row, mask
     nrows = len(row_j)
     e_order = np.argsort(row_of, kind="stable")
     row_of, P, w = row_of[e_order], P[e_order], w[e_order]
+    del e_order
     e_start = np.searchsorted(row_of, np.arange(nrows + 1))
     g0 = 0
     while g0 < len(starts):  # chunks of whole m groups, about chunk_rows rows each
@@ -155,16 +163,32 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
         r0 = starts[g0]
         r1 = starts[g1] if g1 < len(starts) else nrows
         e0, e1 = e_start[r0], e_start[r1]
-        flat = (row_of[e0:e1] - r0) * npair + P[e0:e1]
+        # the chunk's m groups reordered by size (stable): the rows of the groups of one size
+        # are then one contiguous block of R, a (groups, g, npair) view, not a gathered copy
+        gsz = sizes[g0:g1]
+        order = np.argsort(gsz, kind="stable")
+        ssz = gsz[order]
+        new_start = np.empty_like(gsz)
+        new_start[order] = np.cumsum(ssz) - ssz
+        shift = np.repeat(new_start - (starts[g0:g1] - r0), gsz)
+        new_row = shift + np.arange(r1 - r0)
+        flat = new_row[row_of[e0:e1] - r0] * npair + P[e0:e1]
         R = np.bincount(flat, w[e0:e1], minlength=(r1 - r0) * npair).reshape(r1 - r0, npair)
+        del flat
         RV = times_v(R)
-        gs, gsz = starts[g0:g1] - r0, sizes[g0:g1]
-        for g in _distinct(gsz):
-            first = gs[gsz == g]
-            idx = first[:, None] + np.arange(g)[None, :]  # (groups, g) rows
-            M = np.matmul(RV[idx], R[idx].transpose(0, 2, 1))  # (groups, g, g)
-            J = row_j[r0 + idx]
-            H += np.bincount((J[:, :, None] * p + J[:, None, :]).ravel(), M.ravel(), p * p)
+        J_all = np.empty(r1 - r0, dtype=row_j.dtype)
+        J_all[new_row] = row_j[r0:r1]
+        cut = np.r_[0, np.flatnonzero(ssz[1:] != ssz[:-1]) + 1, len(ssz)]
+        row_at = np.r_[0, np.cumsum(ssz)]
+        for a, b in zip(cut[:-1], cut[1:], strict=True):
+            g, ng = int(ssz[a]), int(b - a)
+            ra, rb = row_at[a], row_at[b]
+            Rg = R[ra:rb].reshape(ng, g, npair)
+            M = np.matmul(RV[ra:rb].reshape(ng, g, npair), Rg.transpose(0, 2, 1))  # (ng, g, g)
+            J = J_all[ra:rb].reshape(ng, g)
+            # into H in place: a bincount of p^2 entries per group size would leave as many
+            # temporaries (the largest allocation of a small space's solve)
+            np.add.at(H, (J[:, :, None] * p + J[:, None, :]).ravel(), M.ravel())
         g0 = g1
     H = H.reshape(p, p)
     if diag is not None:
@@ -190,7 +214,8 @@ class PSpacePreconditioner:
     Args:
         hdiag: the diagonal of H (numpy, or a torch tensor whose device the vectors live on).
         csfs: the CSFs of the space (indices into hdiag).
-        H: their Hamiltonian (`pspace_hamiltonian`).
+        H: their Hamiltonian (`pspace_hamiltonian`; symmetric, its lower triangle is read).
+        overwrite_h: H may be overwritten (no copy of it is made).
 
     ``guess(k)`` gives the k lowest eigenvectors of H embedded in the full space; calling the
     object as ``precond(R, theta, X)`` gives the corrections of `cuscikit.linalg.davidson`
@@ -211,10 +236,9 @@ class PSpacePreconditioner:
 
     shift = 1e-3
 
-    def __init__(self, hdiag, csfs, H):
+    def __init__(self, hdiag, csfs, H, overwrite_h: bool = False):
         self.hdiag = hdiag
         self.csfs = np.asarray(csfs, dtype=np.int64)
-        self.H = 0.5 * (np.asarray(H) + np.asarray(H).T)
         self.torch = None
         from cuscikit.backends.keys import is_tensor
 
@@ -225,10 +249,22 @@ class PSpacePreconditioner:
             self._idx = torch.as_tensor(self.csfs, device=hdiag.device)
         else:
             self._idx = self.csfs
+        from scipy.linalg import eigh
+
         from cuscikit.guga.sigma import _OneThreadBlas
 
+        # H's lower triangle, as columns of H^T (no copy when H may be overwritten); only the
+        # eigenpairs are kept, and MRRR (evr) needs no work space of H's size beside them
+        a = np.asarray(H, dtype=np.float64).T
         with _OneThreadBlas():  # threaded LAPACK on a busy machine: 20-70x slower measured
-            self._w, self._U = np.linalg.eigh(self.H)  # (H - t)^-1 = U (w - t)^-1 U^T for any t
+            # (H - t)^-1 = U (w - t)^-1 U^T for any t
+            self._w, self._U = eigh(
+                a if overwrite_h else a.copy(order="F"),
+                lower=False,
+                overwrite_a=True,
+                check_finite=False,
+                driver="evr",
+            )
 
     def _dev(self, a):
         if self.torch is None:

@@ -406,8 +406,14 @@ class Engine:
         with _OneThreadBlas():  # small products: BLAS threads cost more than they give
             for k0, count in self.blocks:
                 st = self.drt.steps(k0, count)  # steps 0..3: occupations 0, 1, 1, 2
-                occ = ((st + 1) >> 1).astype(np.float64)
-                out[k0 : k0 + count] = occ @ hp + 0.5 * ((occ @ J) * occ).sum(axis=1)
+                # 4096 CSFs at a time: the occupations and their products (8 norb bytes per CSF
+                # each) stay small beside the vectors (a block's were the largest temporaries
+                # of a solve at 30k CSFs); one steps call per block (each has a fixed cost)
+                for a in range(0, count, 4096):
+                    occ = ((st[a : a + 4096] + 1) >> 1).astype(np.float64)
+                    d = occ @ hp
+                    d += 0.5 * np.einsum("ij,ij->i", occ @ J, occ)
+                    out[k0 + a : k0 + a + len(occ)] = d
         if self.method == "loops":
             for k0, count in self.blocks:
                 out[k0 : k0 + count] += 0.5 * self.mod.loop_exchange_diagonal(

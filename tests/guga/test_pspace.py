@@ -141,3 +141,63 @@ def test_lowest_entries_equal_a_stable_argsort_with_ties():
     a = rng.integers(0, 20, size=1000).astype(np.float64)  # many ties at every border
     for k in (1, 7, 50, 999, 1000, 1200):
         assert np.array_equal(_lowest(a, k), np.argsort(a, kind="stable")[:k])
+
+
+@pytest.mark.parametrize("on_tensor", [False, True])
+def test_start_noise_is_capped_at_the_pspace_norm(on_tensor):
+    """The start vectors' noise: 1e-5 per CSF in a space no larger than the P space, and beyond
+    it each column's norm exactly 1e-5 sqrt(P) (1e-5 per CSF would give 1e-5 sqrt(n), 20x more
+    here), seeded, the same rule on numpy and on tensors."""
+    from cuscikit.guga.solver import _start_vectors
+
+    rng = np.random.default_rng(11)
+    for n, p, nroots in ((200_000, 500, 1), (200_000, 500, 3), (300, 500, 1)):
+        hdiag = np.sort(rng.standard_normal(n))
+        d = torch.as_tensor(hdiag) if on_tensor else hdiag
+        G = _start_vectors(d, n, nroots, None, p)
+        G = G.numpy() if on_tensor else G
+        assert np.array_equal(G, np.asarray(_start_vectors(d, n, nroots, None, p)))  # seeded
+        k0 = G.shape[1]
+        unit = np.zeros((n, k0))
+        unit[np.arange(k0), np.arange(k0)] = 1.0  # hdiag sorted: the lowest diagonals first
+        noise = G - unit
+        norms = np.linalg.norm(noise, axis=0)
+        if n > p:
+            np.testing.assert_allclose(norms, 1e-5 * np.sqrt(p), rtol=1e-6)
+        else:  # 1e-5 standard normal per CSF: a norm near 1e-5 sqrt(n)
+            assert np.all(np.abs(norms / (1e-5 * np.sqrt(n)) - 1) < 0.2)
+    # with a P-space preconditioner the cap is its size, whatever is passed
+    n, p = 50_000, 200
+    hdiag = np.sort(rng.standard_normal(n))
+    H = np.diag(hdiag[:p]) + 1e-3 * np.ones((p, p))
+    pre = PSpacePreconditioner(torch.as_tensor(hdiag) if on_tensor else hdiag, np.arange(p), H)
+    G = _start_vectors(pre.hdiag, n, 1, pre)
+    G = G.numpy() if on_tensor else G
+    assert 0.99e-5 * np.sqrt(p) < np.linalg.norm(G[p:, 0]) < 1.0000001e-5 * np.sqrt(p)
+
+
+def test_preconditioner_keeps_only_the_eigenpairs():
+    """PSpacePreconditioner reads H's lower triangle and keeps its eigenpairs only: H is left as
+    it is unless overwrite_h (then no copy of it is made: the build holds about one matrix
+    beside H, where a symmetrised copy and numpy's eigh held several)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(12)
+    n, p = 1000, 300
+    hdiag = np.sort(rng.standard_normal(n))
+    H = rng.standard_normal((p, p))
+    H = H + H.T + np.diag(hdiag[:p])
+    keep = H.copy()
+    a = PSpacePreconditioner(hdiag, np.arange(p), H)
+    assert np.array_equal(H, keep)
+    upper = np.triu(H, 1)
+    H -= upper  # the lower triangle alone: the same eigenpairs
+    tracemalloc.start()
+    try:
+        b = PSpacePreconditioner(hdiag, np.arange(p), H, overwrite_h=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * 8 * p * p
+    np.testing.assert_allclose(b._w, np.linalg.eigvalsh(keep), atol=1e-10)
+    np.testing.assert_allclose(np.abs(a._U.T @ b._U), np.eye(p), atol=1e-8)
