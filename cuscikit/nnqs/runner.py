@@ -638,11 +638,7 @@ class Runner(Solver):
         held = self.teacher_hold * self.teacher_on
         if lam >= held:
             return lam, False  # the schedule is not below the hold: nothing to decide yet
-        if lam > 0:
-            e_ci = self._teacher_solution(S, r)[0]
-        else:
-            last = self._teacher_last
-            e_ci = last[1] if last is not None and np.array_equal(last[0], S) else None
+        e_ci = self._teacher_solution(S, r)[0] if lam > 0 else self._kept_ci_energy(S)
         if e_ci is not None and e_v - e_ci > self.teacher_gap:
             return held, False
         return lam, True
@@ -659,17 +655,21 @@ class Runner(Solver):
             return 0, np.nan
         if lam > 0:
             return self._extra_inner, np.nan
-        if self.teacher_hold > 0:  # the hold decided: its end is the end of the inner steps
-            last = self._teacher_last
-            kept = last is not None and np.array_equal(last[0], S)
-            return self.inner_steps, (last[1] if kept else np.nan)
-        if self._teacher_last is None and self.teacher_gap is not None:
+        if self.teacher_hold == 0 and self._teacher_last is None and self.teacher_gap is not None:
             self._teacher_solution(S, r)
-        last = self._teacher_last
-        if last is None or not np.array_equal(last[0], S):
+        e_ci = self._kept_ci_energy(S)
+        if e_ci is None:
             return self.inner_steps, np.nan
-        trailing = self.teacher_gap is not None and e_v - last[1] > self.teacher_gap
-        return (self._extra_inner if trailing else self.inner_steps), last[1]
+        # with a hold, the hold decided: its end is the end of the inner steps
+        gap = self.teacher_gap
+        trailing = self.teacher_hold == 0 and gap is not None and e_v - e_ci > gap
+        return (self._extra_inner if trailing else self.inner_steps), e_ci
+
+    def _kept_ci_energy(self, S: np.ndarray) -> float | None:
+        """The CI energy of the teacher's last solution if it was for this very S (same
+        configurations, same order), else None: no new eigensolve."""
+        last = self._teacher_last
+        return last[1] if last is not None and np.array_equal(last[0], S) else None
 
     # ------------------------------------------------------------------------------ results
     @property
@@ -853,9 +853,8 @@ class Runner(Solver):
         instead of diagonalising again (once S has stopped growing, every iteration)."""
         from cuscikit.nnqs.teacher import space_ground_state
 
-        last = self._teacher_last
-        if last is not None and np.array_equal(last[0], S):
-            return last[1], last[2]
+        if self._kept_ci_energy(S) is not None:
+            return self._teacher_last[1], self._teacher_last[2]
         e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=r.psi_s)
         self._teacher_last = (np.array(S, copy=True), e_t, c)
         return e_t, c
