@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The fused kernel's tf32x3 accumulation on one GPU, each step under a timeout: (1) throughput of
 # the N2/cc-pVDZ and N2/STO-3G default models (benchmarks/inference.py): an older fast_infer.py
-# (PREV, if given), then this one with k_chunk 16 (the default), 0 (each product summed whole
-# on the tensor cores) and 32, prefix sharing on; (2) tools/fused_trained_check.py on
-# float64-trained N2/STO-3G states, seeds 0-3, the same k_chunks and PREV beside; (3) the gpu
-# tests of the fused path.
+# (PREV, if given), then this one with k_chunk 16 (the default) and 0 (each product summed whole
+# on the tensor cores), prefix sharing on; (2) tools/fused_trained_check.py on float64-trained
+# N2/STO-3G states, seeds 0-3, k_chunk 0 and PREV beside; (3) the gpu tests of the fused path.
 # Usage (repository root on the GPU machine): bash tools/device_fused_accum.sh OUTDIR [PREV]
 set -u
 cd "$(dirname "$0")/.."
@@ -16,16 +15,15 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 torch.cuda.get_device_name())" 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1
 PREVARG=()
-[ -n "$PREV" ] && PREVARG=(--previous "$PREV")
-timeout 80 python3 benchmarks/inference.py --systems N2/cc-pVDZ N2 --n 262144 --no-profile \
-  --module "${PREVARG[@]}" --fused tf32x3:auto:auto:on tf32x3:auto:auto:on:0 \
-  tf32x3:auto:auto:on:32 --json "$OUTDIR/inference.json" 2>&1 | tee "$OUTDIR/inference.log"
-echo "# $SECONDS s so far"
 FASTARG=()
-[ -n "$PREV" ] && FASTARG=(--fast "$PREV")
-timeout 90 python3 tools/fused_trained_check.py --seeds 0 1 2 3 --dtypes float64 \
-  --k-chunks 0 32 "${FASTARG[@]}" 2>&1 | tee "$OUTDIR/trained.log"
+[ -n "$PREV" ] && PREVARG=(--previous "$PREV") && FASTARG=(--fast "$PREV")
+timeout 65 python3 tools/fused_trained_check.py --seeds 0 1 2 3 --dtypes float64 --k-chunks 0 \
+  "${FASTARG[@]}" 2>&1 | tee "$OUTDIR/trained.log"
 echo "# $SECONDS s so far"
-timeout 120 python3 -m pytest tests/gpu/test_fused_inference.py -v -s -p no:cacheprovider \
+timeout 55 python3 benchmarks/inference.py --systems N2/cc-pVDZ N2 --n 131072 --no-profile \
+  --module "${PREVARG[@]}" --fused tf32x3:auto:auto:on tf32x3:auto:auto:on:0 \
+  --json "$OUTDIR/inference.json" 2>&1 | tee "$OUTDIR/inference.log"
+echo "# $SECONDS s so far"
+timeout 100 python3 -m pytest tests/gpu/test_fused_inference.py -v -s -p no:cacheprovider \
   -W ignore::UserWarning 2>&1 | tee "$OUTDIR/tests.log"
 echo "# $SECONDS s in all"
