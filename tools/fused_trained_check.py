@@ -99,7 +99,11 @@ def main():
     x = all_determinants(mol.norb, mol.nelec)
     if args.configs:
         x = x[:: args.configs]
-    fast = [("fused tf32x3", FusedInference, "tf32x3"), ("fused ieee", FusedInference, "ieee")]
+    fast = [
+        ("fused fp64", FusedInference, "fp64"),
+        ("fused tf32x3", FusedInference, "tf32x3"),
+        ("fused ieee", FusedInference, "ieee"),
+    ]
     for kc in args.k_chunks:
         fast.append(
             (f"fused tf32x3 k_chunk {kc}", functools.partial(FusedInference, k_chunk=kc), "tf32x3")

@@ -71,7 +71,7 @@ from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
 __all__ = ["FusedInference", "token_key", "unsupported_reason"]
 
-PRECISIONS = ("tf32x3", "ieee", "tf32")
+PRECISIONS = ("fp64", "tf32x3", "ieee", "tf32")
 _MAX_D = 64  # widest d_model laid out (one 64-column tile)
 _MAX_LP = 64  # longest padded sequence
 _GROUP = 16  # feature columns per attention group (the tensor cores' smallest K)
@@ -145,8 +145,9 @@ if triton is not None:
 
     @triton.jit
     def _dot(a, b, PREC: tl.constexpr):
-        """a @ b in the precision PREC ("tf32x3": `_tf32x3`, all of K in one accumulator)."""
-        if PREC == "tf32x3":
+        """a @ b in the precision PREC ("tf32x3", and "fp64" for the attention products:
+        `_tf32x3`, all of K in one accumulator)."""
+        if PREC == "tf32x3" or PREC == "fp64":
             return _tf32x3(a, b)
         else:
             return tl.dot(a, b, input_precision=PREC)
@@ -164,9 +165,11 @@ if triton is not None:
     ):
         """x (M, K) @ W with W's row i at w_ptr + (R0 + S i) LD, its columns at ``cols``.
 
-        "tf32x3" with K > KC > 0: x's columns are halved (even, odd) until KC are left, each
-        part's three products run from a zero accumulator and the parts are summed in float32
-        rounded to nearest; the tensor cores add only KC products (KC / 8 steps) per sum."""
+        "fp64": on the float64 tensor cores (float32 operands exact, sums rounded to nearest in
+        float64), the result rounded to float32. "tf32x3" with K > KC > 0: x's columns are
+        halved (even, odd) until KC are left, each part's three products run from a zero
+        accumulator and the parts are summed in float32 rounded to nearest; the tensor cores
+        add only KC products (KC / 8 steps) per sum."""
         K: tl.constexpr = x.shape[1]
         if PREC == "tf32x3" and KC > 0 and K > KC:
             M: tl.constexpr = x.shape[0]
@@ -176,7 +179,11 @@ if triton is not None:
             )
         else:
             rows = R0 + S * tl.arange(0, K)
-            return _dot(x, tl.load(w_ptr + rows[:, None] * LD + cols[None, :]), PREC)
+            w = tl.load(w_ptr + rows[:, None] * LD + cols[None, :])
+            if PREC == "fp64":
+                return tl.dot(x.to(tl.float64), w.to(tl.float64)).to(tl.float32)
+            else:
+                return _dot(x, w, PREC)
 
     @triton.jit
     def _linear(x, w_ptr, b_ptr, c_out, N: tl.constexpr, PREC: tl.constexpr, KC: tl.constexpr):
@@ -439,7 +446,7 @@ class FusedInference:
         self,
         ansatz,
         *,
-        precision: str = "tf32x3",
+        precision: str = "fp64",
         block: int | None = None,
         num_warps: int | None = None,
         share_prefixes: bool = True,
