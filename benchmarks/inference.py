@@ -8,7 +8,7 @@ in each precision and block shape asked for; each with its largest |ln psi - ln 
 on the same batch, and a profiler table of the eager float32 pass (where the time goes).
 
     python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
-        [--fused tf32x3:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
+        [--fused fp64:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
         [--previous path/to/an/older/fast_infer.py]
 
 A --fused entry is precision:block:warps[:sharing[:chunk]] (block = configurations per program,
@@ -62,8 +62,9 @@ def main():
         "--fused",
         nargs="*",
         default=[
-            "tf32x3:auto:auto:off",
-            "tf32x3:auto:auto:on",
+            "fp64:auto:auto:off",
+            "fp64:auto:auto:on",
+            "fp64:auto:auto:ordered",
             "tf32x3:auto:auto:ordered",
             "ieee:auto:auto:ordered",
             "tf32:auto:auto:ordered",

@@ -11,22 +11,29 @@ that cuBLAS already runs near the chip's float32 rate.
 The tiny widths are laid out for the tensor cores: d_model is padded to a power of two, the
 positions to a power of two per configuration, and attention runs per group of 16 feature
 columns (two heads of 8) as a batched product over (configuration, group), one masked head at a
-time. The products use ``tf32x3`` by default: each float32 operand is split into a TF32 high part
-and a TF32 remainder, both rounded to nearest here, and three TF32 products (low*high +
-high*low + high*high) give float32 accuracy at tensor-core speed. The rounding is done in the
-kernel rather than by Triton's own ``tf32x3``, which passes the remainder unrounded: the tensor
-cores then cut its low bits, an error biased towards zero that adds up along a sum (on an
+time. By default (``precision="fp64"``) the weight products (the query, key, value and output
+projections, both MLP products and the head) run on the float64 tensor cores: the float32
+operands are exact there, the sums are rounded to nearest in float64 and the result once to
+float32. The attention products use ``tf32x3``: each float32 operand is split into a TF32 high
+part and a TF32 remainder, both rounded to nearest here, and three TF32 products (low*high +
+high*low + high*high) give about float32 accuracy at tensor-core speed. The rounding is done in
+the kernel rather than by Triton's own ``tf32x3``, which passes the remainder unrounded: the
+tensor cores then cut its low bits, an error biased towards zero that adds up along a sum (on an
 H200 that put ln psi 1e-5 from float64 at amplitudes near e^-16 after training).
 
-The tensor cores also add in float32 with a cut towards zero: every 8-wide step of a product's
-sum is truncated, a bias that shrinks each sum and adds up along the residual stream and the
-sum over positions. So the weight products (the projections, the MLP and the head) are not
-summed on the tensor cores over all of K: the columns of the activations are halved (even,
-odd) until ``k_chunk`` (16 by default, two 8-wide steps) are left, each part's three products
-start from a zero accumulator, and the parts are added in float32 rounded to nearest, after
-Ootomo and Yokota, "Recovering single precision accuracy from Tensor Cores while surpassing the
-FP32 theoretical peak performance" (arXiv:2203.03341). The attention products (16 or 32 terms)
-stay whole. ``k_chunk=0`` sums each product whole on the tensor cores (the earlier kernel).
+``precision="tf32x3"`` (the earlier default) runs the weight products in tf32x3 too. The tensor
+cores add in float32 with a cut towards zero: every 8-wide step of a product's sum is
+truncated, a bias that shrinks each sum and adds up along the residual stream and the sum over
+positions. Its weight products are therefore summed per chunk, after Ootomo and Yokota,
+"Recovering single precision accuracy from Tensor Cores while surpassing the FP32 theoretical
+peak performance" (arXiv:2203.03341): the columns of the activations are halved (even, odd)
+until ``k_chunk`` (16, two 8-wide steps) are left, each part's three products start from a
+zero accumulator, and the parts are added in float32 rounded to nearest (``k_chunk=0``: each
+product summed whole on the tensor cores, the kernel before). With K of 32 to 64 that removes
+only part of the bias, since every 8-wide step is still cut: in Triton's interpreter with the
+tensor cores emulated, on a trained N2/STO-3G state, the largest error went from 1.04e-5 to
+7.6e-6 with chunks of 16 and to 4.9e-6 with float64 weight products (the module's own float32
+pass 4.5e-6; docs/performance.md, "Trained states").
 ``precision="ieee"`` uses plain float32 FMAs (slower; for checking), ``"tf32"`` one TF32
 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only to measure what the split
 buys). The LayerNorms divide and take square roots rounded to nearest, the last one runs in
@@ -418,17 +425,18 @@ class FusedInference:
 
     Args:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
-        precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
-            (the last is outside the 1e-5 budget; measurement only).
+        precision: "fp64" (default: the weight products on the float64 tensor cores, the
+            attention products tf32x3), "tf32x3" (all products tf32x3), "ieee" (float32
+            FMAs) or "tf32" (outside the 1e-5 budget; measurement only).
         block: configurations per program (None: 8 for up to 16 orbitals, else 1); a prefix
             stage with fewer padded positions takes proportionally more (the same rows).
         num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
         share_prefixes: run shared first orbitals once per batch (`plan`); False runs every
             configuration's whole sequence.
-        k_chunk: terms of a weight product the tensor cores add before the sum leaves them
-            (tf32x3; a power of two >= 16, Triton's smallest K for float32 products, or 0: all
-            of K in one accumulator); the chunks are added in float32 rounded to nearest (the
-            module docstring says why).
+        k_chunk: with "tf32x3", the terms of a weight product the tensor cores add before the
+            sum leaves them (a power of two >= 16, Triton's smallest K for float32 products, or
+            0: all of K in one accumulator); the chunks are added in float32 rounded to nearest
+            (the module docstring says why).
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
