@@ -99,6 +99,19 @@ def test_default_model_against_float64(name):
     assert err <= TOL
 
 
+@pytest.mark.parametrize("name", ["N2", "N2/cc-pVDZ"])
+@pytest.mark.parametrize("precision, k_chunk", [("tf32x3", 16), ("tf32x3", 0), ("ieee", 16)])
+def test_other_precisions_against_float64(name, precision, k_chunk):
+    """The non-default products (tf32x3 summed per chunk of 16 or whole, float32 FMAs) on the
+    default models: 1e-5 against float64 too."""
+    mol = Molecule.load(name)
+    a = Ansatz.for_molecule(mol, seed=0, device="cuda")
+    x = a.sample(5000, generator=3)[0]
+    err = _err(FusedInference(a, precision=precision, k_chunk=k_chunk), a, x)
+    print(f"{name} {precision} k_chunk {k_chunk}: fused-float64 {err:.2e}")
+    assert err <= TOL
+
+
 def test_out_of_sector_is_minus_inf():
     a = _random_ansatz(10, (7, 7), 32, 4)
     wrong = all_determinants(10, (6, 7))[:50]  # one alpha electron short

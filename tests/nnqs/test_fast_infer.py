@@ -85,11 +85,12 @@ _INTERPRETED = textwrap.dedent(
             for p in a.parameters():
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
         x = all_determinants(norb, nelec)[:24]
-        fast = FusedInference(a, block=2)
         ref = copy.deepcopy(a).double().log_psi(x)
-        err = float((fast(x).to(torch.complex128) - ref).abs().max())
-        print(norb, d, err)
-        assert err < 1e-5, err
+        for prec in ("tf32x3", "fp64"):  # the last one stays for the out-of-sector check
+            fast = FusedInference(a, block=2, precision=prec)
+            err = float((fast(x).to(torch.complex128) - ref).abs().max())
+            print(norb, d, prec, err)
+            assert err < 1e-5, (prec, err)
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
     # stages over shared first orbitals (keys/values cached one and two levels deep), two
