@@ -197,6 +197,7 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
             # into H in place: a bincount of p^2 entries per group size would leave as many
             # temporaries (the largest allocation of a small space's solve)
             np.add.at(H, (J[:, :, None] * p + J[:, None, :]).ravel(), M.ravel())
+        del R, RV, Rg, M  # before the next chunk's: one chunk's R and RV live at a time
         g0 = g1
     H = H.reshape(p, p)
     if diag is not None:
@@ -246,6 +247,10 @@ class PSpacePreconditioner:
     # the host correction may be written over the residuals passed in (the Davidson does not
     # read them after the call): no block of the vectors' size beside them
     overwrite_r = False
+    # a vector of len(hdiag) doubles the host correction may use as its work vector (it keeps
+    # nothing in it between calls), else it allocates one: the solver lends the sigma's kept
+    # per-thread buffer, which the sigma zeroes before each use
+    work = None
 
     def __init__(self, hdiag, csfs, H, overwrite_h: bool = False):
         self.hdiag = hdiag
@@ -322,9 +327,12 @@ class PSpacePreconditioner:
         n, k = R.shape
         # rows; returned as columns (a view)
         out = R.T if self.overwrite_r and R.strides[0] == 8 else np.empty((k, n))
-        if getattr(self, "_work", None) is None or self._work.shape[0] != n:
-            self._work = np.empty(n)
-        mx = self._work
+        if self.work is not None and self.work.shape == (n,) and self.work.dtype == np.float64:
+            mx = self.work  # the caller's work space
+        else:
+            if getattr(self, "_work", None) is None or self._work.shape[0] != n:
+                self._work = np.empty(n)
+            mx = self._work
         idx, U = self._idx, self._U
         dw = self._pspace_shifts(thetas)
         if getattr(self, "_hmin", None) is None:

@@ -248,6 +248,19 @@ class Engine:
             return np.zeros((1, self.ncsf))
         return self._kept_buffers(nbuf)
 
+    def scratch(self) -> np.ndarray | None:
+        """A vector of ncsf doubles that the loop sigma keeps between calls (thread 1's buffer)
+        and zeroes at the start of each: a caller may use it as work space between sigma calls
+        (the host P-space preconditioner does). None where the sigma keeps no such buffer (one
+        thread, the lists, no SciPy BLAS)."""
+        nbuf = self.nthreads or self.mod.max_threads()
+        if self.method != "loops" or nbuf < 2 or _dgemm() is None:
+            return None
+        buf = self._sigma_bufs
+        if buf is None or buf.shape != (nbuf - 1, self.ncsf):
+            buf = self._kept_buffers(nbuf - 1)
+        return buf[0]
+
     def _kept_buffers(self, k: int) -> np.ndarray:
         """(k, ncsf) zeroed sigma buffers kept between calls."""
         buf = self._sigma_bufs

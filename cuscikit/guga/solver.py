@@ -606,6 +606,8 @@ class GUGASolver(Solver):
         del H
         pre.shift = float(self.level_shift)
         pre.overwrite_r = True  # the Davidson does not read its residuals after the correction
+        if sub is None and isinstance(hdiag, np.ndarray):  # one vector for both: never at once
+            pre.work = eng.scratch()
         return pre
 
     def _irrep_subspace(self, eng: Engine, norb: int, orbsym, wfnsym):

@@ -183,6 +183,14 @@ def test_one_pass_sigma_into_the_result_equals_the_summed_buffers(nthreads):
     np.testing.assert_array_equal(strided[:, 1], ref)
     with pytest.raises(ValueError, match="first"):
         eng.mod.loop_sigma(*args, rest, _dgemm(), eng.range, nthreads, first[:-1])
+    # the kept buffer lent as scratch (the P-space correction's work vector): whatever is left
+    # in it, the next sigma starts from zero
+    work = eng.scratch()
+    assert work is not None and np.shares_memory(work, eng._sigma_bufs)
+    work.fill(np.nan)
+    np.testing.assert_array_equal(eng.contract(c, V), ref)
+    assert eng.scratch() is not None and np.shares_memory(eng.scratch(), work)
+    assert Engine(drt, nthreads=1).scratch() is None
 
 
 def test_one_pass_sigma_refuses_bad_input():
