@@ -230,7 +230,11 @@ class PSpacePreconditioner:
     object as ``precond(R, theta, X)`` gives the corrections of `cuscikit.linalg.davidson`
     (residuals R, Ritz values theta, Ritz vectors X, one column each): Olsen's correction
     t = M^-1 (r - e x) with e = (x M^-1 r) / (x M^-1 x), M = (H_PP - theta + shift) on the
-    space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3).
+    space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3). On the host,
+    ``overwrite_r = True`` lets the call write the corrections over R's columns (when they are
+    contiguous) and return them there, and ``work``, a vector of len(hdiag) doubles, is used as
+    its work vector instead of one of its own (the solver sets both: the Davidson does not read
+    its residuals after the call, and lends the sigma's kept buffer).
 
     Example:
         >>> import numpy as np
