@@ -30,9 +30,19 @@ def machine() -> str:
     return f"{cpu} x{os.cpu_count()} cores{gpu}"
 
 
+def _portable(value):
+    """An absolute path relative to the working folder (its last name when outside it)."""
+    if not (isinstance(value, str) and os.path.isabs(value)):
+        return value
+    rel = os.path.relpath(value)
+    return os.path.basename(value.rstrip("/")) if rel.startswith("..") else rel
+
+
 def write_json(path, script: str, anchor: str, args, rows: list[dict], note: str = "") -> None:
     """Write a benchmark's rows as benchmarks/results keeps them: machine, date (UTC), script,
-    anchor, the arguments and one dict per table row (`note`: how the machine was loaded)."""
+    anchor, the arguments and one dict per table row (`note`: how the machine was loaded).
+    Absolute paths among the arguments are kept relative to the working folder, or as their last
+    name when outside it, so that no machine's folders end up in the results."""
     import json
     from datetime import datetime, timezone
 
@@ -41,7 +51,7 @@ def write_json(path, script: str, anchor: str, args, rows: list[dict], note: str
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "script": f"benchmarks/{script}",
         "anchor": anchor,
-        "args": {k: v for k, v in vars(args).items() if k not in ("json_out", "note")},
+        "args": {k: _portable(v) for k, v in vars(args).items() if k not in ("json_out", "note")},
         "rows": rows,
     }
     with open(path, "w") as f:

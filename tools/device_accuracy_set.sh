@@ -12,7 +12,10 @@
 # integrals made elsewhere (accuracy_small.py --cache); SEEDS (default 0,1,2); ITERS (default:
 # the default iteration count); DEVICE (default cuda, cpu for a dry run); MAXJOBS (default: no
 # limit), the most runs of one group at once (the rest wait for a free slot; the MPS server takes
-# a limited number of client processes). Logs, JSON and
+# a limited number of client processes); CKPT=DIR (relative to the tree) keeps a checkpoint per
+# run in DIR/LABEL and resumes from it (accuracy_small.py --checkpoint-dir), so a schedule longer
+# than one call continues in the next: the checkpoints come back as ckpt.tgz (unpack it into the
+# tree's DIR and carry DIR to the next call). Logs, JSON and
 # histories land in $OUT (JSON beside acc_histories.tgz, which holds the histories, the logs and
 # gpu.log: GPU use and load sampled every 10 s).
 #   usage (device tool): [DEADLINE=S] [CACHE=DIR] bash tools/device_accuracy_set.sh GROUP...
@@ -50,6 +53,7 @@ for group in "$@"; do
   nice -n "${niceness:-0}" python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "${SEEDS:-0,1,2}" --device "${DEVICE:-cuda}" \
     --jobs "$jobs" --deadline "${DEADLINE:-130}" \
     --runner "${runner:-{\}}" --ansatz "${ansatz:-{\}}" ${iters:+--iters "$iters"} "${extra[@]}" \
+    ${CKPT:+--checkpoint-dir "$root/$CKPT/$label"} \
     --out "$out/acc/$label" --json-out "$out/acc_$label.json" > "$out/acc_$label.log" 2>&1 &
   pids+=($!)
 done
@@ -63,3 +67,4 @@ done
 # one archive (the device tool returns a limited number of files): histories, logs, GPU samples
 mv "$out"/acc_*.log "$out/gpu.log" "$out/acc/"
 tar czf "$out/acc_histories.tgz" -C "$out" acc && rm -rf "$out/acc"
+[ -n "${CKPT:-}" ] && tar czf "$out/ckpt.tgz" -C "$root/$CKPT" .

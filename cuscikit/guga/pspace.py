@@ -54,13 +54,6 @@ def _rows_drt(drt: DRT):
     )
 
 
-def _distinct(a: np.ndarray) -> np.ndarray:
-    """The sorted distinct values of a 1-D array: ``np.unique(a)``, which without an inverse or
-    counts imports numpy.ma on its first call (0.1 s inside a timed first solve)."""
-    srt = np.sort(a)
-    return srt[np.r_[True, srt[1:] != srt[:-1]]] if len(srt) else srt
-
-
 def pspace_hamiltonian(drt: DRT, csfs, V, h=None, diag=None, chunk_rows: int | None = None):
     """H[i, j] = <csfs[i]|H|csfs[j]> for H = sum_PQ V[P,Q] E^sym_P E^sym_Q + sum_P h[P] E^sym_P.
 
@@ -100,7 +93,11 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
     npair = n * (n + 1) // 2
     if chunk_rows is None:
         chunk_rows = max(2048, min(65536, 20 * p, drt.n_csf // (2 * npair)))
-    if p == 0 or len(_distinct(csfs)) != p:
+    # the space in sorted order: its distinctness here, the one-body term's lookup below (one
+    # argsort, no sort of its own: np.sort's kernels are more code to load in a first solve)
+    order = np.argsort(csfs)
+    srt = csfs[order]
+    if p == 0 or np.any(srt[1:] == srt[:-1]):
         raise ValueError("csfs must be a non-empty list of distinct CSF indices")
     if diag is not None:
         diag = np.asarray(diag, dtype=np.float64).reshape(-1)
@@ -128,17 +125,28 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
         h = np.asarray(h, dtype=np.float64).reshape(-1)
         if h.shape != (npair,):
             raise ValueError(f"h must hold npair = {npair} entries")
-        order = np.argsort(csfs)
-        loc = np.minimum(np.searchsorted(csfs[order], bra), p - 1)
-        inside = csfs[order][loc] == bra
+        loc = np.minimum(np.searchsorted(srt, bra), p - 1)
+        inside = srt[loc] == bra
         flat = order[loc[inside]] * p + src[inside]
         np.add.at(H, flat, h[P[inside]] * w[inside])
-        del order, loc, inside, flat
+        del loc, inside, flat
+    del order, srt
     # rows (m, j) of A, sorted by m: each m's rows are contiguous
     # (the per-coupling arrays are dropped as soon as they are used: together they were the
     # largest part of the build in a small space)
-    ukey, row_of = np.unique(bra * p + src, return_inverse=True)
+    # (np.unique(key, return_inverse=True) written out: its sort-based path, the same result,
+    # from kernels this build has loaded already; no flattened copy of the keys)
+    key = bra * p + src
     del src, bra, code
+    perm = np.argsort(key)
+    key = key[perm]
+    first = np.empty(len(key), dtype=bool)
+    first[:1] = True
+    np.not_equal(key[1:], key[:-1], out=first[1:])
+    row_of = np.empty(len(key), dtype=np.intp)
+    row_of[perm] = np.cumsum(first) - 1
+    ukey = key[first]
+    del perm, key, first
     row_m, row_j = np.divmod(ukey, p)
     del ukey
     starts = np.flatnonzero(np.r_[True, row_m[1:] != row_m[:-1]])  # first row of each m
@@ -189,6 +197,7 @@ def _pspace_hamiltonian(drt, csfs, V, h, diag, chunk_rows):
             # into H in place: a bincount of p^2 entries per group size would leave as many
             # temporaries (the largest allocation of a small space's solve)
             np.add.at(H, (J[:, :, None] * p + J[:, None, :]).ravel(), M.ravel())
+        del R, RV, Rg, M  # before the next chunk's: one chunk's R and RV live at a time
         g0 = g1
     H = H.reshape(p, p)
     if diag is not None:
@@ -221,7 +230,11 @@ class PSpacePreconditioner:
     object as ``precond(R, theta, X)`` gives the corrections of `cuscikit.linalg.davidson`
     (residuals R, Ritz values theta, Ritz vectors X, one column each): Olsen's correction
     t = M^-1 (r - e x) with e = (x M^-1 r) / (x M^-1 x), M = (H_PP - theta + shift) on the
-    space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3).
+    space and (H_mm - theta + shift) elsewhere (PySCF's level shift, 1e-3). On the host,
+    ``overwrite_r = True`` lets the call write the corrections over R's columns (when they are
+    contiguous) and return them there, and ``work``, a vector of len(hdiag) doubles, is used as
+    its work vector instead of one of its own (the solver sets both: the Davidson does not read
+    its residuals after the call, and lends the sigma's kept buffer).
 
     Example:
         >>> import numpy as np
@@ -235,6 +248,13 @@ class PSpacePreconditioner:
     """
 
     shift = 1e-3
+    # the host correction may be written over the residuals passed in (the Davidson does not
+    # read them after the call): no block of the vectors' size beside them
+    overwrite_r = False
+    # a vector of len(hdiag) doubles the host correction may use as its work vector (it keeps
+    # nothing in it between calls), else it allocates one: the solver lends the sigma's kept
+    # per-thread buffer, which the sigma zeroes before each use
+    work = None
 
     def __init__(self, hdiag, csfs, H, overwrite_h: bool = False):
         self.hdiag = hdiag
@@ -302,26 +322,34 @@ class PSpacePreconditioner:
         return Z
 
     def _olsen_host(self, R, thetas, X) -> np.ndarray:
-        """The correction on the host, column by column in two work vectors (no temporaries of
-        the vectors' size): M^-1 r and M^-1 x, then t = M^-1 r - e M^-1 x (= M^-1 (r - e x))."""
+        """The correction on the host, column by column in one work vector (no temporaries of
+        the vectors' size): M^-1 r and M^-1 x, then t = M^-1 r - e M^-1 x (= M^-1 (r - e x)).
+        With ``overwrite_r`` the corrections are written over R's columns (returned), else into
+        a new block; the diagonal H_mm - theta is formed in the work vector and divided out of
+        r in place before M^-1 x takes the work vector (the same operations in the same order
+        either way: the results are bitwise equal)."""
         n, k = R.shape
-        out = np.empty((k, n))  # rows; returned as columns (a view)
-        if getattr(self, "_work", None) is None or self._work.shape[1] != n:
-            self._work = np.empty((2, n))
-        d, mx = self._work
+        # rows; returned as columns (a view)
+        out = R.T if self.overwrite_r and R.strides[0] == 8 else np.empty((k, n))
+        if self.work is not None and self.work.shape == (n,) and self.work.dtype == np.float64:
+            mx = self.work  # the caller's work space
+        else:
+            if getattr(self, "_work", None) is None or self._work.shape[0] != n:
+                self._work = np.empty(n)
+            mx = self._work
         idx, U = self._idx, self._U
         dw = self._pspace_shifts(thetas)
         if getattr(self, "_hmin", None) is None:
             self._hmin = float(np.min(self.hdiag))
         for j in range(k):
             r, x, t = R[:, j], X[:, j], out[j]
-            np.subtract(self.hdiag, thetas[j], out=d)
+            ur = U.T @ r[idx]  # before t (maybe r itself) is written
+            d = np.subtract(self.hdiag, thetas[j], out=mx)
             if thetas[j] > self._hmin - 1e-7:  # else no |d| < 1e-8 can occur (the ground state)
-                np.abs(d, out=mx)
-                d[mx < 1e-8] = 1e-8
+                d[np.abs(d) < 1e-8] = 1e-8
             np.divide(r, d, out=t)
-            np.divide(x, d, out=mx)
-            t[idx] = U @ ((U.T @ r[idx]) / dw[:, j])
+            np.divide(x, d, out=mx)  # d is gone from here on
+            t[idx] = U @ (ur / dw[:, j])
             mx[idx] = U @ ((U.T @ x[idx]) / dw[:, j])
             _axpy_into(t, mx, -(x @ t) / (x @ mx))
         return out.T

@@ -188,10 +188,12 @@ class Engine:
             self.blocks = [(k0, min(rows, self.ncsf - k0)) for k0 in range(0, self.ncsf, rows)]
         self.rows = rows
         # CSFs per output range of the one-pass loop sigma (each range's T and G, 8 (2 npair + 1)
-        # range bytes, stay in its thread's cache); at least 32 ranges in small spaces, which
-        # balances the threads and keeps T and G small (N2 CAS(10,10) triplet, 29,700 CSFs, 2
-        # threads: 928 CSFs, sigma 0.026-0.032 CPU s against 0.042-0.047 with 4096)
-        self.range = int(min(4096, max(512, self.ncsf // 32)))
+        # range bytes per thread, stay in its thread's cache): 4096 from 131,072 CSFs (N2
+        # CAS(12,12): smaller ranges cost 6 %), below that ncsf / 128, at least 256: many
+        # ranges balance the threads and keep T and G small beside the vectors (N2 CAS(10,10)
+        # triplet, 29,700 CSFs, 2 threads: 256 CSFs, T and G 0.45 MB in all against 1.6 MB at
+        # 928 = ncsf / 32, for about 15 % more sigma CPU time; 4096 took 1.5x that of 928)
+        self.range = 4096 if self.ncsf >= 2**17 else max(256, self.ncsf // 128)
         self._lists: dict[int, tuple] = {}
         self._held = 0  # bytes of the kept lists
         self._streamed: set[int] = set()  # blocks that did not fit the budget
@@ -244,9 +246,27 @@ class Engine:
                 out.fill(0.0)
                 return out.reshape(1, -1)
             return np.zeros((1, self.ncsf))
+        return self._kept_buffers(nbuf)
+
+    def scratch(self) -> np.ndarray | None:
+        """A vector of ncsf doubles that the loop sigma keeps between calls (thread 1's buffer)
+        and zeroes at the start of each: a caller may use it as work space between sigma calls
+        (the host P-space preconditioner does). None where the sigma keeps no such buffer (one
+        thread, the lists, no SciPy BLAS)."""
+        nbuf = self.nthreads or self.mod.max_threads()
+        if self.method != "loops" or nbuf < 2 or _dgemm() is None:
+            return None
         buf = self._sigma_bufs
-        if buf is None or buf.shape != (nbuf, self.ncsf):
-            self._sigma_bufs = buf = np.zeros((nbuf, self.ncsf))
+        if buf is None or buf.shape != (nbuf - 1, self.ncsf):
+            buf = self._kept_buffers(nbuf - 1)
+        return buf[0]
+
+    def _kept_buffers(self, k: int) -> np.ndarray:
+        """(k, ncsf) zeroed sigma buffers kept between calls."""
+        buf = self._sigma_bufs
+        if buf is None or buf.shape != (k, self.ncsf):
+            self._sigma_bufs = None  # the old ones go first
+            self._sigma_bufs = buf = np.zeros((k, self.ncsf))
         else:
             buf.fill(0.0)
         return buf
@@ -281,7 +301,6 @@ class Engine:
                 raise ValueError(f"out must be a float64 vector of {self.ncsf} entries")
             if np.shares_memory(out, c):
                 raise ValueError("out must not share memory with c")
-        sigma = self._thread_buffers(nbuf, out)  # one buffer per thread, summed at the end
         npair = self.npair
         # the GEMMs carry the one-body term too: T gets a column c_k, V a row h
         ld = npair + (h is not None)
@@ -302,7 +321,8 @@ class Engine:
             A = B = None
             naux = 0
         if self.method == "loops":
-            return self._contract_loops(c, sigma, V, A, B, out)
+            return self._contract_loops(c, nbuf, V, A, B, out)
+        sigma = self._thread_buffers(nbuf, out)  # one buffer per thread, summed at the end
         rows = min(self.rows, max(count for _, count in self.blocks))
         work = self._work
         if work is None or work[0].shape[0] < rows or work[0].shape[1] != ld or work[2] != naux:
@@ -325,7 +345,7 @@ class Engine:
                     )
         return _summed(sigma, out)
 
-    def _contract_loops(self, c, sigma, V, A, B, out=None) -> np.ndarray:
+    def _contract_loops(self, c, nbuf, V, A, B, out=None) -> np.ndarray:
         """The loop-driven sigma in column form: T (ld, count), G = W T (npair, count) with
         W = V^T (V = [V; h] as `contract` extends it), or G = B^T (A^T T) for factors."""
         npair, mod, core, tab, sym, nt = (
@@ -343,7 +363,28 @@ class Engine:
             ld = A.shape[0]
             W1, W2 = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
         dgemm = _dgemm()
-        if dgemm is not None:  # one pass: gather, GEMM and scatter per range of CSFs
+        if dgemm is not None and nbuf > 1:
+            # one pass: gather, GEMM and scatter per range of CSFs; thread 0 adds into the
+            # result itself and the others into kept buffers, added to it in buffer order (the
+            # sum of nbuf buffers, bit for bit, with one vector fewer)
+            if out is not None and out.flags.c_contiguous:
+                res = out
+                res.fill(0.0)
+            else:
+                res = np.zeros(self.ncsf)
+            others = self._kept_buffers(nbuf - 1)
+            with _OneThreadBlas():
+                mod.loop_sigma(
+                    core, tab, sym, npair, c, ld, W1, W2, others, dgemm, self.range, nt, res
+                )
+            for buf in others:
+                res += buf
+            if out is not None and res is not out:
+                out[...] = res
+                return out
+            return res
+        sigma = self._thread_buffers(nbuf, out)  # one buffer per thread, summed at the end
+        if dgemm is not None:  # one thread: the result is the buffer
             with _OneThreadBlas():
                 mod.loop_sigma(core, tab, sym, npair, c, ld, W1, W2, sigma, dgemm, self.range, nt)
             return _summed(sigma, out)

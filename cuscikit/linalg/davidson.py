@@ -271,6 +271,19 @@ class _Spilled(_Rows):
             T.addr_(a[:, j], self._row(j), alpha=-1.0)
 
 
+def _eigh(a: np.ndarray):
+    """Eigenpairs of the small projected matrix, ascending: LAPACK's dsyevd (the routine of
+    ``np.linalg.eigh``; the same numbers where both libraries carry the same LAPACK, as here)
+    through SciPy, whose LAPACK a process that uses SciPy (every PySCF run) has in memory
+    already; numpy's, a second copy, put 0.7 MB of code pages into the first solve of such a
+    process (measured after a PySCF SCF)."""
+    try:
+        from scipy.linalg import eigh
+    except ImportError:
+        return np.linalg.eigh(a)
+    return eigh(a, driver="evd", check_finite=False)
+
+
 def _ops_for(diag):
     from cuscikit.backends.keys import is_tensor
 
@@ -320,7 +333,8 @@ def davidson(
             true return value stops the solve there (unconverged unless the test passes).
         precond: corrections from residuals, called as precond(R, theta, X) with the residuals
             R, Ritz values theta and Ritz vectors X of the unconverged roots (one column
-            each); default R / (diag - theta).
+            each); default R / (diag - theta). It may write over R (the residuals are not
+            read after the call) and return that storage.
         resident: with tensors on a GPU, how many vectors of the subspace V (and as many of
             its image AV) stay on the device; the others are spilled to pinned host memory and
             streamed back one at a time for each product (None: all on the device). The
@@ -350,6 +364,7 @@ def davidson(
         G += 1e-2 / np.sqrt(n) * ops.noise(n, k0)
     else:
         G = ops.asarray(guess, n)
+    del guess  # the caller may have handed it over: not held through the solve
     G, _ = ops.qr(G)
     # The subspace and its image are rows of preallocated blocks: each vector contiguous, so
     # that writing one touches only its own memory, and nothing is copied as the space grows.
@@ -389,7 +404,7 @@ def davidson(
     X = None
     s_old = None  # the step before's Ritz coefficients (for a restart)
     for it in range(1, max_iter + 1):
-        theta, s = np.linalg.eigh(Hs[:m, :m])
+        theta, s = _eigh(Hs[:m, :m])
         theta_w = theta[:nroots]
         s_w = ops.dev(np.ascontiguousarray(s[:, :nroots].T))
         X = Vb.mul(s_w, m, Xb)

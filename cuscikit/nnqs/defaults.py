@@ -22,11 +22,13 @@ iterations, and Li2O still ended at +3.60 mHa and the H8 chain at +3.02."""
 DEFAULT_MAX_SPACE = 16384
 """Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""
 
-DEFAULT_WEIGHT_ADD = 1e-7
+DEFAULT_WEIGHT_ADD = 1e-9
 """growth="weight": the least first-order weight |c_a|^2 of a configuration added to S. The
-largest threshold tried whose space error (exact energy within the final S minus FCI) stayed
-below 0.004 mHa on LiH and H2O (0.0019 and 0.0037 mHa; 1e-6 left 0.011 and 0.062), CPU, seed
-0, 60 iterations (docs/nnqs_sci.md, "Growth by weight")."""
+largest threshold tried whose space error (exact energy within the final S minus FCI) stays
+below 0.01 mHa on LiH and H2O (network runs, CPU, seed 0, 60 iterations: 1e-7 left 0.0019 and
+0.0037 mHa) and on the 10-site Hubbard chains and ring (growth from the exact CI vector of S:
+1e-7 left 4.3-6.2 mHa, 1e-8 0.12-0.25, 1e-9 0.004-0.008); docs/nnqs_sci.md, "Growth by
+weight"."""
 
 DEFAULT_WEIGHT_PRUNE = None
 """growth="weight": S drops the tail of smallest |psi| whose share of sum |psi|^2 is at most

@@ -145,6 +145,54 @@ def test_one_pass_sigma_equals_the_block_path_and_the_lists(space, split, monkey
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * max(1.0, np.abs(b).max()))
 
 
+@pytest.mark.parametrize("nthreads", [2, 3])
+def test_one_pass_sigma_into_the_result_equals_the_summed_buffers(nthreads):
+    """With `first`, loop_sigma's thread 0 adds into the caller's vector and the other threads
+    into the rows of sigma: the result, summed in buffer order, equals the sum of nthreads
+    buffers bit for bit (one vector fewer), and `contract` returns it with or without `out`."""
+    from cuscikit.guga.sigma import _dgemm
+
+    drt = DRT(8, 8, 2)
+    eng = Engine(drt, nthreads=nthreads)
+    eng.range = 61  # many ranges: every thread has some
+    npair = eng.npair
+    rng = np.random.default_rng(21)
+    c = rng.standard_normal(drt.n_csf)
+    V = rng.standard_normal((npair, npair))
+    V = V + V.T
+    W = np.ascontiguousarray(V.T)
+    args = (eng.core, eng.table, eng.symmap, npair, c, npair, W, None)
+    bufs = np.zeros((nthreads, drt.n_csf))
+    eng.mod.loop_sigma(*args, bufs, _dgemm(), eng.range, nthreads)
+    ref = bufs[0] + bufs[1]
+    for b in bufs[2:]:
+        ref += b
+    first, rest = np.zeros(drt.n_csf), np.zeros((nthreads - 1, drt.n_csf))
+    eng.mod.loop_sigma(*args, rest, _dgemm(), eng.range, nthreads, first)
+    np.testing.assert_array_equal(rest, bufs[1:])
+    for b in rest:
+        first += b
+    np.testing.assert_array_equal(first, ref)
+    got = eng.contract(c, V)
+    out = np.full(drt.n_csf, np.nan)
+    strided = np.full((drt.n_csf, 2), np.nan)
+    eng.contract(c, V, out=out)
+    eng.contract(c, V, out=strided[:, 1])
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(strided[:, 1], ref)
+    with pytest.raises(ValueError, match="first"):
+        eng.mod.loop_sigma(*args, rest, _dgemm(), eng.range, nthreads, first[:-1])
+    # the kept buffer lent as scratch (the P-space correction's work vector): whatever is left
+    # in it, the next sigma starts from zero
+    work = eng.scratch()
+    assert work is not None and np.shares_memory(work, eng._sigma_bufs)
+    work.fill(np.nan)
+    np.testing.assert_array_equal(eng.contract(c, V), ref)
+    assert eng.scratch() is not None and np.shares_memory(eng.scratch(), work)
+    assert Engine(drt, nthreads=1).scratch() is None
+
+
 def test_one_pass_sigma_refuses_bad_input():
     drt = DRT(6, 6, 0)
     eng = Engine(drt)

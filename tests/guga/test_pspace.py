@@ -134,13 +134,44 @@ def test_preconditioner_equals_dense_olsen_correction():
         assert np.abs(got[:, j] - ref).max() < 1e-9 * np.abs(ref).max()
 
 
+def test_correction_over_the_residuals_equals_the_new_block():
+    """overwrite_r: the host correction written over the residuals passed in (as the solver's
+    Davidson lets it) equals the correction into a new block bit for bit, and is that storage."""
+    rng = np.random.default_rng(14)
+    n, p = 300, 25
+    hdiag = np.sort(rng.standard_normal(n))
+    csfs = rng.choice(n, size=p, replace=False)
+    H = rng.standard_normal((p, p))
+    H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
+    pre = PSpacePreconditioner(hdiag, csfs, H)
+    thetas = np.array([hdiag[0] - 0.3, hdiag[40] + pre.shift])  # the second one clamped
+    rows, X = rng.standard_normal((2, n)), rng.standard_normal((n, 2))
+    ref = pre(rows.T.copy(), thetas, X)
+    pre.overwrite_r = True
+    got = pre(rows.T, thetas, X)
+    assert np.shares_memory(got, rows)
+    np.testing.assert_array_equal(got, ref)
+
+
 def test_lowest_entries_equal_a_stable_argsort_with_ties():
     from cuscikit.guga.solver import _lowest
 
     rng = np.random.default_rng(9)
-    a = rng.integers(0, 20, size=1000).astype(np.float64)  # many ties at every border
-    for k in (1, 7, 50, 999, 1000, 1200):
-        assert np.array_equal(_lowest(a, k), np.argsort(a, kind="stable")[:k])
+    for n in (1000, 70_000):  # a sort of all of them, and the selection beyond 65,536
+        a = rng.integers(0, 20, size=n).astype(np.float64)  # many ties at every border
+        for k in (1, 7, 50, n - 1, n, n + 200):
+            assert np.array_equal(_lowest(a, k), np.argsort(a, kind="stable")[:k])
+
+
+def test_host_noise_is_seeded_uniform_of_unit_variance():
+    """The host's start noise: the same on every call, uniform on [-sqrt(3), sqrt(3)) (mean 0,
+    variance 1, no zero entry: every CSF is reached)."""
+    from cuscikit.guga.solver import _host_noise
+
+    a = _host_noise((100_000, 2))
+    assert a.shape == (100_000, 2) and np.array_equal(a, _host_noise((100_000, 2)))
+    assert np.abs(a).max() <= np.sqrt(3.0) and np.all(a != 0.0)
+    assert abs(a.mean()) < 0.01 and abs(a.var() - 1.0) < 0.01
 
 
 @pytest.mark.parametrize("on_tensor", [False, True])
@@ -164,7 +195,7 @@ def test_start_noise_is_capped_at_the_pspace_norm(on_tensor):
         norms = np.linalg.norm(noise, axis=0)
         if n > p:
             np.testing.assert_allclose(norms, 1e-5 * np.sqrt(p), rtol=1e-6)
-        else:  # 1e-5 standard normal per CSF: a norm near 1e-5 sqrt(n)
+        else:  # 1e-5 times unit-variance noise per CSF: a norm near 1e-5 sqrt(n)
             assert np.all(np.abs(norms / (1e-5 * np.sqrt(n)) - 1) < 0.2)
     # with a P-space preconditioner the cap is its size, whatever is passed
     n, p = 50_000, 200

@@ -54,3 +54,16 @@ def test_jobs_give_the_rows_of_one_after_another(tmp_path):
         rows[jobs] = [(r["seed"], r["iterations"], r["errors"]) for r in doc["rows"]]
     assert [r[0] for r in rows[1]] == [0, 1]
     assert rows[1] == rows[2]
+
+
+def test_result_json_holds_no_machine_folders(accuracy_small, tmp_path, monkeypatch):
+    import argparse
+
+    import _common
+
+    monkeypatch.chdir(tmp_path)
+    inside, outside = tmp_path / "out" / "cache", "/somewhere/else/runs/c10"
+    args = argparse.Namespace(cache=str(inside), out=outside, seeds="0,1", iters=8, json_out="x")
+    _common.write_json(tmp_path / "r.json", "accuracy_small.py", "anchor", args, [])
+    kept = json.loads((tmp_path / "r.json").read_text())["args"]
+    assert kept == {"cache": "out/cache", "out": "c10", "seeds": "0,1", "iters": 8}

@@ -192,6 +192,23 @@ def test_davidson_in_place_row_update_equals_plain_product():
         np.testing.assert_allclose(ops.rownorms(t), np.linalg.norm(ref, axis=1), rtol=1e-13)
 
 
+def test_davidson_subspace_eigenpairs_equal_numpy_eigh():
+    """The projected problem's eigenpairs (SciPy's dsyevd, the LAPACK a PySCF process has
+    loaded) against numpy's eigh: the same values and vectors up to sign, ascending."""
+    import importlib
+
+    eigh = importlib.import_module("cuscikit.linalg.davidson")._eigh
+    rng = np.random.default_rng(13)
+    for m in (1, 2, 7, 13, 40):
+        a = rng.normal(size=(m, m))
+        a = a + a.T
+        w, v = eigh(a)
+        w0, v0 = np.linalg.eigh(a)
+        np.testing.assert_allclose(w, w0, rtol=0, atol=1e-12 * np.abs(w0).max())
+        np.testing.assert_allclose(np.abs(v.T @ v0), np.eye(m), atol=1e-10)
+        assert np.all(np.diff(w) >= 0)
+
+
 @pytest.mark.parametrize("lagging_root, accepted", [(2, True), (0, False)])
 def test_exact_energy_judges_only_the_requested_roots(monkeypatch, lagging_root, accepted):
     # Davidson solves three roots for one; a lagging extra root must not fail the solve, a

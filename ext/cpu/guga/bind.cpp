@@ -58,6 +58,7 @@ void check_range(const Drt& drt, std::int64_t k0, std::int64_t count) {
 }
 
 using Out2 = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Out1 = nb::ndarray<double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // The loop kernels split a pair row into a head's and an entry's part: they need the packed pair
 // map P(p, q) = max (max + 1) / 2 + min (cuscikit.guga.sigma.pair_index).
@@ -218,7 +219,7 @@ void bind_guga(nb::module_& m) {
       "loop_sigma",
       [](const Drt& d, const LoopTable& t, In<std::int32_t> symmap, int npair, In<double> c,
          int rows, Out2 W1, std::optional<Out2> W2, Out2 sigma, nb::capsule gemm,
-         std::int64_t range, int nthreads) {
+         std::int64_t range, int nthreads, std::optional<Out1> first) {
         check_pair_map(d, symmap, npair);
         if (static_cast<std::int64_t>(c.size()) != d.ncsf)
           throw std::invalid_argument("c must hold ncsf entries");
@@ -229,21 +230,25 @@ void bind_guga(nb::module_& m) {
           throw std::invalid_argument("W1 must be (npair, rows), or (mid, rows) with W2");
         if (W2 && W2->shape(0) != size_t(npair))
           throw std::invalid_argument("W2 must be (npair, mid)");
-        if (static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf || sigma.shape(0) < 1)
+        const int nbuf = static_cast<int>(sigma.shape(0)) + (first ? 1 : 0);
+        if (static_cast<std::int64_t>(sigma.shape(1)) != d.ncsf || nbuf < 1)
           throw std::invalid_argument("sigma must be (nbuf, ncsf): one buffer per thread");
+        if (first && static_cast<std::int64_t>(first->size()) != d.ncsf)
+          throw std::invalid_argument("first must hold ncsf entries");
         if (range < 1) throw std::invalid_argument("range must be positive");
         auto fn = reinterpret_cast<csk::guga::Dgemm>(
             PyCapsule_GetPointer(gemm.ptr(), PyCapsule_GetName(gemm.ptr())));
         if (!fn) throw nb::python_error();
         nb::gil_scoped_release rel;
         csk::guga::loop_sigma(d, t, symmap.data(), npair, c.data(), rows, W1.data(), mid,
-                              W2 ? W2->data() : nullptr, sigma.data(),
-                              static_cast<int>(sigma.shape(0)), nthreads, fn, range);
+                              W2 ? W2->data() : nullptr, sigma.data(), nbuf, nthreads, fn, range,
+                              first ? first->data() : nullptr);
       },
       "drt"_a, "table"_a, "symmap"_a, "npair"_a, "c"_a, "rows"_a, "W1"_a, "W2"_a.none(), "sigma"_a,
-      "dgemm"_a, "range"_a = 4096, "nthreads"_a = 0,
+      "dgemm"_a, "range"_a = 4096, "nthreads"_a = 0, "first"_a.none() = nb::none(),
       "sigma += H c by loops: gather, GEMM with W1 (and W2) and scatter per range of CSFs; dgemm "
-      "is a capsule of Fortran dgemm (scipy.linalg.cython_blas.__pyx_capi__['dgemm']).");
+      "is a capsule of Fortran dgemm (scipy.linalg.cython_blas.__pyx_capi__['dgemm']). With "
+      "first (ncsf entries) thread 0 adds into it and the rows of sigma serve threads 1, 2, ...");
 
   m.def(
       "loop_exchange_diagonal",

@@ -812,7 +812,8 @@ void loop_scatter_pairs(const Drt& drt, const LoopTable& lt, const std::int32_t*
 
 void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
                 const double* c, int rows, const double* W1, int mid, const double* W2,
-                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range) {
+                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range,
+                double* first) {
   const int n = drt.norb;
   const std::int64_t ncsf = drt.ncsf;
   nthreads = threads_or_default(nthreads);
@@ -827,7 +828,8 @@ void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap,
   const BlockOffsets bo = block_offsets(lt, n, S);
 #pragma omp parallel num_threads(nthreads)
   {
-    double* out = sigma + static_cast<std::int64_t>(thread_id()) * ncsf;
+    const std::int64_t tid = thread_id();
+    double* out = !first ? sigma + tid * ncsf : tid == 0 ? first : sigma + (tid - 1) * ncsf;
     std::vector<double> T(static_cast<size_t>(rows * widest)),
         G(static_cast<size_t>(npair * widest));
     std::vector<double> X(W2 ? static_cast<size_t>(mid * widest) : 0);

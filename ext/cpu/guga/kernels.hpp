@@ -88,11 +88,14 @@ using Dgemm = void (*)(const char*, const char*, const int*, const int*, const i
 // loop_gather_pairs; rows = npair, or npair + 1 with c_k in the last row), G = W1 T (W1 row-major
 // npair x rows) or G = W2 (W1 T) (W1 mid x rows, W2 npair x mid) by `gemm` on the thread, then
 // sigma += the scatter of G (as loop_scatter_pairs) into the thread's buffer (nbuf of ncsf).
+// With `first` (ncsf entries), thread 0 adds into it and thread t > 0 into row t - 1 of sigma
+// (nbuf - 1 rows): the caller's result vector serves as one of the buffers.
 // T and G stay in the thread's cache, the range's occupations are found once, and there is no
 // barrier between the steps. The caller keeps the BLAS at one thread.
 void loop_sigma(const Drt& drt, const LoopTable& lt, const std::int32_t* symmap, int npair,
                 const double* c, int rows, const double* W1, int mid, const double* W2,
-                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range);
+                double* sigma, int nbuf, int nthreads, Dgemm gemm, std::int64_t range,
+                double* first = nullptr);
 // out[k - k0] = sum of <m|E_pq|k>^2 K[p, q] over p != q.
 void loop_exchange_diagonal(const Drt& drt, const LoopTable& lt, const double* K, double* out,
                             std::int64_t k0, std::int64_t count, int nthreads);
