@@ -8,14 +8,15 @@ in each precision and block shape asked for; each with its largest |ln psi - ln 
 on the same batch, and a profiler table of the eager float32 pass (where the time goes).
 
     python benchmarks/inference.py [--batch 65536] [--systems N2/cc-pVDZ N2]
-        [--fused tf32x3:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
+        [--fused fp64:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
         [--previous path/to/an/older/fast_infer.py]
 
-A --fused entry is precision:block:warps[:sharing] (block = configurations per program, warps
-per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
+A --fused entry is precision:block:warps[:sharing[:chunk]] (block = configurations per program,
+warps per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
 sequence, "on" = each batch's shared first orbitals computed once, "ordered" = "on" with the
 configurations first put in the prefix order, as the pipeline does; its sort is timed with
-it). --previous times another version of cuscikit/nnqs/fast_infer.py (its defaults) beside.
+it; chunk: the k_chunk of tf32x3, products summed on the tensor cores per chunk, 0 = the whole
+product). --previous times another version of cuscikit/nnqs/fast_infer.py (its defaults) beside.
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ def main():
         "--fused",
         nargs="*",
         default=[
-            "tf32x3:auto:auto:off",
-            "tf32x3:auto:auto:on",
+            "fp64:auto:auto:off",
+            "fp64:auto:auto:on",
+            "fp64:auto:auto:ordered",
             "tf32x3:auto:auto:ordered",
             "ieee:auto:auto:ordered",
             "tf32:auto:auto:ordered",
         ],
-        help="fused-kernel variants, precision:block:warps[:off|on|ordered]",
+        help="fused-kernel variants, precision:block:warps[:off|on|ordered[:chunk]]",
     )
     ap.add_argument("--previous", default=None, help="an older fast_infer.py to time beside")
     ap.add_argument(
@@ -147,6 +149,7 @@ def main():
         for spec in args.fused if why is None else []:
             prec, block, warps, *rest = spec.split(":")
             sharing = rest[0] if rest else "on"
+            chunk = {} if len(rest) < 2 or rest[1] == "auto" else {"k_chunk": int(rest[1])}
             try:
                 fused = FusedInference(
                     a32,
@@ -154,6 +157,7 @@ def main():
                     block=None if block == "auto" else int(block),
                     num_warps=None if warps == "auto" else int(warps),
                     share_prefixes=sharing != "off",
+                    **chunk,
                 )
                 t0 = time.perf_counter()
                 fused(x[: args.batch])
@@ -161,7 +165,10 @@ def main():
             except Exception as exc:  # a shape the compiler refuses: say so, measure the rest
                 print(f"# fused {spec} failed: {type(exc).__name__}: {exc}"[:2000])
                 continue
-            label = f"fused {prec} block {fused.block} warps {fused.num_warps} sharing {sharing}"
+            label = (
+                f"fused {prec} block {fused.block} warps {fused.num_warps} sharing {sharing}"
+                f" k_chunk {fused.k_chunk}"
+            )
             print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
             xs, e_fn, t_order = x, err, 0.0
             if sharing == "ordered":  # the pipeline's order; the sort counts in the rate

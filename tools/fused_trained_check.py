@@ -7,10 +7,12 @@ the whole (7, 7) sector prints, per run: the largest |d ln|psi|| against the flo
 fast_infer.py given with --fast), of the module's own float32 pass, and of the float32 phase;
 the same over the relevant configurations (ln|psi| within 20 of the largest); the worst
 configuration's ln|psi| and the module's error there; the largest logit, residual activation
-and smallest picked log-probability. --save writes each run's weights (state_dict) to a folder.
+and smallest picked log-probability. --save writes each run's weights (state_dict) to a folder;
+--k-chunks adds the tf32x3 path with other k_chunk values (0: each product summed whole on the
+tensor cores).
 
     python tools/fused_trained_check.py --seeds 0 1 2 --iterations 30 [--dtypes float32 float64]
-        [--fast other/fast_infer.py] [--save DIR]
+        [--fast other/fast_infer.py] [--k-chunks 0 8] [--save DIR]
     TRITON_INTERPRET=1 python tools/fused_trained_check.py --device cpu --load DIR/*.pt
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib.util
 import pathlib
 import time
@@ -86,6 +89,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
     ap.add_argument("--fast", default=None, help="another fast_infer.py to check beside")
+    ap.add_argument("--k-chunks", type=int, nargs="*", default=[], help="more tf32x3 k_chunks")
     ap.add_argument("--save", default=None, help="folder for the trained weights")
     ap.add_argument("--load", nargs="*", default=[], help="check saved weights instead")
     ap.add_argument("--device", default="cuda")
@@ -95,7 +99,15 @@ def main():
     x = all_determinants(mol.norb, mol.nelec)
     if args.configs:
         x = x[:: args.configs]
-    fast = [("fused tf32x3", FusedInference, "tf32x3"), ("fused ieee", FusedInference, "ieee")]
+    fast = [
+        ("fused fp64", FusedInference, "fp64"),
+        ("fused tf32x3", FusedInference, "tf32x3"),
+        ("fused ieee", FusedInference, "ieee"),
+    ]
+    for kc in args.k_chunks:
+        fast.append(
+            (f"fused tf32x3 k_chunk {kc}", functools.partial(FusedInference, k_chunk=kc), "tf32x3")
+        )
     if args.fast:
         spec = importlib.util.spec_from_file_location("other_fast_infer", args.fast)
         mod = importlib.util.module_from_spec(spec)

@@ -11,12 +11,29 @@ that cuBLAS already runs near the chip's float32 rate.
 The tiny widths are laid out for the tensor cores: d_model is padded to a power of two, the
 positions to a power of two per configuration, and attention runs per group of 16 feature
 columns (two heads of 8) as a batched product over (configuration, group), one masked head at a
-time. The products use ``tf32x3`` by default: each float32 operand is split into a TF32 high part
-and a TF32 remainder, both rounded to nearest here, and three TF32 products (low*high +
-high*low + high*high) give float32 accuracy at tensor-core speed. The rounding is done in the
-kernel rather than by Triton's own ``tf32x3``, which passes the remainder unrounded: the tensor
-cores then cut its low bits, an error biased towards zero that adds up along a sum (on an
+time. By default (``precision="fp64"``) the weight products (the query, key, value and output
+projections, both MLP products and the head) run on the float64 tensor cores: the float32
+operands are exact there, the sums are rounded to nearest in float64 and the result once to
+float32. The attention products use ``tf32x3``: each float32 operand is split into a TF32 high
+part and a TF32 remainder, both rounded to nearest here, and three TF32 products (low*high +
+high*low + high*high) give about float32 accuracy at tensor-core speed. The rounding is done in
+the kernel rather than by Triton's own ``tf32x3``, which passes the remainder unrounded: the
+tensor cores then cut its low bits, an error biased towards zero that adds up along a sum (on an
 H200 that put ln psi 1e-5 from float64 at amplitudes near e^-16 after training).
+
+``precision="tf32x3"`` (the earlier default) runs the weight products in tf32x3 too. The tensor
+cores add in float32 with a cut towards zero: every 8-wide step of a product's sum is
+truncated, a bias that shrinks each sum and adds up along the residual stream and the sum over
+positions. Its weight products are therefore summed per chunk, after Ootomo and Yokota,
+"Recovering single precision accuracy from Tensor Cores while surpassing the FP32 theoretical
+peak performance" (arXiv:2203.03341): the columns of the activations are halved (even, odd)
+until ``k_chunk`` (16, two 8-wide steps) are left, each part's three products start from a
+zero accumulator, and the parts are added in float32 rounded to nearest (``k_chunk=0``: each
+product summed whole on the tensor cores, the kernel before). With K of 32 to 64 that removes
+only part of the bias, since every 8-wide step is still cut: in Triton's interpreter with the
+tensor cores emulated, on a trained N2/STO-3G state, the largest error went from 1.04e-5 to
+7.6e-6 with chunks of 16 and to 4.9e-6 with float64 weight products (the module's own float32
+pass 4.5e-6; docs/performance.md, "Trained states").
 ``precision="ieee"`` uses plain float32 FMAs (slower; for checking), ``"tf32"`` one TF32
 product (about 5e-4 in ln psi: outside the 1e-5 budget, kept only to measure what the split
 buys). The LayerNorms divide and take square roots rounded to nearest, the last one runs in
@@ -61,7 +78,7 @@ from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
 __all__ = ["FusedInference", "token_key", "unsupported_reason"]
 
-PRECISIONS = ("tf32x3", "ieee", "tf32")
+PRECISIONS = ("fp64", "tf32x3", "ieee", "tf32")
 _MAX_D = 64  # widest d_model laid out (one 64-column tile)
 _MAX_LP = 64  # longest padded sequence
 _GROUP = 16  # feature columns per attention group (the tensor cores' smallest K)
@@ -123,25 +140,63 @@ if triton is not None:
         return ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _tf32x3(a, b):
+        """a @ b from three TF32 products in one accumulator: each operand split into a TF32
+        part rounded to nearest and the TF32-rounded remainder (exact for the tensor cores), the
+        two small cross products first (low*high + high*low), then high*high."""
+        ah = _tf32(a)
+        bh = _tf32(b)
+        acc = tl.dot(_tf32(a - ah), bh, input_precision="tf32")
+        acc = tl.dot(ah, _tf32(b - bh), acc, input_precision="tf32")
+        return tl.dot(ah, bh, acc, input_precision="tf32")
+
+    @triton.jit
     def _dot(a, b, PREC: tl.constexpr):
-        """a @ b in the precision PREC. "tf32x3": each operand split into a TF32 part rounded
-        to nearest and the TF32-rounded remainder, three TF32 products (low*high + high*low,
-        then high*high); the operands reach the tensor cores exact, so no bits are cut."""
-        if PREC == "tf32x3":
-            ah = _tf32(a)
-            bh = _tf32(b)
-            acc = tl.dot(_tf32(a - ah), bh, input_precision="tf32")
-            acc = tl.dot(ah, _tf32(b - bh), acc, input_precision="tf32")
-            return tl.dot(ah, bh, acc, input_precision="tf32")
+        """a @ b in the precision PREC ("tf32x3", and "fp64" for the attention products:
+        `_tf32x3`, all of K in one accumulator)."""
+        if PREC == "tf32x3" or PREC == "fp64":
+            return _tf32x3(a, b)
         else:
             return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
-    def _linear(x, w_ptr, b_ptr, rows_in, c_out, N: tl.constexpr, PREC: tl.constexpr):
+    def _mm(
+        x,
+        w_ptr,
+        LD: tl.constexpr,
+        cols,
+        R0: tl.constexpr,
+        S: tl.constexpr,
+        PREC: tl.constexpr,
+        KC: tl.constexpr,
+    ):
+        """x (M, K) @ W with W's row i at w_ptr + (R0 + S i) LD, its columns at ``cols``.
+
+        "fp64": on the float64 tensor cores (float32 operands exact, sums rounded to nearest in
+        float64), the result rounded to float32. "tf32x3" with K > KC > 0: x's columns are
+        halved (even, odd) until KC are left, each part's three products run from a zero
+        accumulator and the parts are summed in float32 rounded to nearest; the tensor cores
+        add only KC products (KC / 8 steps) per sum."""
+        K: tl.constexpr = x.shape[1]
+        if PREC == "tf32x3" and KC > 0 and K > KC:
+            M: tl.constexpr = x.shape[0]
+            even, odd = tl.split(tl.reshape(x, (M, K // 2, 2)))
+            return _mm(even, w_ptr, LD, cols, R0, 2 * S, PREC, KC) + _mm(
+                odd, w_ptr, LD, cols, R0 + S, 2 * S, PREC, KC
+            )
+        else:
+            rows = R0 + S * tl.arange(0, K)
+            w = tl.load(w_ptr + rows[:, None] * LD + cols[None, :])
+            if PREC == "fp64":
+                return tl.dot(x.to(tl.float64), w.to(tl.float64)).to(tl.float32)
+            else:
+                return _dot(x, w, PREC)
+
+    @triton.jit
+    def _linear(x, w_ptr, b_ptr, c_out, N: tl.constexpr, PREC: tl.constexpr, KC: tl.constexpr):
         """x (R, K) @ W (K, N) + b with W row-major at w_ptr."""
-        w = tl.load(w_ptr + rows_in[:, None] * N + c_out[None, :])
         b = tl.load(b_ptr + c_out)
-        return _dot(x, w, PREC) + b[None, :]
+        return _mm(x, w_ptr, N, c_out, 0, 1, PREC, KC) + b[None, :]
 
     @triton.jit(do_not_specialize=["n"])  # one compilation for every batch size
     def _amplitude_kernel(
@@ -194,6 +249,7 @@ if triton is not None:
         FC: tl.constexpr,
         BN: tl.constexpr,
         PREC: tl.constexpr,
+        KC: tl.constexpr,
         HAS_PARENT: tl.constexpr,
         STORE: tl.constexpr,
     ):
@@ -256,9 +312,9 @@ if triton is not None:
             sq = layer * DP * DP
             sv = layer * DP
             x = _layer_norm(h, ln1w + sv, ln1b + sv, c, colmask, D)
-            q = _linear(x, wq + sq, bq + sv, c, c, DP, PREC) * scale
-            kk = _linear(x, wk + sq, bk + sv, c, c, DP, PREC)
-            v = _linear(x, wv + sq, bv + sv, c, c, DP, PREC)
+            q = _linear(x, wq + sq, bq + sv, c, DP, PREC, KC) * scale
+            kk = _linear(x, wk + sq, bk + sv, c, DP, PREC, KC)
+            v = _linear(x, wv + sq, bv + sv, c, DP, PREC, KC)
             # (configuration, position, group, 16) -> (configuration * group, position, 16)
             qg = tl.reshape(
                 tl.permute(tl.reshape(q, (BN, SP, NG, 16)), (0, 2, 1, 3)), (BN * NG, SP, 16)
@@ -310,22 +366,19 @@ if triton is not None:
                     p = p * inv[:, :, None]
                     o += _dot(p, vg * head[None, None, :], PREC)
             y = tl.reshape(tl.permute(tl.reshape(o, (BN, NG, SP, 16)), (0, 2, 1, 3)), (R, DP))
-            h += _linear(y, wo + sq, bo + sv, c, c, DP, PREC)
+            h += _linear(y, wo + sq, bo + sv, c, DP, PREC, KC)
             x = _layer_norm(h, ln2w + sv, ln2b + sv, c, colmask, D)
             acc = tl.zeros((R, DP), dtype=tl.float32)
             for f0 in range(0, FP, FC):
-                wf = tl.load(w1 + layer * DP * FP + c[:, None] * FP + f0 + cf[None, :])
                 bf = tl.load(b1 + layer * FP + f0 + cf)
-                a = _gelu(_dot(x, wf, PREC) + bf[None, :])
-                w2f = tl.load(w2 + layer * FP * DP + (f0 + cf[:, None]) * DP + c[None, :])
-                acc += _dot(a, w2f, PREC)
+                a = _mm(x, w1 + layer * DP * FP + f0, FP, cf, 0, 1, PREC, KC) + bf[None, :]
+                acc += _mm(_gelu(a), w2 + (layer * FP + f0) * DP, DP, c, 0, 1, PREC, KC)
             h += acc + tl.load(b2 + sv + c)[None, :]
 
         # the last LayerNorm in float64: a rounding of its row scale would scale all four
         # logits of a position together, an error of that size times |log p|
         x = _layer_norm(h.to(tl.float64), lnfw, lnfb, c, colmask, D).to(tl.float32)
-        whd = tl.load(wh + c[:, None] * 16 + c16[None, :])
-        logits = _dot(x, whd, PREC)
+        logits = _mm(x, wh, 16, c16, 0, 1, PREC, KC)
         kb = tl.minimum(k, LT - 1)
         logits += tl.load(bias16 + kb[:, None] * 16 + c16[None, :])  # head bias + logit_bias[k]
 
@@ -372,13 +425,18 @@ class FusedInference:
 
     Args:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
-        precision: "tf32x3" (default: float32 accuracy on the tensor cores), "ieee" or "tf32"
-            (the last is outside the 1e-5 budget; measurement only).
+        precision: "fp64" (default: the weight products on the float64 tensor cores, the
+            attention products tf32x3), "tf32x3" (all products tf32x3), "ieee" (float32
+            FMAs) or "tf32" (outside the 1e-5 budget; measurement only).
         block: configurations per program (None: 8 for up to 16 orbitals, else 1); a prefix
             stage with fewer padded positions takes proportionally more (the same rows).
         num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
         share_prefixes: run shared first orbitals once per batch (`plan`); False runs every
             configuration's whole sequence.
+        k_chunk: with "tf32x3", the terms of a weight product the tensor cores add before the
+            sum leaves them (a power of two >= 16, Triton's smallest K for float32 products, or
+            0: all of K in one accumulator); the chunks are added in float32 rounded to nearest
+            (the module docstring says why).
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
@@ -396,10 +454,11 @@ class FusedInference:
         self,
         ansatz,
         *,
-        precision: str = "tf32x3",
+        precision: str = "fp64",
         block: int | None = None,
         num_warps: int | None = None,
         share_prefixes: bool = True,
+        k_chunk: int = 16,
     ) -> None:
         why = unsupported_reason(ansatz)
         if why is None and ansatz.device.type != "cuda" and not interpreting():
@@ -419,6 +478,9 @@ class FusedInference:
             raise ValueError(f"block must be a positive power of two, got {block!r}")
         self.num_warps = int(num_warps) if num_warps is not None else (8 if short else 4)
         self.share_prefixes = bool(share_prefixes)
+        self.k_chunk = int(k_chunk)
+        if self.k_chunk and (self.k_chunk < 16 or self.k_chunk & (self.k_chunk - 1)):
+            raise ValueError(f"k_chunk must be 0 or a power of two >= 16, got {k_chunk!r}")
         self.last_plan: list[int] | None = None
         self._packed: dict[str, torch.Tensor] | None = None
         self._versions: tuple[int, ...] | None = None
@@ -560,6 +622,7 @@ class FusedInference:
             FC=_FC,
             BN=bn,
             PREC=self.precision,
+            KC=self.k_chunk,
             HAS_PARENT=parent is not None,
             STORE=store is not None,
             num_warps=self.num_warps,

@@ -85,11 +85,12 @@ _INTERPRETED = textwrap.dedent(
             for p in a.parameters():
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
         x = all_determinants(norb, nelec)[:24]
-        fast = FusedInference(a, block=2)
         ref = copy.deepcopy(a).double().log_psi(x)
-        err = float((fast(x).to(torch.complex128) - ref).abs().max())
-        print(norb, d, err)
-        assert err < 1e-5, err
+        for prec in ("tf32x3", "fp64"):  # the last one stays for the out-of-sector check
+            fast = FusedInference(a, block=2, precision=prec)
+            err = float((fast(x).to(torch.complex128) - ref).abs().max())
+            print(norb, d, prec, err)
+            assert err < 1e-5, (prec, err)
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
     # stages over shared first orbitals (keys/values cached one and two levels deep), two
@@ -177,6 +178,51 @@ _SPLIT = textwrap.dedent(
     assert err < 2.0**-20 and one > 2.0**-12
     """
 )
+
+
+_CHUNKS = textwrap.dedent(
+    """
+    import torch
+    import triton
+    import triton.language as tl
+    from cuscikit.nnqs.fast_infer import _mm
+
+    @triton.jit
+    def kernel(x_ptr, w_ptr, o_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+               LD: tl.constexpr, KC: tl.constexpr):
+        i = tl.arange(0, M)
+        k = tl.arange(0, K)
+        n = tl.arange(0, N)
+        x = tl.load(x_ptr + i[:, None] * K + k[None, :])
+        # rows 0..K-1 of W, columns 8..8+N-1 of a (K, LD) matrix
+        tl.store(o_ptr + i[:, None] * N + n[None, :], _mm(x, w_ptr + 8, LD, n, 0, 1, "tf32x3", KC))
+
+    g = torch.Generator().manual_seed(1)
+    m, k, n, ld = 32, 64, 16, 40
+    x = torch.randn((m, k), generator=g)
+    w = torch.randn((k, ld), generator=g)
+    ref = x.double() @ w[:, 8 : 8 + n].double()
+    scale = x.double().abs() @ w[:, 8 : 8 + n].double().abs()
+    for kc in (0, 16, 32, 64):
+        o = torch.empty((m, n))
+        kernel[(1,)](x, w, o, M=m, K=k, N=n, LD=ld, KC=kc)
+        err = float(((o.double() - ref).abs() / scale).max())
+        print("k_chunk", kc, "relative", err)
+        assert err < 2.0**-20, (kc, err)
+    """
+)
+
+
+def test_chunked_products_in_triton_interpreter():
+    """The weight products summed per chunk of K (the columns halved into even and odd ones,
+    the matching rows of W): the float64 product to float32 accuracy for every chunk size."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _CHUNKS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("relative") == 4, out.stdout
 
 
 def test_tf32_split_in_triton_interpreter():
