@@ -23,14 +23,14 @@ torch.cuda.get_device_name())" 2>&1
 PREVARG=()
 FASTARG=()
 [ -n "$PREV" ] && PREVARG=(--previous "$PREV") && FASTARG=(--fast "$PREV")
-timeout "$(upto 45)" python3 benchmarks/inference.py --systems N2/cc-pVDZ N2 --n 65536 \
+timeout -k 10 "$(upto 90)" python3 benchmarks/inference.py --systems N2/cc-pVDZ N2 --n 65536 \
   --no-profile --module "${PREVARG[@]}" --fused fp64:auto:auto:on tf32x3:auto:auto:on \
   --json "$OUTDIR/inference.json" 2>&1 | tee "$OUTDIR/inference.log"
 echo "# $SECONDS s so far"
 # shellcheck disable=SC2086
-timeout "$(upto 70)" python3 tools/fused_trained_check.py --seeds $SEEDS --dtypes float64 \
+timeout -k 10 "$(upto 70)" python3 tools/fused_trained_check.py --seeds $SEEDS --dtypes float64 \
   --k-chunks 0 "${FASTARG[@]}" 2>&1 | tee "$OUTDIR/trained.log"
 echo "# $SECONDS s so far"
-timeout "$(upto 120)" python3 -m pytest tests/gpu/test_fused_inference.py -v -s \
+timeout -k 10 "$(upto 120)" python3 -m pytest tests/gpu/test_fused_inference.py -v -s \
   -p no:cacheprovider -W ignore::UserWarning 2>&1 | tee "$OUTDIR/tests.log"
 echo "# $SECONDS s in all"
