@@ -110,17 +110,22 @@ def test_pspace_grows_with_the_space(monkeypatch):
     assert abs(e_grown - e_fixed) < 1e-10 and abs(e_capped - e_fixed) < 1e-10
 
 
+def _random_pspace(rng, n: int, p: int):
+    """A sorted random diagonal of n entries, p distinct P-space indices and a symmetric H_PP
+    whose diagonal is theirs."""
+    hdiag = np.sort(rng.standard_normal(n))
+    csfs = rng.choice(n, size=p, replace=False)
+    H = rng.standard_normal((p, p))
+    return hdiag, csfs, 0.5 * (H + H.T) + np.diag(hdiag[csfs])
+
+
 def test_preconditioner_equals_dense_olsen_correction():
     """The host correction (two work vectors, column by column) against Olsen's formula written
     densely: M = (H_PP - t) on the space and (H_mm - t) elsewhere, t = M^-1 (r - e x) with
     e = (x M^-1 r) / (x M^-1 x), for three columns at once (one diagonal exactly at t: clamped;
     one t below every diagonal, where the clamp is skipped)."""
-    rng = np.random.default_rng(8)
-    n, p = 200, 15
-    hdiag = np.sort(rng.standard_normal(n))
-    csfs = rng.choice(n, size=p, replace=False)
-    H = rng.standard_normal((p, p))
-    H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
+    rng, n, p = np.random.default_rng(8), 200, 15
+    hdiag, csfs, H = _random_pspace(rng, n, p)
     R, X = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
     pre = PSpacePreconditioner(hdiag, csfs, H)
     outside = np.setdiff1d(np.arange(n), csfs)
@@ -137,12 +142,8 @@ def test_preconditioner_equals_dense_olsen_correction():
 def test_correction_over_the_residuals_equals_the_new_block():
     """overwrite_r: the host correction written over the residuals passed in (as the solver's
     Davidson lets it) equals the correction into a new block bit for bit, and is that storage."""
-    rng = np.random.default_rng(14)
-    n, p = 300, 25
-    hdiag = np.sort(rng.standard_normal(n))
-    csfs = rng.choice(n, size=p, replace=False)
-    H = rng.standard_normal((p, p))
-    H = 0.5 * (H + H.T) + np.diag(hdiag[csfs])
+    rng, n = np.random.default_rng(14), 300
+    hdiag, csfs, H = _random_pspace(rng, n, 25)
     pre = PSpacePreconditioner(hdiag, csfs, H)
     thetas = np.array([hdiag[0] - 0.3, hdiag[40] + pre.shift])  # the second one clamped
     rows, X = rng.standard_normal((2, n)), rng.standard_normal((n, 2))
