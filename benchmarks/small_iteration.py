@@ -50,6 +50,7 @@ the kernel (on the H200 it does for the backward passes): a coarse choice, not k
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -442,8 +443,6 @@ def main():
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
         if args.history_out:  # for --reference in another process (another package)
-            import os
-
             os.makedirs(args.history_out, exist_ok=True)
             for variant, h in hist.items():
                 path = os.path.join(args.history_out, f"{name}_{variant.replace(' ', '')}.csv")
@@ -452,8 +451,6 @@ def main():
         first_variant = next(iter(hist))
         pairs += [(v, hist[v], first_variant, hist[first_variant]) for v in list(hist)[1:]]
         if args.reference:
-            import os
-
             import pandas as pd
 
             for variant, h in hist.items():
@@ -510,15 +507,12 @@ def main():
         "copies/sets",
     ]
     if args.json_out:
-        kept = argparse.Namespace(**vars(args))
-        for name in ("history_out", "reference"):  # folders of this machine: only whether set
-            setattr(kept, name, bool(getattr(kept, name)))
         table = [dict(zip(header, r, strict=True)) for r in rows]
         table += [
             {"table": "profile", **dict(zip(profile_header, r, strict=True))} for r in profiles
         ]
         write_json(
-            args.json_out, "small_iteration.py", "small-systems", kept, table, note=args.note
+            args.json_out, "small_iteration.py", "small-systems", args, table, note=args.note
         )
     if profiles:
         print_table(

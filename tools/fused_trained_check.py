@@ -12,7 +12,7 @@ and smallest picked log-probability. --save writes each run's weights (state_dic
 tensor cores).
 
     python tools/fused_trained_check.py --seeds 0 1 2 --iterations 30 [--dtypes float32 float64]
-        [--fast other/fast_infer.py] [--k-chunks 0 8] [--save DIR]
+        [--fast other/fast_infer.py] [--k-chunks 0 32] [--save DIR]
     TRITON_INTERPRET=1 python tools/fused_trained_check.py --device cpu --load DIR/*.pt
 """
 

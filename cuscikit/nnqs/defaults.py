@@ -61,8 +61,8 @@ H_SS on one rank), with its inner-step schedule (`DEFAULT_TEACHER_INNER_STEPS`,
 `DEFAULT_TEACHER_GAP`) and its hold (`DEFAULT_TEACHER_HOLD`). Without the hold (H200, three
 seeds, 400-iteration schedules, 800 for the 8-site Hubbard chains) every case of the
 molecule-and-lattice set up to 8 sites ended within 1.6 mHa, and 29 of the 30 runs within 0.5 mHa
-after the PT2 correction (the U = 8 chain, seed 1: 0.523); with it, all 27 runs of the set but
-LiH (not rerun) within both, at most 0.144 mHa; before, with the teacher off and 4 inner steps,
+after the PT2 correction (the U = 8 chain, seed 1: 0.523); with it, all 30 runs within both,
+at most 0.144 mHa; before, with the teacher off and 4 inner steps,
 H2O ended at 18.5 mHa, the H8 chain at 29.6, the stretched N2 at 26.2 (docs/nnqs_sci.md,
 "#teacher-schedule", "#teacher-hold")."""
 
@@ -94,7 +94,7 @@ while S is unchanged (the last solution at hand, no new eigensolve). Released on
 run. On an H200 (three seeds, the schedules of `DEFAULT_TEACHER`'s measurement: 400 iterations,
 800 for the 8-site Hubbard chains) the 8-site chain at U = 8 ended at 0.144 / 0.085 / 0.117 mHa
 (1e-3 t; without the hold 0.237 / 0.523 / 0.414, a miss of the 0.5-mHa PT2 goal), and every one
-of the 27 runs (the set's cases but LiH, which was not rerun) within 0.144 mHa by both estimators
-and after PT2. A few seeds ended higher than without the hold, by up to 0.05 mHa (the 6-site ring
+of the 30 runs (LiH in a later call: at most 0.0001 mHa) within 0.144 mHa by both estimators and
+after PT2. A few seeds ended higher than without the hold, by up to 0.05 mHa (the 6-site ring
 at U = 8, seed 1: 0.085 -> 0.136). Every run released the hold, at an error of at most 0.1 mHa
 (docs/nnqs_sci.md, "#teacher-hold")."""
