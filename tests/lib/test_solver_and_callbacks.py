@@ -123,7 +123,16 @@ def test_error_hook_sees_the_exception():
     assert rec.events == ["start", 1, "error:boom"]
 
 
-def test_sigint_stops_after_the_current_iteration_and_saves():
+@pytest.fixture
+def python_sigint():
+    """SIGINT handled as Python's own default, whatever the test process inherited (a process
+    started in the background by a shell without job control starts with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_sigint_stops_after_the_current_iteration_and_saves(python_sigint):
     d = Counter()
 
     class CtrlC(Callback):
@@ -137,7 +146,7 @@ def test_sigint_stops_after_the_current_iteration_and_saves():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_a_second_sigint_interrupts_at_once():
+def test_a_second_sigint_interrupts_at_once(python_sigint):
     d = Counter()
 
     class Twice(Callback):
