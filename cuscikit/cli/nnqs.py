@@ -130,6 +130,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         teacher="auto" if args.teacher is None else args.teacher,
         teacher_until=args.teacher_until,
         teacher_hold=args.teacher_hold,
+        teacher_resolve=args.teacher_resolve,
         comm=comm,
     )
     # the rate schedule travels with the checkpoint; a resume under another one is warned about
@@ -181,6 +182,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
     if runner.teacher_on:
         report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
         report["teacher_hold"] = args.teacher_hold
+        report["teacher_resolve"] = args.teacher_resolve
         if args.teacher_hold > 0:
             report["teacher_released"] = runner.teacher_released
     if report["status"] != "ok" and args.checkpoint:
@@ -335,8 +337,14 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         default=DEFAULT_TEACHER_HOLD,
         metavar="H",
         help="hold the teacher's weight at no less than H times its first (0: off) while the "
-        "network trails the CI energy of S; after T only while S is unchanged; released for "
-        "good once the gap closes",
+        "network trails the CI energy of S (each new S solved); released for good once the "
+        "gap closes",
+    )
+    s.add_argument(
+        "--no-teacher-resolve",
+        dest="teacher_resolve",
+        action="store_false",
+        help="after T hold the teacher only while S is unchanged (no eigensolve of a new S)",
     )
     s.add_argument(
         "--lr-final",

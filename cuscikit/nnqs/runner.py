@@ -251,12 +251,18 @@ class Runner(Solver):
             steps end with its weight; needs `teacher_hold` = 0).
         teacher_hold: a fraction h in [0, 1] (0: off): while the network's variational energy
             is above the CI energy of S by more than `teacher_gap`, the teacher's weight is at
-            least h times its weight at iteration 1; before `teacher_until` from the teacher's
-            solution of each S, from `teacher_until` on only while S is the space last solved
-            (no new eigensolve). The first iteration where the schedule is below that and the
-            test fails (or S has changed after `teacher_until`) releases the hold for good
-            (`teacher_released`, kept by `save` / `load`: a resumed run is the same run);
-            from then on the weight is the linear schedule's.
+            least h times its weight at iteration 1, tested against the teacher's solution of
+            each S (with `teacher_resolve`; else from `teacher_until` on only while S is the
+            space last solved). The first iteration where the schedule is below that and the
+            test fails (or, without `teacher_resolve`, S has changed after `teacher_until`)
+            releases the hold for good (`teacher_released`, kept by `save` / `load`: a resumed
+            run is the same run); from then on the weight is the linear schedule's.
+        teacher_resolve: while the hold is in force after `teacher_until`, solve each new S
+            (the eigensolve started from the last solution, carried over to the rows the two
+            spaces share) instead of releasing the hold when S changes (default True; False:
+            the rule before, for spaces that keep changing under a count cap where a solve per
+            iteration is not wanted). Without a change of S after `teacher_until` (every run
+            whose S stops growing before it) both give the same run.
         verbose: PySCF-style verbosity (messages at NOTE and above; `dump_flags` at INFO).
 
     Example:
@@ -303,6 +309,7 @@ class Runner(Solver):
     teacher_inner_steps: int | None | str = "auto"
     teacher_gap: float | None = DEFAULT_TEACHER_GAP
     teacher_hold: float = DEFAULT_TEACHER_HOLD
+    teacher_resolve: bool = True
     verbose: int = NOTE
 
     _keys = {
@@ -449,6 +456,8 @@ class Runner(Solver):
             raise ValueError(
                 f"teacher_hold must be a fraction in [0, 1] of the teacher's weight, got {h!r}"
             )
+        if not isinstance(self.teacher_resolve, bool):
+            raise ValueError(f"teacher_resolve must be True or False, got {self.teacher_resolve!r}")
         if h > 0 and g is None and self.teacher != 0:
             raise ValueError(
                 "teacher_hold > 0 releases the teacher once the network is within teacher_gap "
@@ -628,17 +637,20 @@ class Runner(Solver):
         """(the teacher's weight of this iteration, whether this iteration releases the hold).
         The weight is the scheduled `lam`, or `teacher_hold` times the starting weight while
         the hold is in force and binds (`lam` below it) and the network's variational energy
-        is above the CI energy of S by more than `teacher_gap`: while the schedule runs, from
-        the teacher's solution of S (which it needs anyway), after it only from the last
-        solution, while S is the space it solved (no new eigensolve). The first iteration that
-        fails the test releases the hold for good (`_step` records it once the iteration is
-        applied)."""
+        is above the CI energy of S by more than `teacher_gap`, from the teacher's solution of
+        S (which a held weight needs anyway); without `teacher_resolve`, after the schedule
+        only from the last solution, while S is the space it solved (no new eigensolve). The
+        first iteration that fails the test releases the hold for good (`_step` records it
+        once the iteration is applied)."""
         if not self._holding or r.space_pairs is None or not len(S) or not math.isfinite(e_v):
             return lam, False
         held = self.teacher_hold * self.teacher_on
         if lam >= held:
             return lam, False  # the schedule is not below the hold: nothing to decide yet
-        e_ci = self._teacher_solution(S, r)[0] if lam > 0 else self._kept_ci_energy(S)
+        if lam > 0 or self.teacher_resolve:
+            e_ci = self._teacher_solution(S, r)[0]
+        else:
+            e_ci = self._kept_ci_energy(S)
         if e_ci is not None and e_v - e_ci > self.teacher_gap:
             return held, False
         return lam, True
@@ -855,9 +867,33 @@ class Runner(Solver):
 
         if self._kept_ci_energy(S) is not None:
             return self._teacher_last[1], self._teacher_last[2]
-        e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=r.psi_s)
+        e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=self._teacher_guess(S, r))
         self._teacher_last = (np.array(S, copy=True), e_t, c)
         return e_t, c
+
+    def _teacher_guess(self, S: np.ndarray, r):
+        """The eigensolve's start on S: the last solution on the rows S shares with the space
+        it solved, the network's psi (scaled to the same norm on those rows) on the others;
+        the network's psi alone before the first solve. Once S changes by a few
+        configurations an iteration, the last solution is most of the answer."""
+        last = self._teacher_last
+        if last is None:
+            return r.psi_s
+        from cuscikit.backends.keys import KeyIndex
+
+        rows = KeyIndex(last[0]).find(S)
+        shared = rows >= 0
+        if not shared.any():
+            return r.psi_s
+        psi = np.asarray(_host_array(r.psi_s)).astype(np.complex128)
+        k = int(np.argmax(np.abs(psi)))  # the network's phase, aligned as the solver reads it
+        psi = (psi * np.conj(psi[k]) / max(abs(psi[k]), 1e-300)).real
+        guess = np.where(shared, 0.0, psi)
+        norm_psi = np.linalg.norm(psi[shared])
+        if norm_psi > 0:
+            guess *= np.linalg.norm(last[2][rows[shared]]) / norm_psi
+        guess[shared] = last[2][rows[shared]]
+        return guess
 
     def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
         """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de

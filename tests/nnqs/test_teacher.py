@@ -161,6 +161,7 @@ def test_teacher_off_is_the_plain_method():
         ({"teacher_hold": True}, "teacher_hold"),
         ({"teacher_hold": "on"}, "teacher_hold"),
         ({"teacher_hold": 0.5, "teacher_gap": None}, "teacher_gap"),
+        ({"teacher_resolve": 1}, "teacher_resolve"),
     ],
 )
 def test_bad_teacher_options(kw, match):
@@ -256,16 +257,64 @@ def test_hold_keeps_the_weight_while_the_gap_is_open_and_releases_for_good(until
     assert (steps[: max(k, until - 1)] == 16).all() and (steps[max(k, until - 1) :] == 4).all()
 
 
+def test_hold_solves_each_new_space_after_the_schedule():
+    """teacher_resolve (the default): after teacher_until the hold solves each new S. LiH's S
+    still grows at iterations 3 and 4, and the hold stays at its weight with the CI energy of
+    each S (the dense one) while the gap is open."""
+    r = _runner(teacher_until=3, teacher_hold=1.0, teacher_inner_steps=3, teacher_gap=1e-6)
+    assert r.teacher_resolve is True
+    sizes, exact = [], []
+    for _ in range(4):
+        sizes.append(len(r.space))
+        exact.append(r.space.exact_energy(method="dense"))
+        r.run(1, progress=False)
+    h = r.history
+    assert sizes[2] != sizes[1] and sizes[3] != sizes[2]  # S changes after teacher_until
+    assert h["teacher_weight"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert h["teacher_released"].tolist() == [False] * 4
+    assert h["inner_steps"].tolist() == [3, 3, 3, 3]
+    np.testing.assert_allclose(h["e_teacher"].to_numpy(), exact, atol=1e-9)
+    assert (h["e_variational"] - h["e_teacher"]).iloc[1:].min() > 1e-6
+
+
+def test_teacher_guess_carries_the_last_solution_over():
+    """The eigensolve's start on a changed S: the last solution on the shared rows (by
+    configuration, whatever their order), the network's psi scaled to the same norm on the new
+    ones; and a Lanczos solve from it gives the dense ground state of the new S."""
+    from types import SimpleNamespace
+
+    mol = Molecule.load("H2O")
+    big = SCISpace.singles_doubles(mol)
+    diag, pairs, dense = _pairs(big)
+    old = big.configs[::-1][: len(big) - 7]  # another order, seven configurations fewer
+    r = _runner()
+    c_old = np.random.default_rng(3).normal(size=len(old))
+    r._teacher_last = (old, -1.0, c_old)
+    psi = np.exp(1j * 0.3) * np.linspace(1.0, 2.0, len(big))
+    g = r._teacher_guess(big.configs, SimpleNamespace(psi_s=psi))
+    rows = {bytes(x): i for i, x in enumerate(old)}
+    shared = np.array([bytes(x) in rows for x in big.configs])
+    assert int((~shared).sum()) == 7
+    np.testing.assert_array_equal(g[shared], [c_old[rows[bytes(x)]] for x in big.configs[shared]])
+    scale = np.linalg.norm(c_old) / np.linalg.norm(np.abs(psi[shared]))
+    np.testing.assert_allclose(g[~shared], np.abs(psi[~shared]) * scale, rtol=1e-12)
+    e, c = T.space_ground_state(diag, pairs, guess=g)
+    w, v = np.linalg.eigh(dense)
+    assert e == pytest.approx(w[0], abs=1e-9) and abs(abs(float(c @ v[:, 0])) - 1) < 1e-8
+    r._teacher_last = None  # before the first solve: the network's psi
+    assert r._teacher_guess(big.configs, SimpleNamespace(psi_s=psi)) is psi
+
+
 def test_hold_ends_when_the_space_changes_after_the_schedule(tmp_path):
-    """After teacher_until the hold needs the last solution (no new eigensolve): LiH's S still
-    grows at iteration 3, so the hold ends there although the gap is open. Its checkpoint, whose
-    history holds that NaN e_teacher, loads (and so does one of a run with pt2=False, whose
-    e_pt2 is NaN); infinities are refused."""
+    """teacher_resolve=False: after teacher_until the hold needs the last solution (no new
+    eigensolve): LiH's S still grows at iteration 3, so the hold ends there although the gap is
+    open. Its checkpoint, whose history holds that NaN e_teacher, loads (and so does one of a
+    run with pt2=False, whose e_pt2 is NaN); infinities are refused."""
     import h5py
 
     from cuscikit.nnqs.checkpoint import CheckpointError, _digest
 
-    r = _runner(teacher_until=3, teacher_hold=1.0, teacher_inner_steps=3)
+    r = _runner(teacher_until=3, teacher_hold=1.0, teacher_inner_steps=3, teacher_resolve=False)
     h = r.run(4, progress=False).history
     assert h["teacher_weight"].tolist()[:2] == [1.0, 1.0]
     assert h["teacher_released"].tolist() == [False, False, True, True]
