@@ -14,8 +14,8 @@
 # limit), the most runs of one group at once (the rest wait for a free slot; the MPS server takes
 # a limited number of client processes); CKPT=DIR (relative to the tree) keeps a checkpoint per
 # run in DIR/LABEL and resumes from it (accuracy_small.py --checkpoint-dir), so a schedule longer
-# than one call continues in the next: the checkpoints come back as ckpt.tgz (unpack it into the
-# tree's DIR and carry DIR to the next call). Logs, JSON and
+# than one call continues in the next: each checkpoint comes back as ckpt_LABEL_RUN.h5.tgz (unpack
+# them into the tree's DIR and carry DIR to the next call). Logs, JSON and
 # histories land in $OUT (JSON beside acc_histories.tgz, which holds the histories, the logs and
 # gpu.log: GPU use and load sampled every 10 s).
 #   usage (device tool): [DEADLINE=S] [CACHE=DIR] bash tools/device_accuracy_set.sh GROUP...
@@ -67,4 +67,11 @@ done
 # one archive (the device tool returns a limited number of files): histories, logs, GPU samples
 mv "$out"/acc_*.log "$out/gpu.log" "$out/acc/"
 tar czf "$out/acc_histories.tgz" -C "$out" acc && rm -rf "$out/acc"
-[ -n "${CKPT:-}" ] && tar czf "$out/ckpt.tgz" -C "$root/$CKPT" .
+# one archive per checkpoint (the tool returns files up to 16 MiB; one of a 10-site chain is ~7)
+if [ -n "${CKPT:-}" ]; then
+  for f in "$root/$CKPT"/*/*.h5; do
+    [ -e "$f" ] || continue
+    rel=${f#"$root/$CKPT/"}
+    tar czf "$out/ckpt_${rel//\//_}.tgz" -C "$root/$CKPT" "$rel"
+  done
+fi

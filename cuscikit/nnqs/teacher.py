@@ -23,32 +23,43 @@ Our account, the measurements and the default: ``docs/nnqs_sci.md`` ("The select
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 __all__ = ["fidelity_loss", "space_ground_state", "teacher_coefficients"]
 
 DENSE_LIMIT = 600
-"""Spaces up to this size are diagonalised densely; larger ones by Lanczos (ARPACK)."""
+"""Spaces up to this size are diagonalised densely; larger ones by Davidson."""
 
 
 def _host(a) -> np.ndarray:
     return a.detach().to("cpu").numpy() if torch.is_tensor(a) else np.asarray(a)
 
 
-def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[float, np.ndarray]:
+def space_ground_state(
+    hdiag, pairs, guess=None, tol: float = 1e-10, residual_tol: float = 1e-7
+) -> tuple[float, np.ndarray]:
     """The lowest eigenpair of H restricted to S, from its diagonal and off-diagonal pairs.
+
+    Spaces up to `DENSE_LIMIT` are diagonalised densely on the host; larger ones by the block
+    Davidson solver of `cuscikit.linalg.davidson` (one root, started from `guess`) where the
+    pairs live: for torch tensors (a GPU's) the sparse products are torch's CSR on their
+    device, for numpy arrays SciPy's. The iteration's pairs never travel.
 
     Args:
         hdiag: <x|H|x> for the n configurations of S (numpy or torch).
         pairs: (row, column, value) of the off-diagonal entries of H_SS, every entry listed
             from both of its rows (as the iteration's coupled pairs inside S are).
-        guess: a starting vector for the iterative solver (e.g. the network's psi on S);
-            complex values are reduced to a real vector of the same signs.
-        tol: ARPACK's relative accuracy for spaces above `DENSE_LIMIT`.
+        guess: a starting vector (e.g. the network's psi on S, or the last solution carried
+            over); complex values are reduced to a real vector of the same signs.
+        tol: the iterative solver's convergence on the change of the energy (Hartree).
+        residual_tol: and on the norm of the residual (c normalised).
 
     Returns:
-        (energy, c) with c real, normalised, sign fixed so that its largest entry is positive.
+        (energy, c) with c a real numpy vector, normalised, sign fixed so that its largest
+        entry is positive.
 
     Example:
         >>> import numpy as np
@@ -57,38 +68,76 @@ def space_ground_state(hdiag, pairs, guess=None, tol: float = 1e-10) -> tuple[fl
         >>> round(e, 6), bool(c[0] > c[1] > 0)
         (-0.207107, True)
     """
-    import scipy.sparse as sp
-
-    d = _host(hdiag).astype(np.float64).real
-    n = len(d)
+    n = len(hdiag)
     if n == 0:
         raise ValueError("the space is empty")
-    rows, cols, vals = (_host(a) for a in pairs)
+    rows, cols, vals = pairs
     if not (len(rows) == len(cols) == len(vals)):
         raise ValueError("pairs must be three arrays of one length")
-    vals = np.asarray(vals).real.astype(np.float64)
-    h = sp.coo_matrix((vals, (rows.astype(np.int64), cols.astype(np.int64))), shape=(n, n))
-    h = (h + sp.diags(d)).tocsr()
-    if n <= DENSE_LIMIT:
-        w, v = np.linalg.eigh(h.toarray())
-        e, c = float(w[0]), v[:, 0]
-    else:
-        from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+    if n <= DENSE_LIMIT or not torch.is_tensor(hdiag):
+        import scipy.sparse as sp
 
-        v0 = None
-        if guess is not None:
-            g = _host(guess).astype(np.complex128)
-            k = int(np.argmax(np.abs(g)))
-            g = (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
-            if np.linalg.norm(g) > 0:
-                v0 = g / np.linalg.norm(g)
-        try:
-            w, v = eigsh(h, k=1, which="SA", v0=v0, tol=tol)
-        except ArpackNoConvergence as exc:
-            if exc.eigenvectors is None or exc.eigenvectors.shape[1] == 0:
-                raise
-            w, v = exc.eigenvalues, exc.eigenvectors  # the best Ritz pair reached
-        e, c = float(w[0]), v[:, 0]
+        d = _host(hdiag).astype(np.float64).real
+        h = sp.coo_matrix(
+            (
+                np.asarray(_host(vals)).real.astype(np.float64),
+                (_host(rows).astype(np.int64), _host(cols).astype(np.int64)),
+            ),
+            shape=(n, n),
+        ).tocsr()
+        if n <= DENSE_LIMIT:
+            w, v = np.linalg.eigh((h + sp.diags(d)).toarray())
+            return _signed(float(w[0]), v[:, 0])
+
+        def matvec(x):
+            return h @ x + d[:, None] * x
+
+        diag = d
+    else:
+        dev = hdiag.device
+        d = hdiag.real.to(torch.float64)
+        idx = torch.stack([torch.as_tensor(rows, device=dev), torch.as_tensor(cols, device=dev)])
+        with warnings.catch_warnings():  # torch's notices that its sparse layouts are beta
+            warnings.filterwarnings("ignore", message="Sparse")
+            off = torch.sparse_coo_tensor(
+                idx.to(torch.int64),
+                torch.as_tensor(vals, device=dev).real.to(torch.float64),
+                (n, n),
+                check_invariants=False,
+            )
+            off = off.coalesce().to_sparse_csr()
+
+        def matvec(x):
+            return off @ x + d[:, None] * x
+
+        diag = d
+    from cuscikit.linalg.davidson import davidson
+
+    g = _real_guess(guess, diag)
+    res = davidson(matvec, diag, 1, guess=g, tol=tol, residual_tol=residual_tol, max_iter=500)
+    c = res.vectors[:, 0]
+    return _signed(float(res.energies[0]), _host(c).astype(np.float64))
+
+
+def _real_guess(guess, diag):
+    """`guess` as a real (n, 1) start on diag's device with the signs of its phases (aligned on
+    its largest entry); None (the solver's own start) where it is None or zero."""
+    if guess is None:
+        return None
+    if torch.is_tensor(diag):
+        g = torch.as_tensor(guess, device=diag.device).to(torch.complex128)
+        k = int(torch.argmax(g.abs()))
+        top = g[k]
+        g = (g * top.conj() / max(float(top.abs()), 1e-300)).real
+        return g[:, None] if float(torch.linalg.vector_norm(g)) > 0 else None
+    g = _host(guess).astype(np.complex128)
+    k = int(np.argmax(np.abs(g)))
+    g = (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
+    return g[:, None] if np.linalg.norm(g) > 0 else None
+
+
+def _signed(e: float, c: np.ndarray) -> tuple[float, np.ndarray]:
+    """(e, c) with c normalised and its largest entry positive."""
     c = c / np.linalg.norm(c)
     if c[int(np.argmax(np.abs(c)))] < 0:
         c = -c

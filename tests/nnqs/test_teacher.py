@@ -20,14 +20,40 @@ def _pairs(space):
     return np.diag(dense).copy(), (rows, cols, dense[rows, cols]), dense
 
 
-@pytest.mark.parametrize("dense_limit", [T.DENSE_LIMIT, 10])  # dense, then the Lanczos path
-def test_space_ground_state_is_the_dense_one(monkeypatch, dense_limit):
+def _on(device, diag, pairs):
+    """The diagonal and pairs as numpy arrays (device None) or as torch tensors on `device`."""
+    if device is None:
+        return diag, pairs
+    return torch.as_tensor(diag, device=device), tuple(
+        torch.as_tensor(a, device=device) for a in pairs
+    )
+
+
+_DEVICES = [
+    None,
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", _DEVICES)  # numpy (SciPy's products), torch's CSR
+@pytest.mark.parametrize("dense_limit", [T.DENSE_LIMIT, 10])  # dense, then the Davidson path
+@pytest.mark.parametrize("start", ["psi", "none"])
+def test_space_ground_state_is_the_dense_one(monkeypatch, dense_limit, device, start):
     monkeypatch.setattr(T, "DENSE_LIMIT", dense_limit)
     mol = Molecule.load("H2O")
     space = SCISpace.singles_doubles(mol)
     diag, pairs, dense = _pairs(space)
     w, v = np.linalg.eigh(dense)
-    e, c = T.space_ground_state(diag, pairs, guess=np.ones(len(diag)) + 0.1j)
+    guess = np.ones(len(diag)) + 0.1j if start == "psi" else None
+    e, c = T.space_ground_state(*_on(device, diag, pairs), guess=guess)
+    assert isinstance(c, np.ndarray)
     assert e == pytest.approx(w[0], abs=1e-9)
     assert abs(abs(float(c @ v[:, 0])) - 1.0) < 1e-8
     assert c[np.argmax(np.abs(c))] > 0
@@ -280,7 +306,7 @@ def test_hold_solves_each_new_space_after_the_schedule():
 def test_teacher_guess_carries_the_last_solution_over():
     """The eigensolve's start on a changed S: the last solution on the shared rows (by
     configuration, whatever their order), the network's psi scaled to the same norm on the new
-    ones; and a Lanczos solve from it gives the dense ground state of the new S."""
+    ones; and a Davidson solve from it gives the dense ground state of the new S."""
     from types import SimpleNamespace
 
     mol = Molecule.load("H2O")
