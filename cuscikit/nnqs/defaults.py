@@ -91,11 +91,11 @@ DEFAULT_TEACHER_HOLD = 1.0
 trails the CI energy of S by more than `DEFAULT_TEACHER_GAP`, each new S solved (with
 `Runner(teacher_resolve=False)` after `DEFAULT_TEACHER_UNTIL` only while S is unchanged, and
 released when it changes). Released once the gap closes and for good, so the inner-step count
-changes once a run. In the runs below S stopped changing before `DEFAULT_TEACHER_UNTIL`, where
-both rules are the same run. On an H200 (three seeds, the schedules of `DEFAULT_TEACHER`'s measurement: 400 iterations,
-800 for the 8-site Hubbard chains) the 8-site chain at U = 8 ended at 0.144 / 0.085 / 0.117 mHa
-(1e-3 t; without the hold 0.237 / 0.523 / 0.414, a miss of the 0.5-mHa PT2 goal), and every one
-of the 30 runs (LiH in a later call: at most 0.0001 mHa) within 0.144 mHa by both estimators and
-after PT2. A few seeds ended higher than without the hold, by up to 0.05 mHa (the 6-site ring
-at U = 8, seed 1: 0.085 -> 0.136). Every run released the hold, at an error of at most 0.1 mHa
-(docs/nnqs_sci.md, "#teacher-hold")."""
+changes once a run. In the runs below S stopped changing before `DEFAULT_TEACHER_UNTIL`, where both
+rules are the same run. On an H200 (three seeds, the schedules of `DEFAULT_TEACHER`'s measurement:
+400 iterations, 800 for the 8-site Hubbard chains) the 8-site chain at U = 8 ended at 0.144 / 0.085
+/ 0.117 mHa (1e-3 t; without the hold 0.237 / 0.523 / 0.414, a miss of the 0.5-mHa PT2 goal), and
+every one of the 30 runs (LiH in a later call: at most 0.0001 mHa) within 0.144 mHa by both
+estimators and after PT2. A few seeds ended higher than without the hold, by up to 0.05 mHa (the
+6-site ring at U = 8, seed 1: 0.085 -> 0.136). Every run released the hold, at an error of at most
+0.1 mHa (docs/nnqs_sci.md, "#teacher-hold")."""

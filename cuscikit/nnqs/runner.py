@@ -880,14 +880,13 @@ class Runner(Solver):
         if last is None:
             return r.psi_s
         from cuscikit.backends.keys import KeyIndex
+        from cuscikit.nnqs.teacher import aligned_real
 
         rows = KeyIndex(last[0]).find(S)
         shared = rows >= 0
         if not shared.any():
             return r.psi_s
-        psi = np.asarray(_host_array(r.psi_s)).astype(np.complex128)
-        k = int(np.argmax(np.abs(psi)))  # the network's phase, aligned as the solver reads it
-        psi = (psi * np.conj(psi[k]) / max(abs(psi[k]), 1e-300)).real
+        psi = aligned_real(r.psi_s)  # the network's phase, aligned as the solver reads it
         guess = np.where(shared, 0.0, psi)
         norm_psi = np.linalg.norm(psi[shared])
         if norm_psi > 0:

@@ -130,10 +130,21 @@ def _real_guess(guess, diag):
         top = g[k]
         g = (g * top.conj() / max(float(top.abs()), 1e-300)).real
         return g[:, None] if float(torch.linalg.vector_norm(g)) > 0 else None
-    g = _host(guess).astype(np.complex128)
-    k = int(np.argmax(np.abs(g)))
-    g = (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
+    g = aligned_real(guess)
     return g[:, None] if np.linalg.norm(g) > 0 else None
+
+
+def aligned_real(psi) -> np.ndarray:
+    """A complex vector (numpy or torch) as the real numpy vector of its phases aligned on its
+    largest entry: the start the eigensolve reads from a network's psi.
+
+    Example:
+        >>> aligned_real(np.array([1j, -2j])).tolist()
+        [-1.0, 2.0]
+    """
+    g = _host(psi).astype(np.complex128)
+    k = int(np.argmax(np.abs(g)))
+    return (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
 
 
 def _signed(e: float, c: np.ndarray) -> tuple[float, np.ndarray]:
