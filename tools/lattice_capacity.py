@@ -25,7 +25,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -35,14 +34,6 @@ from accuracy_small import build_system  # noqa: E402
 from cuscikit import Ansatz  # noqa: E402
 from cuscikit.nnqs.teacher import fidelity_loss, teacher_coefficients  # noqa: E402
 from cuscikit.sci.space import SCISpace  # noqa: E402
-
-
-def full_matrix(space: SCISpace) -> sp.csr_matrix:
-    """H within the space as a full symmetric scipy CSR matrix (stored as its upper triangle)."""
-    a = space.hamiltonian.restricted(space.configs)
-    n = len(space)
-    up = sp.csr_matrix((a.data, a.indices, a.indptr), shape=(n, n))
-    return (up + up.T - sp.diags(up.diagonal())).tocsr()
 
 
 def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device):
@@ -119,7 +110,7 @@ def main() -> None:
     space = SCISpace(mol, full.configs[order])
     e_s, cs = space.exact_energy(return_vectors=True)
     c = cs[:, 0] * np.sign(cs[np.argmax(np.abs(cs[:, 0])), 0])
-    h = full_matrix(space).tocoo()
+    h = space.hamiltonian.restricted(space.configs).tocsr().tocoo()
     dev = torch.device(args.device)
     warnings.filterwarnings("ignore", message="Sparse")  # torch's beta notices
     ht = torch.sparse_coo_tensor(

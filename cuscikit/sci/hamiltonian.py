@@ -241,8 +241,12 @@ class SymmetricMatrix:
 
     __matmul__ = matmat
 
-    def toarray(self) -> np.ndarray:
+    def tocsr(self):
+        """The whole symmetric matrix as a SciPy CSR matrix (both triangles)."""
         import scipy.sparse as sp
 
         u = sp.csr_matrix((self.data, self.indices, self.indptr), shape=(self.n, self.n))
-        return (u + u.T - sp.diags(self.diagonal())).toarray()
+        return (u + u.T - sp.diags(self.diagonal())).tocsr()
+
+    def toarray(self) -> np.ndarray:
+        return self.tocsr().toarray()
