@@ -437,6 +437,11 @@ class FusedInference:
             sum leaves them (a power of two >= 16, Triton's smallest K for float32 products, or
             0: all of K in one accumulator); the chunks are added in float32 rounded to nearest
             (the module docstring says why).
+        num_stages: Triton's software pipelining depth of the kernel's loops (None: Triton's
+            default); fewer stages keep fewer weight tiles in shared memory.
+        maxnreg: the most registers per thread the compiler may use (None: no limit; the
+            kernel then takes all 255, which leaves room for only a few programs per SM).
+            Neither changes the arithmetic: ln psi is the same to the bit.
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
@@ -459,6 +464,8 @@ class FusedInference:
         num_warps: int | None = None,
         share_prefixes: bool = True,
         k_chunk: int = 16,
+        num_stages: int | None = None,
+        maxnreg: int | None = None,
     ) -> None:
         why = unsupported_reason(ansatz)
         if why is None and ansatz.device.type != "cuda" and not interpreting():
@@ -481,6 +488,12 @@ class FusedInference:
         self.k_chunk = int(k_chunk)
         if self.k_chunk and (self.k_chunk < 16 or self.k_chunk & (self.k_chunk - 1)):
             raise ValueError(f"k_chunk must be 0 or a power of two >= 16, got {k_chunk!r}")
+        self.num_stages = None if num_stages is None else int(num_stages)
+        if self.num_stages is not None and self.num_stages < 1:
+            raise ValueError(f"num_stages must be None or >= 1, got {num_stages!r}")
+        self.maxnreg = None if maxnreg is None else int(maxnreg)
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ValueError(f"maxnreg must be None or 24..255, got {maxnreg!r}")
         self.last_plan: list[int] | None = None
         self._packed: dict[str, torch.Tensor] | None = None
         self._versions: tuple[int, ...] | None = None
@@ -593,6 +606,11 @@ class FusedInference:
         bn = max(1, (self.block * self.lp) // sp)  # the rows per program of the whole pass
         n = x.shape[0]
         dummy = out
+        compile_options = {
+            k: v
+            for k, v in (("num_stages", self.num_stages), ("maxnreg", self.maxnreg))
+            if v is not None and not interpreting()
+        }
         _amplitude_kernel[(triton.cdiv(n, bn),)](
             x,
             out,
@@ -626,6 +644,7 @@ class FusedInference:
             HAS_PARENT=parent is not None,
             STORE=store is not None,
             num_warps=self.num_warps,
+            **compile_options,
         )
 
     def plan(self, configs: torch.Tensor) -> tuple[list[int], list[int]]:

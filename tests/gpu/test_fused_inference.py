@@ -112,6 +112,23 @@ def test_other_precisions_against_float64(name, precision, k_chunk):
     assert err <= TOL
 
 
+@pytest.mark.parametrize("name", ["N2", "N2/cc-pVDZ"])
+@pytest.mark.parametrize("launch", [(1, 128), (1, 168), (2, None)])
+def test_launch_settings_keep_the_bits(name, launch):
+    """Pipelining stages and the register limit change how the kernel is compiled, not its
+    arithmetic: the same ln psi to the bit as the default launch."""
+    mol = Molecule.load(name)
+    a = _random_ansatz(
+        mol.norb, mol.nelec, 32 if mol.norb <= 16 else 48, 4 if mol.norb <= 16 else 6
+    )
+    x = a.sample(5000, generator=3)[0]
+    stages, maxnreg = launch
+    with torch.no_grad():
+        ref = FusedInference(a)(x)
+        got = FusedInference(a, num_stages=stages, maxnreg=maxnreg)(x)
+    assert torch.equal(got, ref)
+
+
 def test_out_of_sector_is_minus_inf():
     a = _random_ansatz(10, (7, 7), 32, 4)
     wrong = all_determinants(10, (6, 7))[:50]  # one alpha electron short

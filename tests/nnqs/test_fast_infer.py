@@ -93,6 +93,13 @@ _INTERPRETED = textwrap.dedent(
             assert err < 1e-5, (prec, err)
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
+    for wrong in ({"num_stages": 0}, {"maxnreg": 300}, {"maxnreg": 16}):
+        try:
+            FusedInference(a, **wrong)
+        except ValueError as exc:
+            print("refused", wrong, exc)
+        else:
+            raise AssertionError(f"{wrong} was accepted")
     # stages over shared first orbitals (keys/values cached one and two levels deep), two
     # words, repeated and out-of-sector configurations, in no particular order
     for norb, nelec, d, h, plans in [

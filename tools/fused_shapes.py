@@ -1,0 +1,106 @@
+"""Where the fused amplitude kernel's time goes, by shape: N2/cc-pVDZ configurations (28
+orbitals) through `FusedInference.amplitude` for several model widths (head width 8) and
+product precisions, batches in the pipeline's prefix order. A width that costs as much as the
+next power of two says the padding of d_model dominates; a precision that costs as much as
+another says the products do not. With --one, a single batch of the default model only (for
+a profiler such as Nsight Compute).
+
+usage: python tools/fused_shapes.py [--n 262144] [--widths 32 48 64] [--precisions fp64 tf32x3]
+       python tools/fused_shapes.py --one
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from benchmarks_space import sample_space  # noqa: E402
+
+from cuscikit import Ansatz, Molecule  # noqa: E402
+from cuscikit.backends.keys import to_device  # noqa: E402
+from cuscikit.nnqs.fast_infer import FusedInference  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=262144)
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--widths", type=int, nargs="*", default=[32, 48, 64])
+    ap.add_argument("--precisions", nargs="+", default=["fp64", "tf32x3", "ieee"])
+    ap.add_argument(
+        "--launch", nargs="*", default=[], help="WARPS:STAGES:MAXNREG[:BLOCK] (auto: default)"
+    )
+    ap.add_argument("--system", default="N2/cc-pVDZ", help="the molecule of the default model")
+    ap.add_argument("--one", action="store_true")
+    args = ap.parse_args()
+    mol = Molecule.load(args.system)
+    x = to_device(sample_space(mol, args.n), "cuda")
+    if len(x) < args.n:  # a small sector (N2/STO-3G: 14,400): repeated to fill the batches
+        x = x.repeat((args.n + len(x) - 1) // len(x), 1)[: args.n]
+    if args.one:
+        fused = FusedInference(Ansatz.for_molecule(mol, seed=0, device="cuda"))
+        xs = x[fused.order(x)][: args.batch]
+        fused.amplitude(xs)
+        torch.cuda.synchronize()
+        return
+    print(f"# {args.system}: {len(x):,} configurations, batch {args.batch:,}")
+    print("| d_model | heads | precision | plan of the last batch | kernel configurations/s |")
+    print("| --- | --- | --- | --- | --- |")
+    for d in args.widths:
+        a = Ansatz.for_molecule(mol, seed=0, device="cuda", d_model=d, n_heads=d // 8)
+        for prec in args.precisions:
+            fused = FusedInference(a, precision=prec)
+            xs = x[fused.order(x)]
+            r = rate(fused, xs, args.batch)
+            print(f"| {d} | {d // 8} | {prec} | {fused.last_plan} | {r:.3e} |", flush=True)
+    if args.launch:
+        launch_scan(mol, x, args)
+
+
+def rate(fused, xs, batch) -> float:
+    with torch.no_grad():
+        fused.amplitude(xs[:batch])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            for lo in range(0, len(xs), batch):
+                fused.amplitude(xs[lo : lo + batch])
+        torch.cuda.synchronize()
+    return 3 * len(xs) / (time.perf_counter() - t0)
+
+
+def launch_scan(mol, x, args) -> None:
+    """The default model's kernel under each launch setting, batches in prefix order."""
+    a = Ansatz.for_molecule(mol, seed=0, device="cuda")
+    ref = None
+    print("\n| block | warps | stages | maxnreg | configurations/s | same ln psi |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for spec in args.launch:
+        w, st, reg, *blk = (None if v == "auto" else int(v) for v in spec.split(":"))
+        blk = blk[0] if blk else None
+        fused = FusedInference(a, num_warps=w, num_stages=st, maxnreg=reg, block=blk)
+        xs = x[fused.order(x)]
+        try:
+            r = rate(fused, xs, args.batch)
+        except Exception as exc:  # a setting the compiler refuses: say so, go on
+            print(f"| {spec} | failed: {type(exc).__name__}: {str(exc)[:200]} |", flush=True)
+            continue
+        with torch.no_grad():
+            out = fused.amplitude(xs[: args.batch])
+        same = "(reference)" if ref is None else str(bool(torch.equal(out, ref)))
+        ref = out if ref is None else ref
+        print(
+            f"| {fused.block} | {fused.num_warps} | {st or 'auto'} | {reg or 'auto'} | {r:.3e} "
+            f"| {same} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
