@@ -440,8 +440,9 @@ class FusedInference:
         num_stages: Triton's software pipelining depth of the kernel's loops (None: Triton's
             default); fewer stages keep fewer weight tiles in shared memory.
         maxnreg: the most registers per thread the compiler may use (None: no limit; the
-            kernel then takes all 255, which leaves room for only a few programs per SM).
-            Neither changes the arithmetic: ln psi is the same to the bit.
+            N2/cc-pVDZ kernel then takes all 255, two programs per SM; with a limit it spills,
+            and on an H200 it ran slower, docs/performance.md). Neither option changes the
+            arithmetic: ln psi is the same to the bit.
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
