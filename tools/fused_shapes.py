@@ -2,10 +2,14 @@
 orbitals) through `FusedInference.amplitude` for several model widths (head width 8) and
 product precisions, batches in the pipeline's prefix order. A width that costs as much as the
 next power of two says the padding of d_model dominates; a precision that costs as much as
-another says the products do not. With --one, a single batch of the default model only (for
-a profiler such as Nsight Compute).
+another says the products do not. --launch scans the launch settings of the default model of
+--system (warps per program, Triton's pipelining stages, the register limit per thread, the
+configurations per program: they decide how many programs share an SM) and checks that each
+gives the same ln|psi| to the bit as the first. With --one, a single batch of the default model
+only (for a profiler such as Nsight Compute). Needs a CUDA GPU.
 
 usage: python tools/fused_shapes.py [--n 262144] [--widths 32 48 64] [--precisions fp64 tf32x3]
+       python tools/fused_shapes.py [--system N2] --widths --launch 4:auto:auto 4:1:168 ...
        python tools/fused_shapes.py --one
 """
 
@@ -64,6 +68,7 @@ def main() -> None:
 
 
 def rate(fused, xs, batch) -> float:
+    """Configurations per second of the amplitude kernel over xs (three passes, warmed up)."""
     with torch.no_grad():
         fused.amplitude(xs[:batch])
         torch.cuda.synchronize()
