@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from benchmarks_space import sample_space  # noqa: E402
+from inference import rate  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.backends.keys import to_device  # noqa: E402
@@ -61,23 +61,10 @@ def main() -> None:
         for prec in args.precisions:
             fused = FusedInference(a, precision=prec)
             xs = x[fused.order(x)]
-            r = rate(fused, xs, args.batch)
+            r = rate(fused.amplitude, xs, args.batch)
             print(f"| {d} | {d // 8} | {prec} | {fused.last_plan} | {r:.3e} |", flush=True)
     if args.launch:
         launch_scan(mol, x, args)
-
-
-def rate(fused, xs, batch) -> float:
-    """Configurations per second of the amplitude kernel over xs (three passes, warmed up)."""
-    with torch.no_grad():
-        fused.amplitude(xs[:batch])
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(3):
-            for lo in range(0, len(xs), batch):
-                fused.amplitude(xs[lo : lo + batch])
-        torch.cuda.synchronize()
-    return 3 * len(xs) / (time.perf_counter() - t0)
 
 
 def launch_scan(mol, x, args) -> None:
@@ -92,7 +79,7 @@ def launch_scan(mol, x, args) -> None:
         fused = FusedInference(a, num_warps=w, num_stages=st, maxnreg=reg, block=blk)
         xs = x[fused.order(x)]
         try:
-            r = rate(fused, xs, args.batch)
+            r = rate(fused.amplitude, xs, args.batch)
         except Exception as exc:  # a setting the compiler refuses: say so, go on
             print(f"| {spec} | failed: {type(exc).__name__}: {str(exc)[:200]} |", flush=True)
             continue

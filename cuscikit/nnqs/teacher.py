@@ -125,13 +125,17 @@ def _real_guess(guess, diag):
     if guess is None:
         return None
     if torch.is_tensor(diag):
-        g = torch.as_tensor(guess, device=diag.device).to(torch.complex128)
-        k = int(torch.argmax(g.abs()))
-        top = g[k]
-        g = (g * top.conj() / max(float(top.abs()), 1e-300)).real
-        return g[:, None] if float(torch.linalg.vector_norm(g)) > 0 else None
-    g = aligned_real(guess)
-    return g[:, None] if np.linalg.norm(g) > 0 else None
+        g = _aligned(torch.as_tensor(guess, device=diag.device).to(torch.complex128))
+    else:
+        g = aligned_real(guess)
+    return g[:, None] if float((g * g).sum()) > 0 else None
+
+
+def _aligned(g):
+    """The real part of g (complex numpy array or torch tensor, kept where it is) after the
+    phase of its largest entry is taken out."""
+    top = g[int(abs(g).argmax())]
+    return (g * top.conj() / max(float(abs(top)), 1e-300)).real
 
 
 def aligned_real(psi) -> np.ndarray:
@@ -142,9 +146,7 @@ def aligned_real(psi) -> np.ndarray:
         >>> aligned_real(np.array([1j, -2j])).tolist()
         [-1.0, 2.0]
     """
-    g = _host(psi).astype(np.complex128)
-    k = int(np.argmax(np.abs(g)))
-    return (g * np.conj(g[k]) / max(abs(g[k]), 1e-300)).real
+    return _aligned(_host(psi).astype(np.complex128))
 
 
 def _signed(e: float, c: np.ndarray) -> tuple[float, np.ndarray]:
