@@ -11,8 +11,10 @@ number of optimiser steps a run gives the network, or the space).
 
 usage: python tools/lattice_capacity.py [--system Hubbard-10-chain-U4] [--n 30000]
            [--steps 2000] [--variant NAME:OBJECTIVE:ANSATZ_JSON ...] [--json-out F]
-  OBJECTIVE: "energy+teacher" (weight --teacher) or "teacher"; ANSATZ_JSON replaces Ansatz
-  defaults, e.g. 'd64:energy+teacher:{"d_model":64}'. Several variants run one after another.
+  OBJECTIVE: "energy+teacher" (weight --teacher) or "teacher", optionally with "/sign" (the
+  phase replaced by the signs of c: the network learns |psi| only) or "/amplitude" (ln|psi|
+  replaced by ln|c|: it learns the phase only); ANSATZ_JSON replaces Ansatz defaults, e.g.
+  'd64:energy+teacher:{"d_model":64}'. Several variants run one after another.
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ from cuscikit.nnqs.teacher import fidelity_loss, teacher_coefficients  # noqa: E
 from cuscikit.sci.space import SCISpace  # noqa: E402
 
 
-def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device):
+def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, oracle=""):
     ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=device, **kw)
+    # an oracle replaces one part of ln psi by the target's: the signs of c (the network learns
+    # only |psi|) or ln|c| (it learns only the phase)
+    dt = ansatz.dtype
+    exact_phase = torch.as_tensor(np.where(c < 0, np.pi, 0.0), dtype=dt, device=device)
+    with np.errstate(divide="ignore"):
+        exact_amp = torch.as_tensor(np.log(np.abs(c)), dtype=dt, device=device)
     opt = torch.optim.AdamW(
         ansatz.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, eps=1e-9
     )
@@ -48,6 +56,10 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device):
     marks.add(args.steps)
     for step in range(args.steps + 1):
         lp = ansatz.log_psi(x)
+        if oracle == "sign":
+            lp = torch.complex(lp.real, exact_phase)
+        elif oracle == "amplitude":
+            lp = torch.complex(exact_amp, lp.imag)
         lpd = lp.detach().to(torch.complex128)
         psi = torch.exp(lpd - lpd.real.max())
         hpsi = h @ psi
@@ -71,7 +83,7 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device):
         if step == args.steps:
             break
         coef = torch.zeros_like(psi)
-        if objective == "energy+teacher":
+        if objective.startswith("energy+teacher"):
             w = psi.abs() ** 2 / norm
             coef = w * (hpsi / psi - e) + args.teacher * teacher_coefficients(psi, c_t)
         else:
@@ -99,9 +111,14 @@ def main() -> None:
     variants = []
     for v in args.variant:
         name, objective, kw = v.split(":", 2)
-        if objective not in ("energy+teacher", "teacher"):
-            ap.error(f"unknown objective {objective!r} in {v!r}")
-        variants.append((name, objective, json.loads(kw or "{}")))
+        objective, _, oracle = objective.partition("/")
+        if objective not in ("energy+teacher", "teacher") or oracle not in (
+            "",
+            "sign",
+            "amplitude",
+        ):
+            ap.error(f"unknown objective {objective!r} or oracle {oracle!r} in {v!r}")
+        variants.append((name, objective, json.loads(kw or "{}"), oracle))
     mol, e_fci, _ = build_system(args.system, args.cache)
     t = time.perf_counter()
     full = SCISpace.full(mol)
@@ -123,8 +140,8 @@ def main() -> None:
         flush=True,
     )
     rows = []
-    for name, objective, kw in variants:
-        rows += run_variant(mol, space.configs, ht, c, e_s, name, objective, kw, args, dev)
+    for name, objective, kw, oracle in variants:
+        rows += run_variant(mol, space.configs, ht, c, e_s, name, objective, kw, args, dev, oracle)
     print("\n| variant | step | above the CI energy of S (mHa) | teacher loss | s |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
