@@ -85,7 +85,8 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
         coef = torch.zeros_like(psi)
         if objective.startswith("energy+teacher"):
             w = psi.abs() ** 2 / norm
-            coef = w * (hpsi / psi - e) + args.teacher * teacher_coefficients(psi, c_t)
+            local = torch.where(psi != 0, hpsi / psi, 0.0)  # psi = 0 only where c = 0 is given
+            coef = w * (local - e) + args.teacher * teacher_coefficients(psi, c_t)
         else:
             coef = teacher_coefficients(psi, c_t)
         opt.zero_grad(set_to_none=True)
