@@ -82,8 +82,7 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
             )
         if step == args.steps:
             break
-        coef = torch.zeros_like(psi)
-        if objective.startswith("energy+teacher"):
+        if objective == "energy+teacher":
             w = psi.abs() ** 2 / norm
             local = torch.where(psi != 0, hpsi / psi, 0.0)  # psi = 0 only where c = 0 is given
             coef = w * (local - e) + args.teacher * teacher_coefficients(psi, c_t)
