@@ -11,7 +11,8 @@ Sections (run any subset; each prints a table, all tables are printed again at t
              baseline pipeline (CPU generation and de-dup, GPU inference) vs the GPU pipeline:
              seconds per stage; --inference module,fused times each pipeline with ln psi
              from the module (eager/recorded, or compiled with --compile) and from the fused
-             Triton kernel (cuscikit.nnqs.fast_infer; fused-noshare: without prefix sharing).
+             kernels (cuscikit.nnqs.fast_infer; fused: the library's choice, fused-cuda and
+             fused-triton: that kernel, fused-noshare: without prefix sharing).
 - memory:    theoretical (all intermediates resident) vs measured peak at |S| = --space-size
              for H2O, C2H4O, C2 and N2, and one run under a cap well below the theoretical peak.
 
@@ -252,14 +253,25 @@ def warm_compiled(runner, configs, batch_size):
     return time.perf_counter() - t0
 
 
-def fused_for(ansatz, args, share=True):
+def fused_for(ansatz, args, share=True, kernel="auto"):
     """The fused inference path with the block shape asked for (None: the library's); share:
-    prefix sharing (and the prefix order of U in the pipeline) on or off."""
+    prefix sharing (and the prefix order of U in the pipeline) on or off; kernel: "auto" (the
+    library's choice), "cuda" or "triton"."""
     from cuscikit.nnqs.fast_infer import FusedInference
 
     return FusedInference(
-        ansatz, block=args.fused_block, num_warps=args.fused_warps, share_prefixes=share
+        ansatz,
+        block=args.fused_block,
+        num_warps=args.fused_warps,
+        share_prefixes=share,
+        kernel=kernel,
     )
+
+
+def _fused_kind(inference):
+    """(prefix sharing, kernel) of a fused --inference entry."""
+    kernel = inference.split("-")[1] if inference in ("fused-cuda", "fused-triton") else "auto"
+    return inference != "fused-noshare", kernel
 
 
 def bench_iteration(args):
@@ -276,9 +288,10 @@ def bench_iteration(args):
         rates["module"] = inference_rate(base, probe, args.batch_size) * (
             2.0 if args.compile else 1.0
         )
-    for kind in ("fused", "fused-noshare"):
+    for kind in ("fused", "fused-noshare", "fused-cuda", "fused-triton"):
         if kind in inferences:
-            fn = fused_for(base, args, share=kind == "fused")
+            share, kernel = _fused_kind(kind)
+            fn = fused_for(base, args, share=share, kernel=kernel)
             rates[kind] = inference_rate(base, probe, args.batch_size, fn)
     for k, v in rates.items():
         print(f"# {k} inference: {v:.3e} configurations/s expected (batch {args.batch_size})")
@@ -312,10 +325,11 @@ def bench_iteration(args):
             compile_inference=args.compile,
             fused_inference=inference.startswith("fused"),
         )
-        if inference == "fused-noshare" or (
+        if inference in ("fused-noshare", "fused-cuda", "fused-triton") or (
             inference == "fused" and (args.fused_block or args.fused_warps)
-        ):  # another block shape, or no prefix sharing
-            r._pipeline.fused_inference = fused_for(r.ansatz, args, inference == "fused")
+        ):  # another block shape or kernel, or no prefix sharing
+            share, kernel = _fused_kind(inference)
+            r._pipeline.fused_inference = fused_for(r.ansatz, args, share, kernel)
         compiled = args.compile and inference == "module"
         t_compile = warm_compiled(r, probe, args.batch_size) if compiled else 0.0
         row = r.step()
@@ -479,7 +493,8 @@ def main():
         "--inference",
         default="module",
         help="iteration section: ln psi from the module and/or the fused kernel "
-        "(comma-separated: module,fused,fused-noshare)",
+        "(comma-separated: module,fused,fused-noshare,fused-cuda,fused-triton; fused is the "
+        "library's choice of kernel)",
     )
     ap.add_argument("--fused-block", type=int, default=None, help="fused kernel: block")
     ap.add_argument("--fused-warps", type=int, default=None, help="fused kernel: warps")

@@ -11,7 +11,9 @@ on the same batch, and a profiler table of the eager float32 pass (where the tim
         [--fused fp64:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
         [--previous path/to/an/older/fast_infer.py ...]
 
-A --fused entry is precision:block:warps[:sharing[:chunk]] (block = configurations per program,
+A --fused entry is kernel[:sharing] for the library's kernels with their defaults (kernel:
+"cuda", the compiled kernel; "triton"; "auto", what Runner uses), or, for the Triton kernel,
+precision:block:warps[:sharing[:chunk]] (block = configurations per program,
 warps per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
 sequence, "on" = each batch's shared first orbitals computed once, "ordered" = "on" with the
 configurations first put in the prefix order, as the pipeline does; its sort is timed with
@@ -35,7 +37,7 @@ from benchmarks_space import sample_space
 
 from cuscikit import Ansatz, Molecule
 from cuscikit.backends.keys import to_device
-from cuscikit.nnqs.fast_infer import FusedInference, unsupported_reason
+from cuscikit.nnqs.fast_infer import KERNELS, FusedInference, unsupported_reason
 from cuscikit.nnqs.graphs import InferenceGraph
 
 DEV = torch.device("cuda")
@@ -63,6 +65,8 @@ def main():
         "--fused",
         nargs="*",
         default=[
+            "cuda:off",
+            "cuda:ordered",
             "fp64:auto:auto:off",
             "fp64:auto:auto:on",
             "fp64:auto:auto:ordered",
@@ -70,7 +74,8 @@ def main():
             "ieee:auto:auto:ordered",
             "tf32:auto:auto:ordered",
         ],
-        help="fused-kernel variants, precision:block:warps[:off|on|ordered[:chunk]]",
+        help="fused-kernel variants, cuda|triton|auto[:off|on|ordered] or "
+        "precision:block:warps[:off|on|ordered[:chunk]] (Triton)",
     )
     ap.add_argument(
         "--previous",
@@ -188,28 +193,36 @@ def main():
             fused(x[: args.batch])
             fused_row(fused, f"previous fused ({path}) ordered", "ordered")
         for spec in args.fused if why is None else []:
-            prec, block, warps, *rest = spec.split(":")
-            sharing = rest[0] if rest else "on"
-            chunk = {} if len(rest) < 2 or rest[1] == "auto" else {"k_chunk": int(rest[1])}
+            parts = spec.split(":")
             try:
-                fused = FusedInference(
-                    a32,
-                    precision=prec,
-                    block=None if block == "auto" else int(block),
-                    num_warps=None if warps == "auto" else int(warps),
-                    share_prefixes=sharing != "off",
-                    **chunk,
-                )
+                if parts[0] in KERNELS:
+                    sharing = parts[1] if len(parts) > 1 else "on"
+                    fused = FusedInference(a32, kernel=parts[0], share_prefixes=sharing != "off")
+                else:
+                    prec, block, warps, *rest = parts
+                    sharing = rest[0] if rest else "on"
+                    chunk = {} if len(rest) < 2 or rest[1] == "auto" else {"k_chunk": int(rest[1])}
+                    fused = FusedInference(
+                        a32,
+                        precision=prec,
+                        block=None if block == "auto" else int(block),
+                        num_warps=None if warps == "auto" else int(warps),
+                        share_prefixes=sharing != "off",
+                        **chunk,
+                    )
                 t0 = time.perf_counter()
                 fused(x[: args.batch])
                 torch.cuda.synchronize()
             except Exception as exc:  # a shape the compiler refuses: say so, measure the rest
                 print(f"# fused {spec} failed: {type(exc).__name__}: {exc}"[:2000])
                 continue
-            label = (
-                f"fused {prec} block {fused.block} warps {fused.num_warps} sharing {sharing}"
-                f" k_chunk {fused.k_chunk}"
-            )
+            if fused.kernel == "cuda":
+                label = f"fused cuda kernel, sharing {sharing}"
+            else:
+                label = (
+                    f"fused {fused.precision} block {fused.block} warps {fused.num_warps} "
+                    f"sharing {sharing} k_chunk {fused.k_chunk}"
+                )
             print(f"# {label}: first call (compile) {time.perf_counter() - t0:.1f} s")
             fused_row(fused, label, sharing)
         if why is not None:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute's view of the fused amplitude kernel (both stages of one N2/cc-pVDZ batch in
-# the prefix order: tools/fused_shapes.py --one), printed as text (the sections' details and
-# the warp stall reasons), then the N2/STO-3G block shapes of the whole ln psi
-# (benchmarks/inference.py). Usage (repository root on the GPU machine):
+# the prefix order: tools/fused_shapes.py --one; KERNEL=cuda|triton|auto picks the kernel),
+# printed as text (the sections' details and the warp stall reasons), then the N2/STO-3G block
+# shapes of the whole ln psi (benchmarks/inference.py; STO3G=0 skips them). Usage (repository
+# root on the GPU machine):
 #   bash tools/device_fused_profile.sh OUTDIR
 set -u
 cd "$(dirname "$0")/.."
@@ -12,9 +13,10 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2> /dev/null | head -1)
 echo "ncu: ${NCU:-not found}"
 if [ -n "$NCU" ]; then
-  python3 tools/fused_shapes.py --one  # compile outside the profiler
-  timeout 240 "$NCU" -k regex:_amplitude_kernel --launch-count 2 --set full \
-    -o "$OUTDIR/amplitude" -f python3 tools/fused_shapes.py --one > "$OUTDIR/ncu_run.log" 2>&1
+  python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}"  # compile outside the profiler
+  timeout 240 "$NCU" -k regex:amplitude_kernel --launch-count 2 --set full \
+    -o "$OUTDIR/amplitude" -f python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}" \
+    > "$OUTDIR/ncu_run.log" 2>&1
   echo "ncu exit $?"; tail -5 "$OUTDIR/ncu_run.log"
   "$NCU" --import "$OUTDIR/amplitude.ncu-rep" --page details --print-details all \
     > "$OUTDIR/ncu_details.txt" 2>&1
@@ -23,6 +25,7 @@ if [ -n "$NCU" ]; then
     "$OUTDIR/ncu_details.txt" | head -40
   rm -f "$OUTDIR/amplitude.ncu-rep"
 fi
+[ "${STO3G:-1}" = 0 ] && exit 0
 timeout 100 python3 benchmarks/inference.py --systems N2 --n 262144 --no-profile --module \
   --fused ${FUSED:-fp64:auto:auto:ordered fp64:4:4:ordered fp64:8:4:ordered fp64:16:8:ordered} \
   --json "$OUTDIR/inference_sto3g.json" 2>&1 | tee "$OUTDIR/inference.log" | grep -v "^#"

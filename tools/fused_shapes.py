@@ -6,11 +6,14 @@ another says the products do not. --launch scans the launch settings of the defa
 --system (warps per program, Triton's pipelining stages, the register limit per thread, the
 configurations per program: they decide how many programs share an SM) and checks that each
 gives the same ln|psi| to the bit as the first. With --one, a single batch of the default model
-only (for a profiler such as Nsight Compute). Needs a CUDA GPU.
+only (for a profiler such as Nsight Compute). --ends times the default model's stages as
+given (e.g. 12,28 or 8,12,16,20,28) against the plan's own choice, for --kernel. Needs a CUDA
+GPU.
 
 usage: python tools/fused_shapes.py [--n 262144] [--widths 32 48 64] [--precisions fp64 tf32x3]
        python tools/fused_shapes.py [--system N2] --widths --launch 4:auto:auto 4:1:168 ...
        python tools/fused_shapes.py --one
+       python tools/fused_shapes.py --kernel cuda --ends 12,28 8,12,16,20,28
 """
 
 from __future__ import annotations
@@ -42,16 +45,43 @@ def main() -> None:
     )
     ap.add_argument("--system", default="N2/cc-pVDZ", help="the molecule of the default model")
     ap.add_argument("--one", action="store_true")
+    ap.add_argument(
+        "--kernel", default="auto", help="--one, --ends: the kernel (auto, cuda, triton)"
+    )
+    ap.add_argument("--ends", nargs="*", default=[], help="stage plans to time, e.g. 12,28")
     args = ap.parse_args()
     mol = Molecule.load(args.system)
     x = to_device(sample_space(mol, args.n), "cuda")
     if len(x) < args.n:  # a small sector (N2/STO-3G: 14,400): repeated to fill the batches
         x = x.repeat((args.n + len(x) - 1) // len(x), 1)[: args.n]
     if args.one:
-        fused = FusedInference(Ansatz.for_molecule(mol, seed=0, device="cuda"))
+        a = Ansatz.for_molecule(mol, seed=0, device="cuda")
+        fused = FusedInference(a, kernel=args.kernel)
         xs = x[fused.order(x)][: args.batch]
         fused.amplitude(xs)
         torch.cuda.synchronize()
+        return
+    if args.ends:
+        a = Ansatz.for_molecule(mol, seed=0, device="cuda")
+        fused = FusedInference(a, kernel=args.kernel)
+        xs = x[fused.order(x)]
+        plans = [None] + [[int(e) for e in spec.split(",")] for spec in args.ends]
+        print(f"# {args.system}, {fused.kernel} kernel: {len(x):,} configurations")
+        print("| stages | amplitude configurations/s | largest difference from the plan's |")
+        print("| --- | --- | --- |")
+        ref = None
+        for ends in plans:
+            with torch.no_grad():
+                out = torch.cat(
+                    [
+                        fused.amplitude(xs[lo : lo + args.batch], ends)
+                        for lo in range(0, len(xs), args.batch)
+                    ]
+                )
+            ref = out if ref is None else ref
+            r = rate(lambda b, ends=ends: fused.amplitude(b, ends), xs, args.batch)
+            label = f"plan's own {fused.last_plan}" if ends is None else str(ends)
+            print(f"| {label} | {r:.3e} | {float((out - ref).abs().max()):.1e} |", flush=True)
         return
     print(f"# {args.system}: {len(x):,} configurations, batch {args.batch:,}")
     print("| d_model | heads | precision | plan of the last batch | kernel configurations/s |")
@@ -59,7 +89,7 @@ def main() -> None:
     for d in args.widths:
         a = Ansatz.for_molecule(mol, seed=0, device="cuda", d_model=d, n_heads=d // 8)
         for prec in args.precisions:
-            fused = FusedInference(a, precision=prec)
+            fused = FusedInference(a, precision=prec)  # the Triton kernel
             xs = x[fused.order(x)]
             r = rate(fused.amplitude, xs, args.batch)
             print(f"| {d} | {d // 8} | {prec} | {fused.last_plan} | {r:.3e} |", flush=True)

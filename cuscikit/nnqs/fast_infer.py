@@ -1,4 +1,16 @@
-"""ln psi without gradient through one fused Triton kernel per batch.
+"""ln psi without gradient through one fused kernel per batch (and prefix stage).
+
+Two kernels compute the same function. The compiled CUDA kernel (``cuscikit._cuda``,
+ext/cuda/sci/amplitude.cu; the default where it is built and the model has d_model 16, 32, 48
+or 64 with heads of 8) runs one thread per (configuration, position) row with plain float32
+FMAs rounded to nearest: the row's activations stay in registers through every layer, a
+block stages one layer's weights at a time in shared memory (every weight is read by a whole
+warp at once), a configuration's rows sit in consecutive lanes of a warp (32 // positions
+configurations per warp) and attention takes the other positions' keys and values by warp
+shuffles; the last LayerNorm, the head, the masked log-softmax and the sum over positions run
+in float64. On an H200 it runs N2/cc-pVDZ at 1.1x and N2/STO-3G at 1.2x the Triton kernel
+below (docs/performance.md, "The CUDA amplitude kernel"). The rest of this docstring describes
+the Triton kernel (``kernel="triton"``), which runs every supported size.
 
 The amplitude of `cuscikit.nnqs.ansatz.Ansatz` (token and position embedding, the pre-LayerNorm
 transformer blocks with causal attention, the final LayerNorm, the head, the masked conditional
@@ -76,7 +88,13 @@ import torch
 
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
-__all__ = ["FusedInference", "token_key", "unsupported_reason"]
+__all__ = [
+    "FusedInference",
+    "cuda_unsupported_reason",
+    "layer_block_floats",
+    "token_key",
+    "unsupported_reason",
+]
 
 PRECISIONS = ("fp64", "tf32x3", "ieee", "tf32")
 _MAX_D = 64  # widest d_model laid out (one 64-column tile)
@@ -417,6 +435,65 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return out
 
 
+KERNELS = ("auto", "cuda", "triton")
+_CUDA_WIDTHS = (16, 32, 48, 64)  # d_model values the CUDA kernel is compiled for (heads of 8)
+
+
+def _cuda_module():
+    from cuscikit.backends.loader import cuda
+
+    return cuda()
+
+
+def cuda_unsupported_reason(ansatz) -> str | None:
+    """Why the CUDA amplitude kernel cannot run this ansatz here (None: it can).
+
+    Example:
+        >>> from cuscikit import Ansatz
+        >>> cuda_unsupported_reason(Ansatz(6, (3, 2), d_model=40, n_heads=5, seed=0))
+        'd_model=40 with heads of 8 is not compiled (16-64 by 16, heads of 8 are)'
+    """
+    d, hd = ansatz.d_model, ansatz.d_model // ansatz.n_heads
+    if d not in _CUDA_WIDTHS or hd != 8:
+        return f"d_model={d} with heads of {hd} is not compiled (16-64 by 16, heads of 8 are)"
+    if ansatz.dtype != torch.float32:
+        return f"the ansatz is {ansatz.dtype}, the kernel is float32"
+    if ansatz.norb > 64:
+        return f"norb={ansatz.norb} is above 64"
+    if ansatz.device.type != "cuda":
+        return f"the ansatz is on {ansatz.device.type}"
+    try:
+        mod = _cuda_module()
+    except Exception as exc:  # noqa: BLE001 - any reason the compiled module cannot load
+        return str(exc)
+    if not hasattr(mod, "amplitude_stage"):
+        return "cuscikit._cuda was built without the amplitude kernel"
+    return None
+
+
+def layer_block_floats(d: int) -> int:
+    """Floats per layer in the CUDA kernel's weight layout: the four d x d attention
+    matrices, the two MLP matrices (d x 4d, 4d x d), eight d-vectors (the attention biases and
+    both LayerNorms), the MLP biases (4d, d); padded to a multiple of 4."""
+    return -(-(4 * d * d + 8 * d * d + 9 * d + 4 * d) // 4) * 4
+
+
+def _layer_blocks(packed: dict[str, torch.Tensor], d: int, nl: int) -> torch.Tensor:
+    """(n_layers, layer_block_floats(d)) float32: each layer's parameters in the CUDA
+    kernel's order, (in, out) matrices row-major without the padding of ``packed``."""
+    f = 4 * d
+    parts = []
+    for i in range(nl):
+        mats = [packed[k][i, :d, :d] for k in ("wq", "wk", "wv", "wo")]
+        mats += [packed["w1"][i, :d, :f], packed["w2"][i, :f, :d]]
+        vecs = [packed[k][i, :d] for k in ("bq", "bk", "bv", "bo", "ln1w", "ln1b", "ln2w", "ln2b")]
+        vecs += [packed["b1"][i, :f], packed["b2"][i, :d]]
+        flat = torch.cat([t.reshape(-1) for t in mats + vecs])
+        pad = layer_block_floats(d) - flat.numel()
+        parts.append(torch.nn.functional.pad(flat, (0, pad)))
+    return torch.stack(parts).contiguous()
+
+
 class FusedInference:
     """ln psi (complex64, no gradient) of an `Ansatz` through the fused amplitude kernel.
 
@@ -425,9 +502,10 @@ class FusedInference:
 
     Args:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
-        precision: "fp64" (default: the weight products on the float64 tensor cores, the
-            attention products tf32x3), "tf32x3" (all products tf32x3), "ieee" (float32
-            FMAs) or "tf32" (outside the 1e-5 budget; measurement only).
+        precision: the Triton kernel's products: "fp64" (None, the default: the weight
+            products on the float64 tensor cores, the attention products tf32x3), "tf32x3"
+            (all products tf32x3), "ieee" (float32 FMAs) or "tf32" (outside the 1e-5 budget;
+            measurement only).
         block: configurations per program (None: 8 for up to 16 orbitals, else 1); a prefix
             stage with fewer padded positions takes proportionally more (the same rows).
         num_warps: warps per program (None: 8 for up to 16 orbitals, else 4).
@@ -435,14 +513,20 @@ class FusedInference:
             configuration's whole sequence.
         k_chunk: with "tf32x3", the terms of a weight product the tensor cores add before the
             sum leaves them (a power of two >= 16, Triton's smallest K for float32 products, or
-            0: all of K in one accumulator); the chunks are added in float32 rounded to nearest
-            (the module docstring says why).
+            0: all of K in one accumulator; None: 16); the chunks are added in float32 rounded
+            to nearest (the module docstring says why).
         num_stages: Triton's software pipelining depth of the kernel's loops (None: Triton's
             default); fewer stages keep fewer weight tiles in shared memory.
         maxnreg: the most registers per thread the compiler may use (None: no limit; the
             N2/cc-pVDZ kernel then takes all 255, two programs per SM; with a limit it spills,
             and on an H200 it ran slower, docs/performance.md). Neither option changes the
             arithmetic: ln psi is the same to the bit.
+        kernel: "cuda" (the compiled kernel of ``cuscikit._cuda``: one thread per position,
+            float32 FMAs rounded to nearest, the weights of a layer in shared memory; d_model
+            16, 32, 48 or 64 with heads of 8), "triton" (the kernel above, which the options
+            ``precision``, ``block``, ``num_warps``, ``k_chunk``, ``num_stages`` and
+            ``maxnreg`` configure), or "auto" (default: CUDA where it runs, unless one of
+            those options is given). A stage of more than 32 positions always runs on Triton.
 
     Raises:
         ValueError: for an unsupported ansatz or device, or an unknown precision.
@@ -460,14 +544,29 @@ class FusedInference:
         self,
         ansatz,
         *,
-        precision: str = "fp64",
+        precision: str | None = None,
         block: int | None = None,
         num_warps: int | None = None,
         share_prefixes: bool = True,
-        k_chunk: int = 16,
+        k_chunk: int | None = None,
         num_stages: int | None = None,
         maxnreg: int | None = None,
+        kernel: str = "auto",
     ) -> None:
+        triton_options = {
+            k: v
+            for k, v in (
+                ("precision", precision),
+                ("block", block),
+                ("num_warps", num_warps),
+                ("k_chunk", k_chunk),
+                ("num_stages", num_stages),
+                ("maxnreg", maxnreg),
+            )
+            if v is not None
+        }
+        precision = "fp64" if precision is None else precision
+        k_chunk = 16 if k_chunk is None else k_chunk
         why = unsupported_reason(ansatz)
         if why is None and ansatz.device.type != "cuda" and not interpreting():
             why = f"the ansatz is on {ansatz.device.type}, the fused kernel needs CUDA"
@@ -495,6 +594,20 @@ class FusedInference:
         self.maxnreg = None if maxnreg is None else int(maxnreg)
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise ValueError(f"maxnreg must be None or 24..255, got {maxnreg!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == "cuda" and triton_options:
+            raise ValueError(
+                f"{', '.join(triton_options)} configure the Triton kernel, not kernel='cuda'"
+            )
+        cuda_why = None if kernel == "triton" or triton_options else cuda_unsupported_reason(ansatz)
+        if kernel == "cuda" and cuda_why is not None:
+            raise ValueError(f"the CUDA amplitude kernel is unavailable: {cuda_why}")
+        #: "cuda" or "triton": which kernel runs the stages (``kernel="auto"``: CUDA where it
+        #: runs, unless an option of the Triton kernel was given)
+        self.kernel = (
+            "cuda" if kernel != "triton" and not triton_options and cuda_why is None else "triton"
+        )
         self.last_plan: list[int] | None = None
         self._packed: dict[str, torch.Tensor] | None = None
         self._versions: tuple[int, ...] | None = None
@@ -550,6 +663,8 @@ class FusedInference:
                 "wh": _pad(a.head.weight.t(), (dp, 16)),
                 "bias16": bias,
             }
+        if cuda_unsupported_reason(a) is None:
+            packed["layers"] = _layer_blocks(packed, d, nl)
         self._meta = {
             "D": d,
             "DP": dp,
@@ -603,6 +718,33 @@ class FusedInference:
         w = self._weights()
         m = self._meta
         na, nb = a.nelec
+        if self.kernel == "cuda" and k1 - k0 <= 32:
+            _cuda_module().amplitude_stage(
+                x,
+                k0,
+                k1,
+                a.norb,
+                na,
+                nb,
+                m["D"],
+                m["HD"],
+                1.0 / math.sqrt(m["HD"]),
+                w["layers"],
+                w["tok_emb"],
+                w["pos_emb"],
+                w["lnfw"],
+                w["lnfb"],
+                w["wh"],
+                w["bias16"],
+                parent,
+                pamp,
+                pkv,
+                store,
+                out if out.dtype == torch.float64 else None,
+                out if out.dtype == torch.float32 else None,
+                torch.cuda.current_stream(x.device).cuda_stream,
+            )
+            return
         sp = max(16, pow2(k1 - k0))
         bn = max(1, (self.block * self.lp) // sp)  # the rows per program of the whole pass
         n = x.shape[0]
@@ -662,15 +804,21 @@ class FusedInference:
             >>> FusedInference.plan_for(psi, x, share_prefixes=True)
             ([4, 20], [121, 36100])
         """
-        return self.plan_for(self.ansatz, configs, self.share_prefixes)
+        return self.plan_for(self.ansatz, configs, self.share_prefixes, self.kernel)
 
     @staticmethod
-    def plan_for(ansatz, configs: torch.Tensor, share_prefixes: bool = True):
-        """`plan` without a `FusedInference` (the planning needs no GPU)."""
-        return FusedInference._planned(ansatz, configs, share_prefixes)[:2]
+    def plan_for(
+        ansatz, configs: torch.Tensor, share_prefixes: bool = True, kernel: str = "triton"
+    ):
+        """`plan` without a `FusedInference` (the planning needs no GPU) for the costs of
+        ``kernel`` ("triton": a stage of p positions pads them to max(16, 2^ceil(log2 p))
+        rows; "cuda": a warp holds 32 // p configurations, so a configuration costs
+        32 / (32 // p) lanes, and at most one prefix stage: on an H200 N2/cc-pVDZ ran at
+        3.8e6/s with [12, 28], 3.0-3.2e6/s with three to five stages)."""
+        return FusedInference._planned(ansatz, configs, share_prefixes, kernel)[:2]
 
     @staticmethod
-    def _planned(ansatz, configs: torch.Tensor, share_prefixes: bool):
+    def _planned(ansatz, configs: torch.Tensor, share_prefixes: bool, kernel: str = "triton"):
         """(ends, counts, sorted) of `plan_for`; ``sorted``: (keys, permutation) of the
         configurations' `token_key` sort that the plan was made from (None for one stage)."""
         norb, n = ansatz.norb, len(configs)
@@ -686,15 +834,21 @@ class FusedInference:
         distinct[norb] = n
 
         def rows(a, b):
-            return distinct[b] * max(16, pow2(b - a))
+            p = b - a
+            if kernel == "cuda" and p <= 32:
+                return distinct[b] * 32 / (32 // p)
+            return distinct[b] * max(16, pow2(p))
 
         # best[b]: fewest padded rows for positions 0..b-1, one extra stage costing 1/32 pass
         overhead = n * max(16, pow2(norb)) / 32
         best = {0: (0.0, [])}
         for b in [*range(1, top + 1), norb]:
+            # the CUDA kernel: one prefix stage at most (a middle stage copies its parent's
+            # keys and values per prefix, which cost more than its rows saved on an H200)
+            starts = [0] if kernel == "cuda" and b < norb else list(best)
             best[b] = min(
                 (best[a][0] + rows(a, b) + (overhead if a else 0.0), [*best[a][1], b])
-                for a in best
+                for a in starts
                 if a < b
             )
         ends_best = best[norb][1]
@@ -723,7 +877,7 @@ class FusedInference:
             return out
         srt = None
         if ends is None:
-            ends, _, srt = self._planned(a, x, self.share_prefixes)
+            ends, _, srt = self._planned(a, x, self.share_prefixes, self.kernel)
         ends = [int(e) for e in ends]
         if ends[-1] != a.norb or ends[0] < 1 or sorted(set(ends)) != ends:
             raise ValueError(f"ends must increase to norb={a.norb}, got {ends}")

@@ -12,7 +12,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
-from cuscikit.nnqs.fast_infer import FusedInference  # noqa: E402
+from cuscikit.nnqs.fast_infer import (  # noqa: E402
+    FusedInference,
+    cuda_unsupported_reason,
+    layer_block_floats,
+)
 from cuscikit.sci.configs import all_determinants  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -40,35 +44,56 @@ def _err(fast, a, x, ref=None):
         return float((got - ref.to(torch.complex128)).abs().max())
 
 
+def _fused(a, kernel, **kw):
+    """FusedInference with the given kernel; skips where the CUDA kernel has no build for
+    this size (the Triton kernel runs every size here)."""
+    if kernel == "cuda" and (why := cuda_unsupported_reason(a)) is not None:
+        pytest.skip(f"CUDA kernel: {why}")
+    fast = FusedInference(a, kernel=kernel, **kw)
+    assert fast.kernel == kernel
+    return fast
+
+
+def test_cuda_layer_blocks_match_the_compiled_layout():
+    from cuscikit.backends.loader import cuda
+
+    mod = cuda()
+    for d in (16, 32, 48, 64):
+        assert mod.amplitude_layer_floats(d) == layer_block_floats(d)
+    assert mod.amplitude_layer_floats(40) == 0
+
+
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"norb{s[0]}-d{s[2]}")
-def test_fused_equals_module_random_weights(size):
+def test_fused_equals_module_random_weights(size, kernel):
     norb, nelec, d, h = size
     a = _random_ansatz(norb, nelec, d, h)
     x, _ = a.sample(3000, generator=1)
-    fast = FusedInference(a)
+    fast = _fused(a, kernel)
     with torch.no_grad():
         m32 = a.log_psi(x)
         m64 = copy.deepcopy(a).double().log_psi(x)
     vs32, vs64 = _err(fast, a, x, m32), _err(fast, a, x, m64)
     own = float((m32.to(torch.complex128) - m64).abs().max())
     print(
-        f"{size}: fused-module {vs32:.2e}, fused-float64 {vs64:.2e}, module float32-float64 "
-        f"{own:.2e} ({len(x)} configurations)"
+        f"{size} {kernel}: fused-module {vs32:.2e}, fused-float64 {vs64:.2e}, "
+        f"module float32-float64 {own:.2e} ({len(x)} configurations)"
     )
     assert vs32 <= TOL and vs64 <= TOL
     # a batch that is not a multiple of the block, and one configuration
     assert _err(fast, a, x[:3]) <= TOL and _err(fast, a, x[:1]) <= TOL
 
 
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
 @pytest.mark.parametrize("size", SIZES[:2], ids=lambda s: f"norb{s[0]}-d{s[2]}")
-def test_fused_follows_module_on_large_weights(size):
+def test_fused_follows_module_on_large_weights(size, kernel):
     """Weights four times further from the initialisation: float32 itself then misses 1e-5
     against float64 (the phase MLP, the module's own, dominates), so the fused path is held
     to the module's float32 pass and to no more than its distance from float64."""
     norb, nelec, d, h = size
     a = _random_ansatz(norb, nelec, d, h, noise=0.2)
     x, _ = a.sample(3000, generator=1)
-    fast = FusedInference(a)
+    fast = _fused(a, kernel)
     with torch.no_grad():
         m32 = a.log_psi(x)
         m64 = copy.deepcopy(a).double().log_psi(x)
@@ -77,7 +102,7 @@ def test_fused_follows_module_on_large_weights(size):
     amp_err = float((amp.double() - m64.real).abs().max())
     amp_own = float((m32.real.double() - m64.real).abs().max())
     print(
-        f"{size}: ln|psi| fused {amp_err:.2e}, "
+        f"{size} {kernel}: ln|psi| fused {amp_err:.2e}, "
         f"module float32 {amp_own:.2e}; ln psi module float32 {own:.2e}"
     )
     assert amp_err <= max(TOL, 2 * amp_own)
@@ -88,14 +113,15 @@ def _keys(x, a):
     return torch.from_numpy(x.view("int64")).to(a.device)
 
 
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
 @pytest.mark.parametrize("name", ["N2", "N2/cc-pVDZ"])
-def test_default_model_against_float64(name):
+def test_default_model_against_float64(name, kernel):
     """The models the benchmarks time, as initialised for the molecule: 1e-5 against float64."""
     mol = Molecule.load(name)
     a = Ansatz.for_molecule(mol, seed=0, device="cuda")
     x = a.sample(20000, generator=3)[0]
-    err = _err(FusedInference(a), a, x)
-    print(f"{name}: fused-float64 {err:.2e} ({len(x)} configurations)")
+    err = _err(_fused(a, kernel), a, x)
+    print(f"{name} {kernel}: fused-float64 {err:.2e} ({len(x)} configurations)")
     assert err <= TOL
 
 
@@ -107,7 +133,7 @@ def test_other_precisions_against_float64(name, precision, k_chunk):
     mol = Molecule.load(name)
     a = Ansatz.for_molecule(mol, seed=0, device="cuda")
     x = a.sample(5000, generator=3)[0]
-    err = _err(FusedInference(a, precision=precision, k_chunk=k_chunk), a, x)
+    err = _err(_fused(a, "triton", precision=precision, k_chunk=k_chunk), a, x)
     print(f"{name} {precision} k_chunk {k_chunk}: fused-float64 {err:.2e}")
     assert err <= TOL
 
@@ -124,8 +150,8 @@ def test_launch_settings_keep_the_bits(name, launch):
     x = a.sample(5000, generator=3)[0]
     stages, maxnreg = launch
     with torch.no_grad():
-        ref = FusedInference(a)(x)
-        got = FusedInference(a, num_stages=stages, maxnreg=maxnreg)(x)
+        ref = _fused(a, "triton")(x)
+        got = _fused(a, "triton", num_stages=stages, maxnreg=maxnreg)(x)
     assert torch.equal(got, ref)
 
 
@@ -176,19 +202,19 @@ def test_runner_energies_while_the_runs_share_their_space():
     assert de.max() <= 1e-6
 
 
-def _sector_errors(a, label):
+def _sector_errors(a, label, kernel):
     """Over the whole N2 sector: the fused path and the module's float32 pass against the
     float64 module (the same weights promoted), ln|psi| and the phase apart; printed."""
     x = all_determinants(a.norb, a.nelec)
     a64 = copy.deepcopy(a).double()
     with torch.no_grad():
-        m64, m32, got = a64.log_psi(x), a.log_psi(x), FusedInference(a)(x)
+        m64, m32, got = a64.log_psi(x), a.log_psi(x), _fused(a, kernel)(x)
     amp = (got.real.double() - m64.real).abs()
     own = (m32.real.double() - m64.real).abs()
     phase = float((m32.imag.double() - m64.imag).abs().max())
     i = int(amp.argmax())
     print(
-        f"{label} ({len(x)} configurations, ln|psi| {float(m64.real.min()):.2f}.."
+        f"{label}, {kernel} ({len(x)} configurations, ln|psi| {float(m64.real.min()):.2f}.."
         f"{float(m64.real.max()):.3f}): ln|psi| fused {float(amp.max()):.2e} (worst at "
         f"ln|psi| {float(m64.real[i]):.3f}, module there {float(own[i]):.1e}), module float32 "
         f"{float(own.max()):.2e}; phase float32 {phase:.2e}"
@@ -213,8 +239,9 @@ def test_trained_checkpoint(seed):
     # teacher=0: the plain method's trajectory, the states measured above (the teacher, on by
     # default, trains other weights)
     Runner(mol, a, topk=64, seed=seed, teacher=0).run(30, progress=False)
-    vs64, vs32 = _sector_errors(a.float(), f"float64-trained N2/STO-3G, seed {seed}")
-    assert vs64 <= TOL and vs32 <= TOL
+    for kernel in ("cuda", "triton"):
+        vs64, vs32 = _sector_errors(a.float(), f"float64-trained N2/STO-3G, seed {seed}", kernel)
+        assert vs64 <= TOL and vs32 <= TOL
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -224,8 +251,9 @@ def test_trained_state(seed):
     mol = Molecule.load("N2")
     a = Ansatz.for_molecule(mol, seed=seed, device="cuda")
     Runner(mol, a, topk=64, seed=seed, fused_inference=True).run(30, progress=False)
-    vs64, vs32 = _sector_errors(a, f"float32-trained N2/STO-3G, seed {seed}")
-    assert vs64 <= TOL and vs32 <= TOL
+    for kernel in ("cuda", "triton"):
+        vs64, vs32 = _sector_errors(a, f"float32-trained N2/STO-3G, seed {seed}", kernel)
+        assert vs64 <= TOL and vs32 <= TOL
 
 
 def _near_hf(mol, device):
@@ -251,7 +279,8 @@ def _near_hf(mol, device):
     ],
     ids=["norb28-d48", "norb36-d16"],
 )
-def test_shared_prefixes_equal_the_whole_pass(size, plans):
+@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+def test_shared_prefixes_equal_the_whole_pass(size, plans, kernel):
     """Stages over shared first orbitals (their keys/values cached, one or two levels deep)
     against float64 and against each configuration's whole sequence; out-of-sector rows too."""
     norb, nelec, d, h = size
@@ -260,7 +289,7 @@ def test_shared_prefixes_equal_the_whole_pass(size, plans):
     alpha = x[:, 0] & 0x5555555555555555  # the first word's alpha bits
     bad = x[alpha != 0][:40].clone()
     bad[:, 0] ^= alpha[alpha != 0][:40] & -alpha[alpha != 0][:40]  # one alpha electron less
-    fast = FusedInference(a)
+    fast = _fused(a, kernel)
     x = torch.cat([x, bad])
     x = x[fast.order(x)]
     with torch.no_grad():
@@ -273,7 +302,10 @@ def test_shared_prefixes_equal_the_whole_pass(size, plans):
         assert torch.equal(torch.isfinite(got), fin)
         vs64 = float((got[fin] - ref[fin]).abs().max())
         vs_whole = float((got[fin] - whole[fin]).abs().max())
-        print(f"{size} stages {fast.last_plan}: vs float64 {vs64:.2e}, vs whole {vs_whole:.2e}")
+        print(
+            f"{size} {kernel} stages {fast.last_plan}: vs float64 {vs64:.2e}, "
+            f"vs whole {vs_whole:.2e}"
+        )
         assert vs64 <= TOL and vs_whole <= TOL
 
 

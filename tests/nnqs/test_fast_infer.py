@@ -71,6 +71,34 @@ def test_plan_counts_the_distinct_prefixes():
     assert FusedInference.plan_for(short, short.config_words(x[:10] & 0xFFFFF)) == ([10], [10])
 
 
+def test_cuda_plan_minimises_its_lanes():
+    """The CUDA kernel's costs (32 // p configurations of p positions per warp, one prefix
+    stage at most): the plan is the cheapest of all such plans, by brute force."""
+    import itertools
+
+    norb = 28
+    a = Ansatz(norb, (2, 3), d_model=48, seed=0)
+    x = a.config_words(_random_configs(norb, (2, 3), 20000))
+    x = x[torch.argsort(token_key(x))]
+    tok = a.tokens(x)
+    distinct = {e: len(torch.unique(tok[:, :e], dim=0)) for e in range(1, norb)}
+    distinct[norb] = len(x)
+    stage = len(x) * 32 / 32  # the planner's cost of one more stage (32 padded positions)
+
+    def cost(ends):
+        pairs = zip([0, *ends[:-1]], ends, strict=True)
+        lanes = [distinct[b] * 32 / (32 // (b - a0)) for a0, b in pairs]
+        return sum(lanes) + stage * (len(ends) - 1)
+
+    plans = [[*c, norb] for m in range(2) for c in itertools.combinations(range(1, norb), m)]
+    best = min(cost(p) for p in plans)
+    ends, counts = FusedInference.plan_for(a, x, kernel="cuda")
+    assert counts == [distinct[e] for e in ends]
+    assert len(ends) <= 2 and abs(cost(ends) - best) <= 1e-9 * best
+    assert len(ends) == 2  # it did split here
+    print(ends, counts, cost(ends), "single stage", cost([norb]))
+
+
 _INTERPRETED = textwrap.dedent(
     """
     import copy, torch
@@ -93,6 +121,18 @@ _INTERPRETED = textwrap.dedent(
             assert err < 1e-5, (prec, err)
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
+    assert FusedInference(a).kernel == "triton"  # the CUDA kernel needs a GPU
+    for wrong, why in [
+        ({"kernel": "cuda"}, "CUDA amplitude kernel is unavailable"),
+        ({"kernel": "cuda", "precision": "ieee"}, "precision configure the Triton kernel"),
+        ({"kernel": "numba"}, "kernel must be one of"),
+    ]:
+        try:
+            FusedInference(a, **wrong)
+        except ValueError as exc:
+            assert why in str(exc), (wrong, exc)
+        else:
+            raise AssertionError(f"{wrong} was accepted")
     for wrong in ({"num_stages": 0}, {"maxnreg": 300}, {"maxnreg": 16}):
         try:
             FusedInference(a, **wrong)

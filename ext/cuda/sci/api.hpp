@@ -54,4 +54,51 @@ void local_energy_sums(const i64* offsets, i64 n, const double* values, const i6
                        const double* psi, const std::uint8_t* in_space, double* num_coupled,
                        double* num_variational, void* stream);
 
+// The autoregressive transformer of cuscikit.nnqs.Ansatz as the amplitude kernel reads it
+// (float32, device pointers). `layers`: n_layers blocks of amplitude_layer_floats(d_model)
+// floats, each [wq | wk | wv | wo (d x d, (in, out) row-major) | w1 (d x 4d) | w2 (4d x d) |
+// bq | bk | bv | bo | ln1 weight | ln1 bias | ln2 weight | ln2 bias (d each) | b1 (4d) | b2 (d)],
+// padded to a multiple of 4 floats. tok_emb (5, dp), pos_emb (>= norb, dp), lnfw, lnfb (dp),
+// wh (dp, 16): the head's (in, out) weights in columns 0-3; bias16 (>= norb, 16): the head's
+// bias plus the position's logit bias in columns 0-3.
+struct AmplitudeNet {
+  int norb = 0, na = 0, nb = 0, words = 1;
+  int d_model = 0, head_dim = 0, n_layers = 0, dp = 0;
+  float scale = 1.0f;  // 1 / sqrt(head_dim)
+  const float* layers = nullptr;
+  const float* tok_emb = nullptr;
+  const float* pos_emb = nullptr;
+  const float* lnfw = nullptr;
+  const float* lnfb = nullptr;
+  const float* wh = nullptr;
+  const float* bias16 = nullptr;
+};
+
+// One stage: positions k0..k1-1 (at most 32) of n configurations (rows of `words` uint64),
+// k1 - k0 lanes of a warp per configuration. With `parent`
+// (int32 per configuration) the keys/values of positions 0..k0-1 come from pkv (per parent
+// prefix: (layer, key|value, group of 16 columns, lpc positions, 16) float32) and pamp[parent]
+// is added; with `store`, positions 0..k1-1 are written there in the same layout with lps
+// positions. Output: 0.5 sum of the positions' log-probabilities (-inf outside the sector),
+// float64 to out64 or float32 to out32.
+struct AmplitudeStage {
+  const u64* configs = nullptr;
+  i64 n = 0;
+  int k0 = 0, k1 = 0;
+  const std::int32_t* parent = nullptr;
+  const double* pamp = nullptr;
+  const float* pkv = nullptr;
+  int lpc = 16;
+  float* store = nullptr;
+  int lps = 16;
+  double* out64 = nullptr;
+  float* out32 = nullptr;
+};
+
+// Floats per layer block for d_model (0: no kernel for that width; 16, 32, 48, 64 with heads
+// of 8 are compiled).
+int amplitude_layer_floats(int d_model);
+// Runs one stage (asynchronous on `stream`).
+void amplitude_stage(const AmplitudeNet& net, const AmplitudeStage& st, void* stream);
+
 }  // namespace csk::gpu

@@ -16,6 +16,7 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 using csk::gpu::common_device;
+using csk::gpu::DeviceArray;
 using csk::gpu::DeviceMatrix;
 using csk::gpu::DeviceVector;
 using csk::gpu::i64;
@@ -176,4 +177,95 @@ void bind_sci(nb::module_& m) {
       },
       "offsets"_a, "values"_a, "index"_a, "psi"_a, "in_space"_a, "num_coupled"_a,
       "num_variational"_a, "stream"_a);
+
+  m.def("amplitude_layer_floats", &csk::gpu::amplitude_layer_floats, "d_model"_a);
+  m.def(
+      "amplitude_stage",
+      [](Configs configs, int k0, int k1, int norb, int na, int nb_, int d_model, int head_dim,
+         float scale, DeviceMatrix<const float> layers, DeviceMatrix<const float> tok_emb,
+         DeviceMatrix<const float> pos_emb, DeviceVector<const float> lnfw,
+         DeviceVector<const float> lnfb, DeviceMatrix<const float> wh,
+         DeviceMatrix<const float> bias16, std::optional<DeviceVector<const std::int32_t>> parent,
+         std::optional<DeviceVector<const double>> pamp,
+         std::optional<DeviceArray<const float, nb::ndim<6>>> pkv,
+         std::optional<DeviceArray<float, nb::ndim<6>>> store,
+         std::optional<DeviceVector<double>> out64, std::optional<DeviceVector<float>> out32,
+         std::uintptr_t stream) {
+        csk::gpu::AmplitudeNet net;
+        net.norb = norb;
+        net.na = na;
+        net.nb = nb_;
+        net.words = static_cast<int>(configs.shape(1));
+        net.dp = static_cast<int>(tok_emb.shape(1));
+        net.head_dim = head_dim;
+        net.n_layers = static_cast<int>(layers.shape(0));
+        net.scale = scale;
+        const i64 n = static_cast<i64>(configs.shape(0));
+        require(net.words >= 1 && net.words <= 2 && 2 * norb <= 64 * net.words,
+                "configs need 1 or 2 words covering norb orbitals");
+        const int d = d_model;
+        require(csk::gpu::amplitude_layer_floats(d) > 0 && d <= net.dp,
+                "no amplitude kernel is compiled for this d_model");
+        require(static_cast<int>(layers.shape(1)) == csk::gpu::amplitude_layer_floats(d),
+                "layers must be (n_layers, amplitude_layer_floats(d_model))");
+        net.d_model = d;
+        require(tok_emb.shape(0) == 5, "tok_emb must have 5 rows");
+        require(static_cast<int>(pos_emb.shape(0)) >= norb && pos_emb.shape(1) == tok_emb.shape(1),
+                "pos_emb must be (>= norb, dp)");
+        require(static_cast<int>(lnfw.shape(0)) >= d && static_cast<int>(lnfb.shape(0)) >= d,
+                "lnfw, lnfb need d_model entries");
+        require(static_cast<int>(wh.shape(0)) >= d && wh.shape(1) == 16, "wh must be (>= d, 16)");
+        require(static_cast<int>(bias16.shape(0)) >= norb && bias16.shape(1) == 16,
+                "bias16 must be (>= norb, 16)");
+        require(out64.has_value() != out32.has_value(), "give exactly one of out64, out32");
+        require((out64 ? out64->shape(0) : out32->shape(0)) == static_cast<size_t>(n),
+                "out needs one entry per configuration");
+        require(parent.has_value() == pamp.has_value() && parent.has_value() == pkv.has_value(),
+                "parent, pamp and pkv come together");
+        const int ngr = (d + 15) / 16;
+        csk::gpu::AmplitudeStage st;
+        st.configs = bits(configs);
+        st.n = n;
+        st.k0 = k0;
+        st.k1 = k1;
+        if (parent) {
+          require(parent->shape(0) == static_cast<size_t>(n), "parent needs n entries");
+          require(static_cast<int>(pkv->shape(1)) == net.n_layers && pkv->shape(2) == 2 &&
+                      static_cast<int>(pkv->shape(3)) == ngr &&
+                      static_cast<int>(pkv->shape(4)) >= k0 && pkv->shape(5) == 16,
+                  "pkv must be (prefixes, n_layers, 2, groups, >= k0, 16)");
+          require(pkv->shape(0) == pamp->shape(0), "pkv and pamp differ in prefixes");
+          st.parent = parent->data();
+          st.pamp = pamp->data();
+          st.pkv = pkv->data();
+          st.lpc = static_cast<int>(pkv->shape(4));
+        } else {
+          require(k0 == 0, "a stage without a parent starts at position 0");
+        }
+        if (store) {
+          require(store->shape(0) == static_cast<size_t>(n) &&
+                      static_cast<int>(store->shape(1)) == net.n_layers && store->shape(2) == 2 &&
+                      static_cast<int>(store->shape(3)) == ngr &&
+                      static_cast<int>(store->shape(4)) >= k1 && store->shape(5) == 16,
+                  "store must be (n, n_layers, 2, groups, >= k1, 16)");
+          st.store = store->data();
+          st.lps = static_cast<int>(store->shape(4));
+        }
+        st.out64 = out64 ? out64->data() : nullptr;
+        st.out32 = out32 ? out32->data() : nullptr;
+        net.layers = layers.data();
+        net.tok_emb = tok_emb.data();
+        net.pos_emb = pos_emb.data();
+        net.lnfw = lnfw.data();
+        net.lnfb = lnfb.data();
+        net.wh = wh.data();
+        net.bias16 = bias16.data();
+        common_device("amplitude_stage", configs, layers, tok_emb, pos_emb, lnfw, lnfb, wh, bias16);
+        nb::gil_scoped_release release;
+        csk::gpu::amplitude_stage(net, st, stream_of(stream));
+      },
+      "configs"_a, "k0"_a, "k1"_a, "norb"_a, "na"_a, "nb"_a, "d_model"_a, "head_dim"_a, "scale"_a,
+      "layers"_a, "tok_emb"_a, "pos_emb"_a, "lnfw"_a, "lnfb"_a, "wh"_a, "bias16"_a,
+      "parent"_a.none(), "pamp"_a.none(), "pkv"_a.none(), "store"_a.none(), "out64"_a.none(),
+      "out32"_a.none(), "stream"_a);
 }
