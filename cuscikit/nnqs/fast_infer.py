@@ -529,7 +529,9 @@ class FusedInference:
             those options is given). A stage of more than 32 positions always runs on Triton.
 
     Raises:
-        ValueError: for an unsupported ansatz or device, or an unknown precision.
+        ValueError: for an unsupported ansatz or device, an unknown precision or kernel,
+            ``kernel="cuda"`` where that kernel cannot run or with an option of the Triton
+            kernel.
 
     Example (needs a CUDA GPU):
         >>> from cuscikit import Ansatz
@@ -663,7 +665,7 @@ class FusedInference:
                 "wh": _pad(a.head.weight.t(), (dp, 16)),
                 "bias16": bias,
             }
-        if cuda_unsupported_reason(a) is None:
+        if self.kernel == "cuda":
             packed["layers"] = _layer_blocks(packed, d, nl)
         self._meta = {
             "D": d,
