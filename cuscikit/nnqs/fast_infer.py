@@ -86,6 +86,7 @@ import math
 
 import torch
 
+from cuscikit.backends import cuda
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
 __all__ = [
@@ -439,12 +440,6 @@ KERNELS = ("auto", "cuda", "triton")
 _CUDA_WIDTHS = (16, 32, 48, 64)  # d_model values the CUDA kernel is compiled for (heads of 8)
 
 
-def _cuda_module():
-    from cuscikit.backends.loader import cuda
-
-    return cuda()
-
-
 def cuda_unsupported_reason(ansatz) -> str | None:
     """Why the CUDA amplitude kernel cannot run this ansatz here (None: it can).
 
@@ -463,7 +458,7 @@ def cuda_unsupported_reason(ansatz) -> str | None:
     if ansatz.device.type != "cuda":
         return f"the ansatz is on {ansatz.device.type}"
     try:
-        mod = _cuda_module()
+        mod = cuda()
     except Exception as exc:  # noqa: BLE001 - any reason the compiled module cannot load
         return str(exc)
     if not hasattr(mod, "amplitude_stage"):
@@ -721,7 +716,7 @@ class FusedInference:
         m = self._meta
         na, nb = a.nelec
         if self.kernel == "cuda" and k1 - k0 <= 32:
-            _cuda_module().amplitude_stage(
+            cuda().amplitude_stage(
                 x,
                 k0,
                 k1,

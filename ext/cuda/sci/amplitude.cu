@@ -31,6 +31,7 @@
 
 #include "api.hpp"
 #include "common.cuh"
+#include "cuscikit/bits.hpp"
 
 namespace csk::gpu {
 
@@ -152,8 +153,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 0; i < 2; ++i) {
     const int below = min(max(k - 32 * i, 0), 32);
     const u64 m = below == 32 ? ~0ull : ((1ull << (2 * below)) - 1);
-    used_a += __popcll(w[i] & m & 0x5555555555555555ull);
-    used_b += __popcll(w[i] & m & 0xAAAAAAAAAAAAAAAAull);
+    used_a += popcount64(w[i] & m & 0x5555555555555555ull);  // alpha bits: even
+    used_b += popcount64(w[i] & m & 0xAAAAAAAAAAAAAAAAull);
   }
 
   const int ngr = (D + 15) / 16;
