@@ -11,8 +11,9 @@ on the same batch, and a profiler table of the eager float32 pass (where the tim
         [--fused fp64:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
         [--previous path/to/an/older/fast_infer.py ...]
 
-A --fused entry is kernel[:sharing] for the library's kernels with their defaults (kernel:
-"cuda", the compiled kernel; "triton"; "auto", what Runner uses), or, for the Triton kernel,
+A --fused entry is kernel[:sharing[:rows]] for the library's kernels with their defaults
+(kernel: "cuda", the compiled kernel, rows: its rows per thread, 1 or 2; "triton"; "auto", what
+Runner uses), or, for the Triton kernel,
 precision:block:warps[:sharing[:chunk]] (block = configurations per program,
 warps per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
 sequence, "on" = each batch's shared first orbitals computed once, "ordered" = "on" with the
@@ -74,7 +75,7 @@ def main():
             "ieee:auto:auto:ordered",
             "tf32:auto:auto:ordered",
         ],
-        help="fused-kernel variants, cuda|triton|auto[:off|on|ordered] or "
+        help="fused-kernel variants, cuda|triton|auto[:off|on|ordered[:rows]] or "
         "precision:block:warps[:off|on|ordered[:chunk]] (Triton)",
     )
     ap.add_argument(
@@ -197,7 +198,10 @@ def main():
             try:
                 if parts[0] in KERNELS:
                     sharing = parts[1] if len(parts) > 1 else "on"
-                    fused = FusedInference(a32, kernel=parts[0], share_prefixes=sharing != "off")
+                    per_thread = {"rows": int(parts[2])} if len(parts) > 2 else {}
+                    fused = FusedInference(
+                        a32, kernel=parts[0], share_prefixes=sharing != "off", **per_thread
+                    )
                 else:
                     prec, block, warps, *rest = parts
                     sharing = rest[0] if rest else "on"
@@ -217,7 +221,8 @@ def main():
                 print(f"# fused {spec} failed: {type(exc).__name__}: {exc}"[:2000])
                 continue
             if fused.kernel == "cuda":
-                label = f"fused cuda kernel, sharing {sharing}"
+                per_thread = fused.rows or "default"
+                label = f"fused cuda kernel, sharing {sharing}, rows per thread {per_thread}"
             else:
                 label = (
                     f"fused {fused.precision} block {fused.block} warps {fused.num_warps} "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute's view of the fused amplitude kernel (both stages of one N2/cc-pVDZ batch in
 # the prefix order: tools/fused_shapes.py --one; KERNEL=cuda|triton|auto picks the kernel),
-# printed as text (the sections' details and the warp stall reasons), then the N2/STO-3G block
+# printed as text (the sections' details and the warp stall reasons; per SASS instruction in
+# ncu_source_sass.csv.gz), then the N2/STO-3G block
 # shapes of the whole ln psi (benchmarks/inference.py; STO3G=0 skips them). Usage (repository
 # root on the GPU machine):
 #   bash tools/device_fused_profile.sh OUTDIR
@@ -21,6 +22,9 @@ if [ -n "$NCU" ]; then
   "$NCU" --import "$OUTDIR/amplitude.ncu-rep" --page details --print-details all \
     > "$OUTDIR/ncu_details.txt" 2>&1
   "$NCU" --import "$OUTDIR/amplitude.ncu-rep" --page raw --csv > "$OUTDIR/ncu_raw.csv" 2>&1
+  # per SASS instruction: executed counts and warp stall samples (compressed)
+  "$NCU" --import "$OUTDIR/amplitude.ncu-rep" --page source --csv --print-source sass 2>&1 \
+    | gzip > "$OUTDIR/ncu_source_sass.csv.gz"
   grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
     "$OUTDIR/ncu_details.txt" | head -40
   rm -f "$OUTDIR/amplitude.ncu-rep"

@@ -522,11 +522,14 @@ class FusedInference:
             ``precision``, ``block``, ``num_warps``, ``k_chunk``, ``num_stages`` and
             ``maxnreg`` configure), or "auto" (default: CUDA where it runs, unless one of
             those options is given). A stage of more than 32 positions always runs on Triton.
+        rows: the CUDA kernel's rows per thread: 1, or 2 for d_model up to 48 (every weight it
+            reads from shared memory then serves two configurations); None: its default (2 up
+            to d_model 48, else 1). Giving it asks for the CUDA kernel.
 
     Raises:
         ValueError: for an unsupported ansatz or device, an unknown precision or kernel,
-            ``kernel="cuda"`` where that kernel cannot run or with an option of the Triton
-            kernel.
+            ``kernel="cuda"`` (or ``rows``) where that kernel cannot run or with an option of
+            the Triton kernel, ``rows`` other than None, 1 or 2 (1 above d_model 48).
 
     Example (needs a CUDA GPU):
         >>> from cuscikit import Ansatz
@@ -549,6 +552,7 @@ class FusedInference:
         num_stages: int | None = None,
         maxnreg: int | None = None,
         kernel: str = "auto",
+        rows: int | None = None,
     ) -> None:
         triton_options = {
             k: v
@@ -593,6 +597,17 @@ class FusedInference:
             raise ValueError(f"maxnreg must be None or 24..255, got {maxnreg!r}")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if rows is not None:
+            if rows not in (1, 2) or (rows == 2 and ansatz.d_model > 48):
+                raise ValueError(
+                    f"rows must be None, 1, or 2 for d_model <= 48, got {rows!r} "
+                    f"(d_model {ansatz.d_model})"
+                )
+            if kernel == "triton":
+                raise ValueError("rows configures the CUDA kernel, not kernel='triton'")
+            kernel = "cuda"
+        #: the CUDA kernel's rows per thread (0: its default)
+        self.rows = 0 if rows is None else int(rows)
         if kernel == "cuda" and triton_options:
             raise ValueError(
                 f"{', '.join(triton_options)} configure the Triton kernel, not kernel='cuda'"
@@ -740,6 +755,7 @@ class FusedInference:
                 out if out.dtype == torch.float64 else None,
                 out if out.dtype == torch.float32 else None,
                 torch.cuda.current_stream(x.device).cuda_stream,
+                rows=self.rows,
             )
             return
         sp = max(16, pow2(k1 - k0))

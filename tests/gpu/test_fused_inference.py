@@ -44,10 +44,18 @@ def _err(fast, a, x, ref=None):
         return float((got - ref.to(torch.complex128)).abs().max())
 
 
+# the CUDA kernel with its default rows per thread (2 up to d_model 48), with one row per
+# thread, and the Triton kernel
+KERNELS = ["cuda", "cuda-rows1", "triton"]
+
+
 def _fused(a, kernel, **kw):
-    """FusedInference with the given kernel; skips where the CUDA kernel has no build for
-    this size (the Triton kernel runs every size here). Any other reason the CUDA kernel
-    cannot run on this GPU (a build without it) fails in FusedInference."""
+    """FusedInference with the given kernel ("cuda-rowsN": N rows per thread); skips where the
+    CUDA kernel has no build for this size (the Triton kernel runs every size here). Any other
+    reason the CUDA kernel cannot run on this GPU (a build without it) fails in
+    FusedInference."""
+    if kernel.startswith("cuda-rows"):
+        kernel, kw = "cuda", {**kw, "rows": int(kernel[len("cuda-rows") :])}
     why = cuda_unsupported_reason(a) if kernel == "cuda" else None
     if why is not None and why.startswith("d_model="):
         pytest.skip(f"CUDA kernel: {why}")
@@ -62,10 +70,24 @@ def test_cuda_layer_blocks_match_the_compiled_layout():
     mod = cuda()
     for d in (16, 32, 48, 64):
         assert mod.amplitude_layer_floats(d) == layer_block_floats(d)
+        assert mod.amplitude_default_rows(d) == (2 if d <= 48 else 1)
     assert mod.amplitude_layer_floats(40) == 0
+    assert mod.amplitude_default_rows(40) == 0
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+def test_cuda_rows_option_is_checked():
+    a = _random_ansatz(12, (3, 3), 64, 8)
+    with pytest.raises(ValueError, match="rows must be"):
+        FusedInference(a, rows=2)  # d_model 64 has one row per thread only
+    b = _random_ansatz(10, (7, 7), 32, 4)
+    with pytest.raises(ValueError, match="rows must be"):
+        FusedInference(b, rows=3)
+    with pytest.raises(ValueError, match="not kernel='triton'"):
+        FusedInference(b, kernel="triton", rows=1)
+    assert FusedInference(b, rows=1).kernel == "cuda"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"norb{s[0]}-d{s[2]}")
 def test_fused_equals_module_random_weights(size, kernel):
     norb, nelec, d, h = size
@@ -86,7 +108,7 @@ def test_fused_equals_module_random_weights(size, kernel):
     assert _err(fast, a, x[:3]) <= TOL and _err(fast, a, x[:1]) <= TOL
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("size", SIZES[:2], ids=lambda s: f"norb{s[0]}-d{s[2]}")
 def test_fused_follows_module_on_large_weights(size, kernel):
     """Weights four times further from the initialisation: float32 itself then misses 1e-5
@@ -115,7 +137,7 @@ def _keys(x, a):
     return torch.from_numpy(x.view("int64")).to(a.device)
 
 
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ["N2", "N2/cc-pVDZ"])
 def test_default_model_against_float64(name, kernel):
     """The models the benchmarks time, as initialised for the molecule: 1e-5 against float64."""
@@ -281,7 +303,7 @@ def _near_hf(mol, device):
     ],
     ids=["norb28-d48", "norb36-d16"],
 )
-@pytest.mark.parametrize("kernel", ["cuda", "triton"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_shared_prefixes_equal_the_whole_pass(size, plans, kernel):
     """Stages over shared first orbitals (their keys/values cached, one or two levels deep)
     against float64 and against each configuration's whole sequence; out-of-sector rows too."""

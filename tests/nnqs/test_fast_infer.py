@@ -126,6 +126,10 @@ _INTERPRETED = textwrap.dedent(
         ({"kernel": "cuda"}, "CUDA amplitude kernel is unavailable"),
         ({"kernel": "cuda", "precision": "ieee"}, "precision configure the Triton kernel"),
         ({"kernel": "numba"}, "kernel must be one of"),
+        ({"rows": 1}, "CUDA amplitude kernel is unavailable"),
+        ({"rows": 3}, "rows must be None, 1, or 2"),
+        ({"kernel": "triton", "rows": 1}, "rows configures the CUDA kernel"),
+        ({"rows": 1, "block": 2}, "block configure the Triton kernel"),
     ]:
         try:
             FusedInference(a, **wrong)

@@ -93,11 +93,15 @@ struct AmplitudeStage {
   int lps = 16;
   double* out64 = nullptr;
   float* out32 = nullptr;
+  int rows = 0;  // rows per thread: 1, 2 (d_model <= 48) or 0 for amplitude_default_rows
 };
 
 // Floats per layer block for d_model (0: no kernel for that width; 16, 32, 48, 64 with heads
 // of 8 are compiled).
 int amplitude_layer_floats(int d_model);
+// Rows per thread the kernel takes by default for d_model: 2 up to 48 (every weight read from
+// shared memory serves two rows), 1 at 64 (its weights fill shared memory); 0: not compiled.
+int amplitude_default_rows(int d_model);
 // Runs one stage (asynchronous on `stream`).
 void amplitude_stage(const AmplitudeNet& net, const AmplitudeStage& st, void* stream);
 

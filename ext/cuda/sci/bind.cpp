@@ -179,6 +179,7 @@ void bind_sci(nb::module_& m) {
       "num_variational"_a, "stream"_a);
 
   m.def("amplitude_layer_floats", &csk::gpu::amplitude_layer_floats, "d_model"_a);
+  m.def("amplitude_default_rows", &csk::gpu::amplitude_default_rows, "d_model"_a);
   m.def(
       "amplitude_stage",
       [](Configs configs, int k0, int k1, int norb, int na, int nb_, int d_model, int head_dim,
@@ -190,7 +191,7 @@ void bind_sci(nb::module_& m) {
          std::optional<DeviceArray<const float, nb::ndim<6>>> pkv,
          std::optional<DeviceArray<float, nb::ndim<6>>> store,
          std::optional<DeviceVector<double>> out64, std::optional<DeviceVector<float>> out32,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, int rows) {
         csk::gpu::AmplitudeNet net;
         net.norb = norb;
         net.na = na;
@@ -253,6 +254,9 @@ void bind_sci(nb::module_& m) {
         }
         st.out64 = out64 ? out64->data() : nullptr;
         st.out32 = out32 ? out32->data() : nullptr;
+        require(rows == 0 || rows == 1 || (rows == 2 && d <= 48),
+                "rows per thread must be 0 (the default), 1, or 2 for d_model <= 48");
+        st.rows = rows;
         net.layers = layers.data();
         net.tok_emb = tok_emb.data();
         net.pos_emb = pos_emb.data();
@@ -267,5 +271,5 @@ void bind_sci(nb::module_& m) {
       "configs"_a, "k0"_a, "k1"_a, "norb"_a, "na"_a, "nb"_a, "d_model"_a, "head_dim"_a, "scale"_a,
       "layers"_a, "tok_emb"_a, "pos_emb"_a, "lnfw"_a, "lnfb"_a, "wh"_a, "bias16"_a,
       "parent"_a.none(), "pamp"_a.none(), "pkv"_a.none(), "store"_a.none(), "out64"_a.none(),
-      "out32"_a.none(), "stream"_a);
+      "out32"_a.none(), "stream"_a, "rows"_a = 0);
 }
