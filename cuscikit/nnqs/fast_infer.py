@@ -2,15 +2,17 @@
 
 Two kernels compute the same function. The compiled CUDA kernel (``cuscikit._cuda``,
 ext/cuda/sci/amplitude.cu; the default where it is built and the model has d_model 16, 32, 48
-or 64 with heads of 8) runs one thread per (configuration, position) row with plain float32
-FMAs rounded to nearest: the row's activations stay in registers through every layer, a
-block stages one layer's weights at a time in shared memory (every weight is read by a whole
-warp at once), a configuration's rows sit in consecutive lanes of a warp (32 // positions
-configurations per warp) and attention takes the other positions' keys and values by warp
-shuffles; the last LayerNorm, the head, the masked log-softmax and the sum over positions run
-in float64. On an H200 it runs N2/cc-pVDZ at 1.1x and N2/STO-3G at 1.2x the Triton kernel
-below (docs/performance.md, "The CUDA amplitude kernel"). The rest of this docstring describes
-the Triton kernel (``kernel="triton"``), which runs every supported size.
+or 64 with heads of 8) gives every thread two (configuration, position) rows (one at d_model
+64) with plain float32 FMAs rounded to nearest: the rows' residual activations stay in
+registers through every layer, a block stages one layer's weights at a time in shared memory
+(every weight is read by a whole warp at once and serves both rows of a thread), a
+configuration's rows sit in consecutive lanes of a warp (32 // positions configurations per
+warp and row) and attention takes the other positions' keys and values by warp shuffles, in
+one pass with a running maximum; the last LayerNorm, the head, the masked log-softmax and the
+sum over positions run in float64. On an H200 it runs N2/cc-pVDZ at 1.25x and N2/STO-3G at
+1.3x the Triton kernel below (docs/performance.md, "The CUDA amplitude kernel"). The rest of
+this docstring describes the Triton kernel (``kernel="triton"``), which runs every supported
+size.
 
 The amplitude of `cuscikit.nnqs.ansatz.Ansatz` (token and position embedding, the pre-LayerNorm
 transformer blocks with causal attention, the final LayerNorm, the head, the masked conditional
@@ -516,9 +518,9 @@ class FusedInference:
             N2/cc-pVDZ kernel then takes all 255, two programs per SM; with a limit it spills,
             and on an H200 it ran slower, docs/performance.md). Neither option changes the
             arithmetic: ln psi is the same to the bit.
-        kernel: "cuda" (the compiled kernel of ``cuscikit._cuda``: one thread per position,
-            float32 FMAs rounded to nearest, the weights of a layer in shared memory; d_model
-            16, 32, 48 or 64 with heads of 8), "triton" (the kernel above, which the options
+        kernel: "cuda" (the compiled kernel of ``cuscikit._cuda``: one or two positions per
+            thread, float32 FMAs rounded to nearest, the weights of a layer in shared memory;
+            d_model 16, 32, 48 or 64 with heads of 8), "triton" (the kernel above, which the options
             ``precision``, ``block``, ``num_warps``, ``k_chunk``, ``num_stages`` and
             ``maxnreg`` configure), or "auto" (default: CUDA where it runs, unless one of
             those options is given). A stage of more than 32 positions always runs on Triton.
