@@ -304,6 +304,8 @@ __device__ __forceinline__ double row_log_prob(const float (&h)[D], const Amplit
 
 // Launch shapes: R rows per thread, T threads per block; the LayerNorm outputs sit in shared
 // memory when R > 1. Two rows per thread need d_model <= 48 (shared memory).
+constexpr int kTwoRowsMaxD = 48;  // the widest d_model whose two rows fit shared memory
+
 template <int R>
 struct Shape {
   static constexpr int T = R == 1 ? 128 : 256;
@@ -514,17 +516,20 @@ template <int D>
 void launch_rows(const AmplitudeNet& net, const AmplitudeStage& st, cudaStream_t stream) {
   const int rows = st.rows == 0 ? amplitude_default_rows(D) : st.rows;
   if (rows == 1) return launch<D, 8, 1>(net, st, stream);
-  if constexpr (D <= 48) {
+  if constexpr (D <= kTwoRowsMaxD) {
     if (rows == 2) return launch<D, 8, 2>(net, st, stream);
   }
-  throw std::invalid_argument("amplitude_stage: rows per thread must be 1, or 2 for d_model <= 48");
+  throw std::invalid_argument(
+      "amplitude_stage: rows per thread must be 0 (the default), 1, or 2 "
+      "for d_model <= " +
+      std::to_string(kTwoRowsMaxD));
 }
 
 }  // namespace
 
 int amplitude_default_rows(int d_model) {
   if (amplitude_layer_floats(d_model) == 0) return 0;
-  return d_model <= 48 ? 2 : 1;
+  return d_model <= kTwoRowsMaxD ? 2 : 1;
 }
 
 int amplitude_layer_floats(int d_model) {
