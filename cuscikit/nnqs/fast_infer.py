@@ -440,6 +440,7 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 KERNELS = ("auto", "cuda", "triton")
 _CUDA_WIDTHS = (16, 32, 48, 64)  # d_model values the CUDA kernel is compiled for (heads of 8)
+_CUDA_TWO_ROWS_MAX_D = 48  # the widest d_model with two rows per thread (kTwoRowsMaxD)
 
 
 def cuda_unsupported_reason(ansatz) -> str | None:
@@ -600,10 +601,10 @@ class FusedInference:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if rows is not None:
-            if rows not in (1, 2) or (rows == 2 and ansatz.d_model > 48):
+            if rows not in (1, 2) or (rows == 2 and ansatz.d_model > _CUDA_TWO_ROWS_MAX_D):
                 raise ValueError(
-                    f"rows must be None, 1, or 2 for d_model <= 48, got {rows!r} "
-                    f"(d_model {ansatz.d_model})"
+                    f"rows must be None, 1, or 2 for d_model <= {_CUDA_TWO_ROWS_MAX_D}, "
+                    f"got {rows!r} (d_model {ansatz.d_model})"
                 )
             if kernel == "triton":
                 raise ValueError("rows configures the CUDA kernel, not kernel='triton'")
