@@ -1075,8 +1075,14 @@ class Server {
         }
       }
       jobs.clear();
-      std::uint64_t pieces = 0;  // requests read (a run counts each of its datagrams)
-      auto push = [&]() {        // queues what was admitted; the queue's refusals to `refused`
+      std::uint64_t pieces = 0;   // requests read (a run counts each of its datagrams)
+      std::uint64_t counted = 0;  // of them, added to the counters
+      auto push = [&]() {         // queues what was admitted; the queue's refusals to `refused`
+        // count the requests before a worker can answer them, so that a client holding all its
+        // replies finds them all in stats()
+        received_.fetch_add(pieces - counted, std::memory_order_relaxed);
+        per_receiver_[k].fetch_add(pieces - counted, std::memory_order_relaxed);
+        counted = pieces;
         if (jobs.empty()) return;
         if (trace_) {
           const std::int64_t t_push = now_ns();
@@ -1117,8 +1123,6 @@ class Server {
         }
       }
       push();
-      received_.fetch_add(pieces, std::memory_order_relaxed);
-      per_receiver_[k].fetch_add(pieces, std::memory_order_relaxed);
       return got;
     };
     while (!stop_) {
