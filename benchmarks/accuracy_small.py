@@ -82,20 +82,27 @@ PT2_GOAL = 0.5e-3
 _HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)$")
 
 
+def lattice(name: str):
+    """The Hubbard model of a lattice name (``Hubbard-<L>-<chain|ring>-U<U>`` or
+    ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, half filling), or None for another name."""
+    m = _HUBBARD.match(name)
+    if not m:
+        return None
+    lx, ly, bc, u = m.groups()
+    shape = int(lx) if ly is None else (int(lx), int(ly))
+    return Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
+
+
 def build_system(name: str, cache: str | None = None):
     """(molecule, reference energy, slug) of a benchmark system name (see the module doc).
 
     With `cache`, the reference (and the integrals of a system PySCF builds) are read from that
     folder when there and written to it when not."""
-    m = _HUBBARD.match(name)
+    mol = lattice(name)
     slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
     refs_path = Path(cache) / "references.json" if cache else None
     refs = json.loads(refs_path.read_text()) if refs_path and refs_path.exists() else {}
-    if m:
-        lx, ly, bc, u = m.groups()
-        shape = int(lx) if ly is None else (int(lx), int(ly))
-        mol = Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
-    elif name == "H6-stretched":
+    if mol is None and name == "H6-stretched":
         dump = Path(cache) / f"{slug}.fcidump" if cache else None
         if dump is not None and dump.exists():
             mol = Molecule.from_fcidump(dump, name=name)
@@ -107,7 +114,7 @@ def build_system(name: str, cache: str | None = None):
             if dump is not None:
                 dump.parent.mkdir(parents=True, exist_ok=True)
                 mol.to_fcidump(dump)
-    else:
+    elif mol is None:
         mol = Molecule.load(name)
         return mol, mol.metadata["reference"]["energy"], mol.metadata["slug"]
     if name in refs:

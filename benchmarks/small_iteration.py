@@ -9,7 +9,8 @@ eager runs of the same process (``--variants eager eager``) differ by 1e-14 at i
 by more than 1e-10 from iteration 43 and by 1e-3 at iteration 100, so compare paths over the
 first few dozen iterations, and against the eager path's own spread after that.
 
-    python benchmarks/small_iteration.py [--systems N2] [--iterations 200] [--from 20] [--float64]
+    python benchmarks/small_iteration.py [--systems N2 Hubbard-10-chain-U4] [--iterations 200]
+        [--from 20] [--float64] [--options '{"growth": "weight"}']
         [--variants eager graph graph-teacher0 graph-torch-ops ...] [--profile]
         [--profile-levers] [--profile-compile]
         [--attn-warps {1,2,4,8}]
@@ -22,6 +23,11 @@ with the same variant's energies in DIR (another process, e.g. another version o
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
 in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
 compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
+
+``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
+above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
+(`Runner(graph_space="auto")`): before/after on a system whose S outgrows one batch (the
+10-site Hubbard chain with ``--options '{"growth": "weight"}'``).
 
 Variants ending in ``-teacher0`` run without the selected-CI teacher (``teacher=0``), so with
 `inner_steps` inner steps instead of the teacher's; the table's "inner" is the median of the
@@ -50,6 +56,7 @@ the kernel (on the H200 it does for the backward passes): a coarse choice, not k
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -74,11 +81,22 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
     "eager-compiled": {"graphs": False, "compile_inference": True},
+    # the recorded stage only while S fits one batch (the eager stage above it)
+    "graph-onebatch": {"graphs": True, "graph_space": 16384},
 }
 
 
-def run(mol, options: dict, iterations: int, dtype):
-    options = dict(options)
+def load_system(name: str):
+    """A bundled molecule, or a lattice of benchmarks/accuracy_small.py
+    (``Hubbard-<L>-<chain|ring>-U<U>``, its default working basis)."""
+    from accuracy_small import lattice
+
+    mol = lattice(name)
+    return mol if mol is not None else Molecule.load(name)
+
+
+def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
+    options = {**(extra or {}), **options}
     fused_ops.ENABLED = options.pop("fused_ops", True)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
@@ -365,7 +383,18 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--systems", nargs="+", default=["N2"])
+    ap.add_argument(
+        "--systems",
+        nargs="+",
+        default=["N2"],
+        help="bundled molecules, or lattices as Hubbard-<L>-<chain|ring>-U<U>",
+    )
+    ap.add_argument(
+        "--options",
+        type=json.loads,
+        default={},
+        help='Runner options for every variant, as JSON (e.g. \'{"growth": "weight"}\')',
+    )
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--from", dest="first", type=int, default=20)
     ap.add_argument("--float64", action="store_true")
@@ -398,12 +427,12 @@ def main():
     warps = getattr(fused_ops, "_ATTN_WARPS", None)  # None: a package without the option
     print(f"# attention programs of {warps} warps")
     for name in args.systems:
-        mol = Molecule.load(name)
+        mol = load_system(name)
         hist = {}
         for i, kind in enumerate(args.variants):
             # a variant named twice is run twice (is the path reproducible?): "eager #2"
             variant = kind if kind not in args.variants[:i] else f"{kind} #{i + 1}"
-            runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype)
+            runner, wall = run(mol, VARIANTS[kind], args.iterations, dtype, args.options)
             if fused_ops._failed:
                 print(f"# {variant}: the Triton training kernels are off: {fused_ops._failed}")
             h = runner.history

@@ -50,7 +50,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["InferenceGraph", "OptimizerGraph", "bucket", "unsupported_reason"]
+__all__ = [
+    "InferenceGraph",
+    "OptimizerGraph",
+    "bucket",
+    "saved_bytes_per_row",
+    "unsupported_reason",
+]
 
 _MIN_BUCKET = 64
 _SIDE_STREAMS: dict = {}
@@ -84,6 +90,52 @@ def bucket(n: int) -> int:
         if cap >= n:
             return cap
     raise AssertionError("unreachable")
+
+
+def saved_bytes_per_row(log_psi, tokens: torch.Tensor, rows: tuple[int, int] = (32, 96)) -> float:
+    """Bytes the autograd graph of ``log_psi`` keeps per configuration: the storages of the
+    tensors saved for the backward pass, counted once each, over two forward passes of
+    ``rows`` configurations (the first rows of `tokens`, repeated as needed), divided by the
+    difference. What both passes save alike (the parameters) cancels. Measured on the
+    tokens' device, so with the kernels that device runs (the Triton training kernels on a
+    GPU). Nothing is kept: the saved tensors are not even held by the graphs, which are gone
+    before this returns (an autograd graph alive from outside a CUDA graph's recording, whose
+    parameters' gradient nodes belong to another stream, would break the recording).
+
+    Example:
+        >>> import torch
+        >>> from cuscikit import Ansatz
+        >>> psi = Ansatz(6, (2, 2), seed=0)
+        >>> tok = psi.tokens(torch.tensor([0b0101_0011_0000]))
+        >>> saved_bytes_per_row(psi._log_psi_tokens, tok) > 0
+        True
+    """
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError("tokens must be a non-empty (n, norb) tensor")
+    lo, hi = rows
+    if not 0 < lo < hi:
+        raise ValueError(f"rows must be two increasing positive counts, got {rows!r}")
+
+    def saved(n: int) -> int:
+        reps = -(-n // tokens.shape[0])
+        tok = tokens.repeat(reps, 1)[:n]
+        seen: dict[int, int] = {}
+        held = []  # alive until the count is done (a freed storage's address is reused)
+
+        def pack(t):  # the graph keeps nothing: a saved output would make a cycle with it
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+            held.append(t)
+
+        def unpack(_):
+            raise RuntimeError("a measurement pass has no backward")
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = log_psi(tok)
+        del out, held[:]
+        return sum(seen.values())
+
+    return max(saved(hi) - saved(lo), 0) / (hi - lo)
 
 
 def unsupported_reason(ansatz, optimizer) -> str | None:
@@ -210,10 +262,10 @@ class OptimizerGraph:
         src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
         m = src.shape[0]
         key = self.key_for(n, m, inner_steps, teacher is not None)
-        if key != self._key or not self._buf:
+        if not self._fits(key):
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
-        n_cap = key[0]
+        n_cap = self._key[0]  # the recording's bucket: key's, or a larger one it fits
         dev = self.device
         b["tok"][:n].copy_(tokens)
         b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
@@ -247,6 +299,16 @@ class OptimizerGraph:
                 steps = [self.optimizer.state[p]["step"] for p in self.params]
                 torch._foreach_add_(steps, 1 + inner_steps)
         return loss, bad == 0, finite == 1
+
+    def _fits(self, key) -> bool:
+        """Whether the recorded graph can take a run of `key`: the same inner steps,
+        constants, tensors and teacher, and buckets at least as large as `key`'s but at most
+        twice (a space whose size moves back and forth across a bucket's edge keeps its
+        recording, padded a little more, instead of recording again every iteration)."""
+        if self._key is None or not self._buf or self._key[2:] != key[2:]:
+            return False
+        pairs = zip(key[:2], self._key[:2], strict=True)
+        return all(want <= have <= 2 * want for want, have in pairs)
 
     def _allocate(self, key, norb, exp_avg, exp_avg_sq) -> None:
         self._graph = None  # the old graph's memory goes with it

@@ -324,6 +324,13 @@ class Pipeline:
                 lp = self._infer(x).detach()
         return self._to_engine(lp)
 
+    def values(self, configs):
+        """ln psi without gradient of host configurations (numpy uint64) or engine keys, as
+        the inference stage computes it (the fused kernel, the recorded pass or the module):
+        complex128 on the engine's device (numpy on the host engine)."""
+        with torch.no_grad():
+            return self._log_psi(configs, graph=False)
+
     def _fused(self, configs) -> torch.Tensor | None:
         """ln psi through the fused kernel; its first batch checked against the module in
         float64 (None, and the module from now on, when it misses the tolerance)."""

@@ -214,11 +214,17 @@ class Runner(Solver):
             no inference over the unique set.
         graphs: run the optimiser stage (the iteration's AdamW step and the inner steps) as
             one recorded CUDA graph per size bucket (`cuscikit.nnqs.graphs`): "auto" (default:
-            on a CUDA device, single process, without `compile_inference`, when |S| fits one
-            batch), True (the same, compiled or not, but an error on a CPU or on several ranks)
-            or False (the eager stage). Same arithmetic as
-            the eager stage (equal to rounding); on N2/STO-3G it removes most of the launch
-            overhead of a small system (docs/performance.md).
+            on a CUDA device, single process, without `compile_inference`, for |S| up to
+            `graph_space`), True (the same, compiled or not, but an error on a CPU or on
+            several ranks) or False (the eager stage). Same arithmetic as the eager stage
+            (equal to rounding); on N2/STO-3G it removes most of the launch overhead of a
+            small system (docs/performance.md).
+        graph_space: the largest |S| the recorded optimiser stage takes (it runs S as one
+            pass; a larger S takes the eager stage, batch by batch): "auto" (default: any S of
+            at most `batch_size` configurations, and a larger one while twice the bytes its
+            autograd graph keeps, measured once per run with
+            `cuscikit.nnqs.graphs.saved_bytes_per_row`, fit in half the GPU memory free at
+            that moment) or a count (`batch_size` gives the rule of one batch).
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
             E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
             normalised on S and E_var the variational energy, from the coupled sets the
@@ -303,6 +309,7 @@ class Runner(Solver):
     fused_inference: bool | str = "auto"
     inner_steps: int = DEFAULT_INNER_STEPS
     graphs: bool | str = "auto"
+    graph_space: int | str = "auto"
     pt2: bool = True
     teacher: float | str = "auto"
     teacher_until: int = DEFAULT_TEACHER_UNTIL
@@ -465,6 +472,12 @@ class Runner(Solver):
             )
         if not (isinstance(self.graphs, bool) or self.graphs == "auto"):
             raise ValueError(f"graphs must be True, False or 'auto', got {self.graphs!r}")
+        if self.graph_space != "auto":
+            if isinstance(self.graph_space, str):
+                raise ValueError(
+                    f'graph_space must be "auto" or a positive integer, got {self.graph_space!r}'
+                )
+            positive_int("graph_space", self.graph_space)
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
             raise ValueError(
                 f"fused_inference must be True, False or 'auto', got {self.fused_inference!r}"
@@ -518,6 +531,8 @@ class Runner(Solver):
         )
         self._kind = kind
         self._graph_stage = None
+        self._graph_row_bytes: float | None = None  # autograd bytes per configuration
+        self._graph_oom: int | None = None  # the bucket whose recording ran out of memory
         self._graphs_off: str | None = None
         self._teacher_last = None  # (S, energy, vector) of the last teacher solve
         self._teacher_released = False  # the hold's one-way end (`teacher_hold`)
@@ -699,7 +714,7 @@ class Runner(Solver):
     @property
     def graphs_active(self) -> bool:
         """Whether the optimiser stage runs as a CUDA graph (the `graphs` option resolved;
-        a single iteration still runs eagerly when |S| exceeds `batch_size`)."""
+        a single iteration still runs eagerly when |S| exceeds `graph_space`)."""
         return self._graphs_reason() is None
 
     def _graphs_reason(self) -> str | None:
@@ -740,7 +755,7 @@ class Runner(Solver):
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
         iteration takes the eager stage (graphs off, |S| above one batch, a non-finite local
         energy in an inner step: then nothing was applied)."""
-        if self._graphs_reason() is not None or not 0 < len(S) <= self.batch_size:
+        if self._graphs_reason() is not None or not 0 < len(S) <= self._graph_space_limit(S, r):
             return None
         if n_inner and r.space_pairs is None:
             return None
@@ -752,6 +767,22 @@ class Runner(Solver):
             loss, inner_ok, finite = self._graph_stage.run(
                 S, w, de, r.hdiag, r.space_pairs, n_inner, teacher=teach
             )
+        except torch.OutOfMemoryError:
+            if len(S) <= self.batch_size or self.graph_space != "auto":
+                raise
+            # the memory estimate was short: nothing was applied yet (recording comes before
+            # the replay); this size and larger ones take the eager stage from now on
+            from cuscikit.nnqs.graphs import bucket
+
+            self._graph_stage = None
+            torch.cuda.empty_cache()
+            self._graph_oom = bucket(len(S))
+            new_logger(self).note(
+                "the recorded optimiser stage ran out of GPU memory at |S| = %d; the eager "
+                "stage runs from this size on",
+                len(S),
+            )
+            return None
         except (RuntimeError, ValueError) as exc:  # e.g. an operation CUDA cannot capture
             if self.graphs is True:
                 raise
@@ -766,6 +797,31 @@ class Runner(Solver):
         if math.isfinite(loss) and not inner_ok:
             return None  # undone; the eager stage stops the inner steps where it must
         return loss, finite
+
+    def _graph_space_limit(self, S, r) -> int:
+        """The largest |S| the recorded stage takes now (the `graph_space` option resolved):
+        with "auto", `batch_size`, or |S| itself while twice the bytes of its autograd graph
+        (per configuration, measured once on the first such S) and the H_SS pairs fit in
+        half the memory free on the GPU (free to the driver plus cached by torch)."""
+        n = len(S)
+        if self.graph_space != "auto":
+            return int(self.graph_space)
+        if n <= self.batch_size:
+            return self.batch_size
+        from cuscikit.nnqs.graphs import bucket, saved_bytes_per_row
+
+        if self._graph_oom is not None and bucket(n) >= self._graph_oom:
+            return self.batch_size
+
+        if self._graph_row_bytes is None:
+            tok = self.ansatz.tokens(S[: min(n, 256)])
+            self._graph_row_bytes = saved_bytes_per_row(self.ansatz._log_psi_tokens, tok)
+        pairs = 0 if r.space_pairs is None else len(r.space_pairs[0])
+        need = 2 * self._graph_row_bytes * bucket(n) + 32 * bucket(pairs)
+        dev = self.device
+        free, _ = torch.cuda.mem_get_info(dev)
+        free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        return n if need <= free / 2 else self.batch_size
 
     @property
     def active_pipeline(self) -> str:
@@ -821,8 +877,13 @@ class Runner(Solver):
         hd = on_device(hdiag).to(torch.float64)
 
         def no_grad_log_psi(a: int, b: int) -> list[torch.Tensor]:
+            # the pipeline's pass without gradient: the fused kernel where it runs (a
+            # float32 ansatz on a GPU, within its tolerance of the module), else the module
             with torch.no_grad():
-                return [self.ansatz.log_psi(S[c : min(c + bs, b)]) for c in range(a, b, bs)]
+                return [
+                    torch.as_tensor(self._pipeline.values(S[c : min(c + bs, b)])).to(dev)
+                    for c in range(a, b, bs)
+                ]
 
         for _ in range(self.inner_steps if n_inner is None else n_inner):
             self.optimizer.zero_grad(set_to_none=True)

@@ -76,6 +76,27 @@ def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
         torch.testing.assert_close(a, b, rtol=0, atol=tol_w)
 
 
+def test_graphed_stage_takes_spaces_above_one_batch():
+    """With graph_space="auto" an S larger than `batch_size` (H2O, batch 64, |S| up to 256 +
+    growth) still runs the recorded stage as one pass, and it gives the eager batch-by-batch
+    stage's energies and weights (graph_space=batch_size: the rule of one batch) to 1e-10 over
+    15 iterations with the teacher's 16 inner steps."""
+    kw = dict(batch_size=64, teacher=1.0, teacher_until=12, teacher_hold=0.0)
+    decay = LearningRateDecay(start=10, end=15, final_lr=1e-4)
+    graphed = _runner("H2O", graphs=True, **kw).run(15, [decay], progress=False)
+    batched = _runner("H2O", graphs=True, graph_space=64, **kw).run(15, [decay], progress=False)
+    big = graphed.history["n_space"] > 64
+    assert big.sum() >= 10  # most iterations above one batch
+    assert graphed._graph_stage.replays == 15  # every one of them recorded
+    assert batched._graph_stage.replays == int((~big).sum())  # the others' eager
+    assert graphed._graph_row_bytes > 0
+    np.testing.assert_array_equal(graphed.history["n_space"], batched.history["n_space"])
+    for c in COLUMNS:
+        np.testing.assert_allclose(graphed.history[c], batched.history[c], rtol=0, atol=1e-9)
+    for a, b in zip(batched.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
 def test_graphed_stage_undoes_a_bad_step_and_resumes_from_checkpoint(tmp_path):
     r = _runner("LiH", graphs=True)
     ck = tmp_path / "ck.h5"

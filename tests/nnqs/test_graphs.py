@@ -10,8 +10,14 @@ import torch
 
 from cuscikit import Molecule
 from cuscikit.nnqs import Ansatz
-from cuscikit.nnqs.graphs import OptimizerGraph, bucket, unsupported_reason
+from cuscikit.nnqs.graphs import (
+    OptimizerGraph,
+    bucket,
+    saved_bytes_per_row,
+    unsupported_reason,
+)
 from cuscikit.nnqs.runner import LearningRateDecay, NonFiniteLossError, Runner
+from cuscikit.sci.configs import all_determinants
 
 COLUMNS = ["e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_unique", "n_new"]
 
@@ -41,6 +47,59 @@ def test_graphs_option_on_the_cpu():
         make_runner(graphs="yes")
     with pytest.raises(ValueError, match="graphs must be"):
         make_runner(graphs=1)
+
+
+def test_graph_space_option():
+    """ "auto" or a positive count; the rule: one batch always, above it while twice the
+    measured autograd bytes fit half the free memory (the device's figures replaced here)."""
+    for bad in (0, -3, 2.5, "all", True):
+        with pytest.raises(ValueError, match="graph_space"):
+            make_runner(graph_space=bad)
+    r = make_runner("H2O", topk=64, batch_size=32)
+    r.step()
+    S = r.space.configs
+    res = r._pipeline.run(S, r.topk)
+    assert len(S) > 32
+    r.graph_space = 40
+    assert r._graph_space_limit(S, res) == 40
+    r.graph_space = "auto"
+    assert r._graph_space_limit(S[:20], res) == 32
+    free = {}
+    mem = {
+        "mem_get_info": lambda dev: (free["bytes"], 1 << 40),
+        "memory_reserved": lambda dev: 0,
+        "memory_allocated": lambda dev: 0,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for name, fn in mem.items():
+            mp.setattr(torch.cuda, name, fn)
+        per_row = saved_bytes_per_row(r.ansatz._log_psi_tokens, r.ansatz.tokens(S[:256]))
+        need = 2 * per_row * bucket(len(S)) + 32 * bucket(len(res.space_pairs[0]))
+        free["bytes"] = 2 * need
+        assert r._graph_space_limit(S, res) == len(S)
+        assert r._graph_row_bytes == per_row
+        free["bytes"] = 2 * need - 64
+        assert r._graph_space_limit(S, res) == 32
+        free["bytes"] = 4 * need
+        r._graph_oom = bucket(len(S))  # a recording of this size ran out of memory before
+        assert r._graph_space_limit(S, res) == 32
+
+
+def test_saved_bytes_per_row():
+    """The autograd bytes per configuration hardly depend on the two counts measured, grow
+    with the model, and count at least the phase network's saved hidden layers."""
+    psi = Ansatz(8, (3, 3), seed=0, dtype=torch.float64)
+    tok = psi.tokens(all_determinants(8, (3, 3))[:50])
+    a = saved_bytes_per_row(psi._log_psi_tokens, tok)
+    b = saved_bytes_per_row(psi._log_psi_tokens, tok, rows=(100, 300))
+    assert b == pytest.approx(a, rel=1e-3)
+    assert a >= 8 * sum(psi.phase_hidden)
+    wide = Ansatz(8, (3, 3), seed=0, dtype=torch.float64, d_model=64, n_heads=8)
+    assert saved_bytes_per_row(wide._log_psi_tokens, tok) > a
+    with pytest.raises(ValueError, match="rows"):
+        saved_bytes_per_row(psi._log_psi_tokens, tok, rows=(10, 10))
+    with pytest.raises(ValueError, match="non-empty"):
+        saved_bytes_per_row(psi._log_psi_tokens, tok[:0])
 
 
 def test_unsupported_pairs_are_named():
@@ -96,6 +155,74 @@ def test_graph_body_matches_the_eager_stage(name, kw):
         inner = eager.history.get("inner_steps", pd.Series([kw["inner_steps"]] * 4))
         assert float(s["step"]) == float(t["step"]) == int((1 + inner).sum())
         torch.testing.assert_close(s["exp_avg_sq"], t["exp_avg_sq"], rtol=1e-8, atol=1e-14)
+
+
+def test_saved_bytes_measurement_keeps_no_graph():
+    """A function that saves its own output (as the Triton attention does) must not outlive
+    the measurement through a reference cycle: an autograd graph alive on another stream
+    breaks the next CUDA graph recording (its parameters' gradient nodes)."""
+    import gc
+    import weakref
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = 2 * x
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    refs = []
+    w = torch.ones(4, dtype=torch.float64, requires_grad=True)
+
+    def fn(tok):
+        y = Twice.apply(tok.double() * w)
+        refs.append(weakref.ref(y))
+        return y.sum(-1)
+
+    gc.disable()
+    try:
+        assert saved_bytes_per_row(fn, torch.ones((3, 4), dtype=torch.long)) >= 2 * 4 * 8
+        assert len(refs) == 2 and all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
+def test_a_recording_takes_a_smaller_space():
+    """A stage recorded for a larger space (buckets up to twice the space's) runs the smaller
+    one padded, with the same result as a stage of its own bucket; a space below half the
+    recording's buckets, or another inner-step count, is recorded anew."""
+    import copy
+
+    runner = make_runner("H2O", topk=32, inner_steps=2, teacher=0)
+    runner.run(2, progress=False)
+    S = runner.space.configs
+    res = runner._pipeline.run(S, runner.topk)
+    psi = torch.as_tensor(res.psi_s)
+    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
+    eloc = torch.as_tensor(res.eloc_variational)
+    de = (eloc - (w * eloc).real.sum()).to(torch.complex128)
+    n, m = len(S), len(res.space_pairs[0])
+    weights = []
+    for padded in (False, True):
+        ansatz = copy.deepcopy(runner.ansatz)
+        stage = OptimizerGraph(ansatz, torch.optim.AdamW(ansatz.parameters()), use_graph=False)
+        moments = stage._state()[:2]  # the AdamW state tensors exist from here (in the key)
+        key = stage.key_for(n, m, 2)
+        if padded:
+            big = stage.key_for(int(1.6 * n), int(1.6 * m), 2)
+            assert big[:2] > key[:2] and stage._fits(key) is False
+            stage._allocate(big, ansatz.norb, *moments)
+            assert stage._fits(key) and not stage._fits(stage.key_for(n, m, 3))
+            assert not stage._fits(stage.key_for(n, m // 2, 2))
+        stage.run(S, w, de, res.hdiag, res.space_pairs, 2)
+        assert stage._key[:2] == (big if padded else key)[:2]
+        weights.append([p.detach().clone() for p in ansatz.parameters()])
+    for a, b in zip(*weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_a_bad_stage_is_undone():
