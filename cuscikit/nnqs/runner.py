@@ -753,8 +753,8 @@ class Runner(Solver):
 
     def _graphed_stage(self, S, w, de, r, n_inner, teach=None) -> tuple[float, bool] | None:
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
-        iteration takes the eager stage (graphs off, |S| above one batch, a non-finite local
-        energy in an inner step: then nothing was applied)."""
+        iteration takes the eager stage (graphs off, |S| above `graph_space`, a non-finite
+        local energy in an inner step: then nothing was applied)."""
         if self._graphs_reason() is not None or not 0 < len(S) <= self._graph_space_limit(S, r):
             return None
         if n_inner and r.space_pairs is None:
@@ -802,7 +802,8 @@ class Runner(Solver):
         """The largest |S| the recorded stage takes now (the `graph_space` option resolved):
         with "auto", `batch_size`, or |S| itself while twice the bytes of its autograd graph
         (per configuration, measured once on the first such S) and the H_SS pairs fit in
-        half the memory free on the GPU (free to the driver plus cached by torch)."""
+        half the memory free on the GPU (free to the driver plus cached by torch), or while
+        the stage recorded last is at least this large (its memory is held already)."""
         n = len(S)
         if self.graph_space != "auto":
             return int(self.graph_space)
@@ -812,7 +813,9 @@ class Runner(Solver):
 
         if self._graph_oom is not None and bucket(n) >= self._graph_oom:
             return self.batch_size
-
+        held = self._graph_stage._key if self._graph_stage is not None else None
+        if held is not None and bucket(n) <= held[0]:
+            return n  # a recording this size already holds its memory
         if self._graph_row_bytes is None:
             tok = self.ansatz.tokens(S[: min(n, 256)])
             self._graph_row_bytes = saved_bytes_per_row(self.ansatz._log_psi_tokens, tok)

@@ -80,6 +80,11 @@ def test_graph_space_option():
         assert r._graph_row_bytes == per_row
         free["bytes"] = 2 * need - 64
         assert r._graph_space_limit(S, res) == 32
+        stage = OptimizerGraph(r.ansatz, r.optimizer, use_graph=False)
+        stage._key = (bucket(len(S)),)  # a recording this size holds its memory already
+        r._graph_stage = stage
+        assert r._graph_space_limit(S, res) == len(S)
+        r._graph_stage = None
         free["bytes"] = 4 * need
         r._graph_oom = bucket(len(S))  # a recording of this size ran out of memory before
         assert r._graph_space_limit(S, res) == 32
