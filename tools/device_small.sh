@@ -30,20 +30,8 @@
 # A pytest process that ignores the limit's SIGTERM is killed 10 s later (timeout -k 10).
 # Run from the tree's root with the compiled modules in place; logs land in $OUT.
 #   usage: BASE_NNQS=/path/to/other/cuscikit/nnqs bash tools/device_small.sh before after side
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-out=${OUT:-out}
-mkdir -p "$out"
-root=$PWD
-export PYTHONPATH=$root
-python3 -c "import cuscikit; from cuscikit.backends import cuda; k = cuda(); \
-print(cuscikit.__file__, 'kernels sm_' + k.build_arch())" || exit 1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-base=""
-if [ -n "${BASE_NNQS:-}" ]; then
-  base=$(mktemp -d)
-  cp -r "$root/cuscikit" "$root/datasets" "$base/" && cp "$BASE_NNQS"/*.py "$base/cuscikit/nnqs/"
-fi
+# shellcheck source=tools/device_base.sh
+. "$(dirname "$0")/device_base.sh"
 t0=$SECONDS
 for step in "$@"; do
   case $step in
