@@ -49,6 +49,7 @@ Example:
 from __future__ import annotations
 
 import torch
+from torch.autograd.graph import increment_version
 
 __all__ = [
     "InferenceGraph",
@@ -285,6 +286,11 @@ class OptimizerGraph:
             if self._graph is None:
                 self._capture()
             self._graph.replay()
+            # A replay writes the weights behind autograd's back: their version counters stay
+            # where they were, and a cache keyed on them (the fused inference's packed weights)
+            # would keep serving the weights of before. Count the write as autograd would.
+            for p in self.params:
+                increment_version(p)
         else:
             self._body(apply=True)
         self.replays += 1

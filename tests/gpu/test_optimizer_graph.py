@@ -152,3 +152,28 @@ def test_recordings_leave_no_memory_behind():
     assert r._graph_stage.captures >= 2
     del r
     assert held() - before <= 8 << 20
+
+
+def test_fused_inference_sees_the_weights_a_replay_wrote():
+    """A float32 run takes the fused kernel for its inference and the recorded stage for its
+    steps. A replay writes the weights without autograd seeing it; the fused kernel's packed
+    weights (keyed on the parameters' version counters) must follow them: after every
+    iteration the pipeline's values over S equal the module's ln psi (float32; 1e-4, where
+    weights left behind by whole iterations differ by ~1e-2). LiH's S is complete from the
+    third iteration, so most iterations replay a recording without recording again (a
+    recording itself moves the counters), with S within one batch and above it."""
+    for batch in (16384, 64):
+        mol = Molecule.load("LiH")
+        ansatz = Ansatz.for_molecule(mol, seed=0, device="cuda")
+        runner = Runner(mol, ansatz, seed=0, topk=256, batch_size=batch)
+        assert runner.graphs_active
+        for _ in range(8):
+            runner.run(1, progress=False)
+            S = runner.space.configs
+            assert runner._pipeline.fused_inference is not None
+            with torch.no_grad():
+                got = torch.as_tensor(runner._pipeline.values(S)).to(torch.complex128)
+                ref = ansatz.log_psi(S).to(torch.complex128).to(got.device)
+            assert float((got - ref).abs().max()) <= 1e-4, (batch, runner.iteration)
+        stage = runner._graph_stage
+        assert stage is not None and stage.replays == 8 and stage.captures <= 4, stage.captures

@@ -230,6 +230,34 @@ def test_a_recording_takes_a_smaller_space():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
+def test_a_replay_counts_as_a_write_of_the_weights():
+    """A CUDA graph's replay writes the weights behind autograd's back (their version counters
+    do not move); the stage counts the write itself, so a cache keyed on the counters (the
+    fused inference's packed weights) refreshes. Here the replay is a stand-in that changes
+    the weights through ``.data`` (which, like a replay, leaves the counters alone)."""
+    runner = make_runner(inner_steps=1, teacher=0)
+    runner.run(1, progress=False)
+    S = runner.space.configs
+    res = runner._pipeline.run(S, runner.topk)
+    psi = torch.as_tensor(res.psi_s)
+    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
+    de = torch.zeros(len(S), dtype=torch.complex128)
+    params = list(runner.ansatz.parameters())
+    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
+    stage.use_graph = True
+
+    class Replay:
+        def replay(self):
+            for p in params:
+                p.data.add_(0.25)
+            stage._buf["flags"].copy_(torch.tensor([0.0, 0.0, 1.0]))  # a good stage
+
+    stage._capture = lambda: setattr(stage, "_graph", Replay())
+    before = [p._version for p in params]
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
+    assert all(p._version > v for p, v in zip(params, before, strict=True))
+
+
 def test_a_bad_stage_is_undone():
     """An infinite rate makes the weights non-finite inside the stage: it is undone (weights,
     moments, step count) and the run stops as the eager stage would."""
