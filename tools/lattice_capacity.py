@@ -13,8 +13,21 @@ usage: python tools/lattice_capacity.py [--system Hubbard-10-chain-U4] [--n 3000
            [--steps 2000] [--variant NAME:OBJECTIVE:ANSATZ_JSON ...] [--json-out F]
   OBJECTIVE: "energy+teacher" (weight --teacher) or "teacher", optionally with "/sign" (the
   phase replaced by the signs of c: the network learns |psi| only) or "/amplitude" (ln|psi|
-  replaced by ln|c|: it learns the phase only); ANSATZ_JSON replaces Ansatz defaults, e.g.
-  'd64:energy+teacher:{"d_model":64}'. Several variants run one after another.
+  replaced by ln|c|: it learns the phase only), and optionally "@M": each step's gradient from
+  M configurations drawn from S (below) instead of all of S; ANSATZ_JSON replaces Ansatz
+  defaults, e.g. 'd64:energy+teacher:{"d_model":64}'. Several variants run one after another.
+
+A mini-batch step ("@M") still evaluates psi on all of S without a gradient (so the loss's
+coefficients T_x, which depend on psi everywhere on S, are exact), then draws M configurations
+x with probability pi_x = |T_x| / sum |T| (with replacement) and differentiates
+2 Re sum_draws conj(ln psi_x) T_x / (M pi_x) over the distinct draws: an unbiased estimate of
+the full-batch gradient whose backward pass covers at most M configurations.
+
+OBJECTIVE "runner" runs the Runner itself (its defaults, `--lr`, float32) with S as its starting
+space and no growth (``growth="weight"`` with an unreachable threshold), so every iteration is
+the Runner's optimiser stage on this S; a "step" is then one of its optimiser steps (the
+iteration's and its inner steps), and the rows come every 25 iterations. Its ANSATZ_JSON may
+hold "runner": {...}, options of the Runner (e.g. {"graphs": false}).
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ from cuscikit.nnqs.teacher import fidelity_loss, teacher_coefficients  # noqa: E
 from cuscikit.sci.space import SCISpace  # noqa: E402
 
 
-def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, oracle=""):
+def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, oracle="", batch=None):
     ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=device, **kw)
     # an oracle replaces one part of ln psi by the target's: the signs of c (the network learns
     # only |psi|) or ln|c| (it learns only the phase)
@@ -52,10 +65,13 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
     x = torch.from_numpy(configs.view(np.int64)).to(device)
     c_t = torch.as_tensor(c, dtype=torch.float64, device=device)
     rows, t0 = [], time.perf_counter()
-    marks = {s for s in (0, 50, 100, 200, 500, 1000, 2000, 4000, 8000) if s <= args.steps}
+    marks = {0, 50, 100, 200, 500} | {1000 * 2**k for k in range(8)}
+    marks = {s for s in marks if s <= args.steps}
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     marks.add(args.steps)
     for step in range(args.steps + 1):
-        lp = ansatz.log_psi(x)
+        with torch.set_grad_enabled(batch is None):
+            lp = ansatz.log_psi(x)
         if oracle == "sign":
             lp = torch.complex(lp.real, exact_phase)
         elif oracle == "amplitude":
@@ -89,9 +105,70 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
         else:
             coef = teacher_coefficients(psi, c_t)
         opt.zero_grad(set_to_none=True)
+        if batch is not None:  # an unbiased draw of `batch` terms, pi_x = |T_x| / sum |T|
+            weight = coef.abs()
+            draws = torch.multinomial(weight, batch, replacement=True, generator=gen)
+            rows_b, counts = torch.unique(draws, return_counts=True)
+            coef = coef[rows_b] * (counts * weight.sum() / (batch * weight[rows_b]))
+            lp = ansatz.log_psi(x[rows_b])
+            if oracle == "sign":
+                lp = torch.complex(lp.real, exact_phase[rows_b])
+            elif oracle == "amplitude":
+                lp = torch.complex(exact_amp[rows_b], lp.imag)
         loss = 2.0 * (lp.to(torch.complex128).conj() * coef).real.sum()
         loss.backward()
         opt.step()
+    return rows
+
+
+def run_runner(mol, configs, e_s, name, kw, args, device):
+    """The Runner's own iterations on the fixed space `configs` (see the module doc)."""
+    from cuscikit.nnqs import Callback, Runner
+
+    kw = dict(kw)
+    options = kw.pop("runner", {})
+    ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=device, **kw)
+    runner = Runner(
+        mol,
+        ansatz,
+        space=SCISpace(mol, configs),
+        growth="weight",
+        add_weight=0.99,  # no new configuration carries that first-order weight: S stays
+        lr=args.lr,
+        seed=args.seed,
+        device=device,
+        verbose=0,
+        **options,
+    )
+    rows, t0 = [], time.perf_counter()
+
+    class Marks(Callback):
+        steps = 0
+
+        def on_step_end(self, driver, row):
+            self.steps += 1 + int(row.get("inner_steps", driver.inner_steps))
+            if row["iteration"] % 25 == 0 or self.steps >= args.steps:
+                rows.append(
+                    {
+                        "variant": name,
+                        "step": self.steps,
+                        "iteration": int(row["iteration"]),
+                        "above_ci_mha": 1e3 * (row["e_variational"] - e_s),
+                        "teacher_loss": float(row.get("teacher_loss", np.nan)),
+                        "n_space": int(row["n_space"]),
+                        "s": time.perf_counter() - t0,
+                    }
+                )
+                r = rows[-1]
+                print(
+                    f"{name:>22} step {r['step']:5d} (iteration {r['iteration']})  E - E_CI(S) "
+                    f"{r['above_ci_mha']:10.3f} mHa  L_T {r['teacher_loss']:.3e}  "
+                    f"|S| {r['n_space']}  {r['s']:7.1f} s",
+                    flush=True,
+                )
+            return self.steps >= args.steps
+
+    runner.kernel(args.steps, callbacks=[Marks()], progress=False)
     return rows
 
 
@@ -111,14 +188,17 @@ def main() -> None:
     variants = []
     for v in args.variant:
         name, objective, kw = v.split(":", 2)
+        objective, _, batch = objective.partition("@")
         objective, _, oracle = objective.partition("/")
-        if objective not in ("energy+teacher", "teacher") or oracle not in (
+        if objective not in ("energy+teacher", "teacher", "runner") or oracle not in (
             "",
             "sign",
             "amplitude",
         ):
             ap.error(f"unknown objective {objective!r} or oracle {oracle!r} in {v!r}")
-        variants.append((name, objective, json.loads(kw or "{}"), oracle))
+        if batch and (not batch.isdigit() or int(batch) <= 0):
+            ap.error(f"the mini-batch of {v!r} must be a positive integer")
+        variants.append((name, objective, json.loads(kw or "{}"), oracle, int(batch or 0) or None))
     mol, e_fci, _ = build_system(args.system, args.cache)
     t = time.perf_counter()
     full = SCISpace.full(mol)
@@ -140,8 +220,13 @@ def main() -> None:
         flush=True,
     )
     rows = []
-    for name, objective, kw, oracle in variants:
-        rows += run_variant(mol, space.configs, ht, c, e_s, name, objective, kw, args, dev, oracle)
+    for name, objective, kw, oracle, batch in variants:
+        if objective == "runner":
+            rows += run_runner(mol, space.configs, e_s, name, kw, args, dev)
+            continue
+        rows += run_variant(
+            mol, space.configs, ht, c, e_s, name, objective, kw, args, dev, oracle, batch
+        )
     print("\n| variant | step | above the CI energy of S (mHa) | teacher loss | s |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
