@@ -196,6 +196,8 @@ def main() -> None:
             "amplitude",
         ):
             ap.error(f"unknown objective {objective!r} or oracle {oracle!r} in {v!r}")
+        if objective == "runner" and (oracle or batch):
+            ap.error(f"the runner objective takes neither an oracle nor a mini-batch: {v!r}")
         if batch and (not batch.isdigit() or int(batch) <= 0):
             ap.error(f"the mini-batch of {v!r} must be a positive integer")
         variants.append((name, objective, json.loads(kw or "{}"), oracle, int(batch or 0) or None))
