@@ -496,7 +496,10 @@ class FusedInference:
     """ln psi (complex64, no gradient) of an `Ansatz` through the fused amplitude kernel.
 
     The weights are packed (transposed, padded) on the first call and again whenever a
-    parameter changed in place (an optimiser step), so one object follows a training run.
+    parameter changed in place (an optimiser step), so one object follows a training run. A
+    change is seen through the parameters' autograd version counters: a write that does not
+    move them (through ``.data``, or a CUDA graph's replay) must be announced with
+    ``torch.autograd.graph.increment_version`` (as the recorded optimiser stage does).
 
     Args:
         ansatz: a float32 `Ansatz` on a CUDA device (`unsupported_reason` says which sizes).
