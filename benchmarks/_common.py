@@ -90,7 +90,7 @@ def random_excitations(hf: np.ndarray, norb: int, n: int, max_rank: int, seed: i
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:
     cells = [[str(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[k]) for r in cells)) for k, h in enumerate(header)]
+    widths = [max([len(h)] + [len(r[k]) for r in cells]) for k, h in enumerate(header)]
     print(f"\n{title}")
     print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
     for r in cells:

@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -236,6 +237,7 @@ def main() -> None:
                     results.append(f.result())
                 except Exception as exc:  # one failed run must not hide the others
                     print(f"{t[1]} seed {t[3]}: FAILED: {exc!r}", flush=True)
+    failed = len(tasks) - len(results)
     rows = [r["row"] for r in results]
     summary: dict[str, list] = {}
     for r in results:
@@ -305,6 +307,8 @@ def main() -> None:
             [{k: v for k, v in r.items() if k != "row"} for r in results],
             note=f"{args.device}, {args.jobs} run(s) at once",
         )
+    if failed:
+        sys.exit(f"{failed} of {len(tasks)} runs failed")
 
 
 def run_task(opts: dict, name: str, ref: float, seed: int, stop_at: float | None) -> dict:

@@ -4,10 +4,11 @@
 # starts, so that the small kernels of the many processes overlap. The tree's compiled modules are
 # prebuilt (tools/prebuild_py312.sh), so nothing is compiled on the device: run it with
 # PYTHONPATH set to the tree. Each argument is a group,
-# LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON[|ITERS[|NICE]]]] (SYSTEMS comma-separated; the JSONs
+# LABEL|SYSTEMS[|RUNNER_JSON[|ANSATZ_JSON[|ITERS[|NICE[|SEEDS]]]]]] (SYSTEMS comma-separated; the JSONs
 # replace Runner / Ansatz defaults for that group; ITERS, the group's iteration count and with it
 # its rate schedule, replaces the ITERS below; NICE, a niceness for the group's processes, lets
-# the long runs of another group keep the host's cores when many short ones share them). Every run
+# the long runs of another group keep the host's cores when many short ones share them; SEEDS, the
+# group's seeds, replaces the SEEDS below). Every run
 # stops DEADLINE seconds after the start (default 130); CACHE=DIR holds reference energies and
 # integrals made elsewhere (accuracy_small.py --cache); SEEDS (default 0,1,2); ITERS (default:
 # the default iteration count); DEVICE (default cuda, cpu for a dry run); MAXJOBS (default: no
@@ -15,7 +16,7 @@
 # a limited number of client processes); CKPT=DIR (relative to the tree) keeps a checkpoint per
 # run in DIR/LABEL and resumes from it (accuracy_small.py --checkpoint-dir), so a schedule longer
 # than one call continues in the next: each checkpoint comes back as ckpt_LABEL_RUN.h5.tgz (unpack
-# them into the tree's DIR and carry DIR to the next call). Logs, JSON and
+# them into the tree's DIR and carry DIR to the next call); MPS=0 leaves the MPS daemon off. Logs, JSON and
 # histories land in $OUT (JSON beside acc_histories.tgz, which holds the histories, the logs and
 # gpu.log: GPU use and load sampled every 10 s).
 #   usage (device tool): [DEADLINE=S] [CACHE=DIR] bash tools/device_accuracy_set.sh GROUP...
@@ -29,7 +30,9 @@ nproc --all
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 mps=0
-if nvidia-cuda-mps-control -d; then
+if [ "${MPS:-1}" = 0 ]; then
+  echo "MPS=0: processes share the GPU by time slicing"
+elif nvidia-cuda-mps-control -d; then
   mps=1
   echo "MPS daemon started"
 else
@@ -44,13 +47,14 @@ extra=()
 [ -n "${CACHE:-}" ] && extra+=(--cache "$root/$CACHE")
 pids=()
 for group in "$@"; do
-  IFS='|' read -r label systems runner ansatz iters niceness <<< "$group"
+  IFS='|' read -r label systems runner ansatz iters niceness seeds <<< "$group"
   iters=${iters:-${ITERS:-}}
+  seeds=${seeds:-${SEEDS:-0,1,2}}
   read -ra names <<< "${systems//,/ }"
-  nseeds=$(tr ',' '\n' <<< "${SEEDS:-0,1,2}" | wc -l)
+  nseeds=$(tr ',' '\n' <<< "$seeds" | wc -l)
   jobs=$((${#names[@]} * nseeds))
   [ -n "${MAXJOBS:-}" ] && [ "$jobs" -gt "$MAXJOBS" ] && jobs=$MAXJOBS
-  nice -n "${niceness:-0}" python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "${SEEDS:-0,1,2}" --device "${DEVICE:-cuda}" \
+  nice -n "${niceness:-0}" python3 benchmarks/accuracy_small.py "${names[@]}" --seeds "$seeds" --device "${DEVICE:-cuda}" \
     --jobs "$jobs" --deadline "${DEADLINE:-130}" \
     --runner "${runner:-{\}}" --ansatz "${ansatz:-{\}}" ${iters:+--iters "$iters"} "${extra[@]}" \
     ${CKPT:+--checkpoint-dir "$root/$CKPT/$label"} \
