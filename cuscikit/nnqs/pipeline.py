@@ -162,8 +162,10 @@ class Pipeline:
             compilation; results equal to float32 rounding).
         fused_inference: a `cuscikit.nnqs.fast_infer.FusedInference` of the ansatz: ln psi
             without gradient over U through the fused kernel (None: the module). Its first
-            batch is checked against the module in float64 (`FusedInference.verify`); past
-            1e-5 in ln psi it is dropped with a warning and the module runs instead.
+            batch is checked against the module in float64 (`FusedInference.errors`); past
+            1e-5 in ln psi, and past 4 times the float32 module's own error on that batch
+            (a trained network can put the module itself past 1e-5), it is dropped with a
+            warning and the module runs instead.
         want_pairs: also return the H_SS entries of this rank's sources (inner steps).
         pt2: also return the terms of the Epstein-Nesbet second-order correction.
 
@@ -333,15 +335,18 @@ class Pipeline:
 
     def _fused(self, configs) -> torch.Tensor | None:
         """ln psi through the fused kernel; its first batch checked against the module in
-        float64 (None, and the module from now on, when it misses the tolerance)."""
+        float64 (None, and the module from now on, when it misses both the tolerance and the
+        float32 module's own error on that batch times `FusedInference.module_factor`)."""
         fused = self.fused_inference
         if not self._fused_checked:
             self._fused_checked = True
-            err = fused.verify(configs[:256])
-            if not err <= fused.tolerance:
+            err, module_err = fused.errors(configs[:256])
+            limit = max(fused.tolerance, fused.module_factor * module_err)
+            if not err <= limit:
                 warnings.warn(
-                    f"fused inference differs from the module by {err:.1e} in ln psi "
-                    f"(tolerance {fused.tolerance:.0e}); the module runs instead",
+                    f"fused inference differs from the float64 module by {err:.1e} in ln psi "
+                    f"(tolerance {fused.tolerance:.0e}, the float32 module {module_err:.1e}); "
+                    "the module runs instead",
                     stacklevel=3,
                 )
                 self.fused_inference = None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -119,6 +120,13 @@ _INTERPRETED = textwrap.dedent(
             err = float((fast(x).to(torch.complex128) - ref).abs().max())
             print(norb, d, prec, err)
             assert err < 1e-5, (prec, err)
+        # the pipeline's check: this path's error and the float32 module's own, both against
+        # the float64 module
+        kernel, module = fast.errors(x)
+        assert kernel == fast.verify(x) and abs(kernel - err) <= 1e-12, (kernel, err)
+        with torch.no_grad():  # as the pipeline's inference evaluates the module
+            own = float((a.log_psi(x).to(torch.complex128) - ref).abs().max())
+        assert abs(module - own) <= 1e-12 and 0 < module < 1e-5, (module, own)
         bad = all_determinants(norb, (nelec[0] - 1, nelec[1]))[:3]
         assert torch.isneginf(fast(bad).real).all()
     assert FusedInference(a).kernel == "triton"  # the CUDA kernel needs a GPU
@@ -175,6 +183,67 @@ _INTERPRETED = textwrap.dedent(
         assert err < 1e-5, err
     """
 )
+
+
+class _Checked:
+    """Stands in for a FusedInference in the pipeline: the module's values, chosen errors."""
+
+    tolerance = FusedInference.tolerance
+    module_factor = FusedInference.module_factor
+
+    def __init__(self, ansatz, kernel_error, module_error):
+        self.ansatz, self.errs, self.calls = ansatz, (kernel_error, module_error), 0
+
+    def errors(self, configs, *, module=True):
+        return self.errs
+
+    def __call__(self, configs):
+        self.calls += 1
+        return self.ansatz.log_psi(configs)
+
+
+@pytest.mark.parametrize(
+    "kernel_error, module_error, kept",
+    [
+        (9e-6, 1e-7, True),  # within the tolerance
+        (1.5e-5, 1e-5, True),  # past it, within 4x the float32 module's own error
+        (3.9e-5, 1e-5, True),
+        (4.1e-5, 1e-5, False),
+        (1.5e-5, 1e-6, False),  # past both
+        (1e-3, 2e-5, False),  # far past float32 rounding: a wrong kernel
+        (float("inf"), 1e-6, False),  # -inf where the module is finite, or the reverse
+        (float("nan"), 1e-6, False),
+    ],
+)
+def test_pipeline_drops_the_kernel_past_tolerance_and_module_rounding(
+    kernel_error, module_error, kept
+):
+    """The first batch's check: the kernel stays while it is within the tolerance or within
+    `module_factor` times the float32 module's own error; else the module runs, with a
+    warning that names both errors."""
+    import warnings
+
+    from cuscikit.nnqs.pipeline import Pipeline
+    from cuscikit.sci.engines import engine
+
+    mol = Molecule.load("LiH")
+    a = Ansatz.for_molecule(mol, seed=0)
+    stub = _Checked(a, kernel_error, module_error)
+    p = Pipeline(engine("cpu", mol), a, fused_inference=stub)
+    x = all_determinants(mol.norb, mol.nelec)[:40]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = p.values(x), p.values(x[:7])
+    assert (p.fused_inference is stub) == kept
+    assert stub.calls == (2 if kept else 0)
+    said = [str(w.message) for w in caught if "fused inference" in str(w.message)]
+    if kept:
+        assert said == []
+    else:
+        assert len(said) == 1 and f"{module_error:.1e}" in said[0], said
+    with torch.no_grad():
+        np.testing.assert_array_equal(first, a.log_psi(x).to(torch.complex128).numpy())
+        np.testing.assert_array_equal(second, a.log_psi(x[:7]).to(torch.complex128).numpy())
 
 
 def test_kernel_in_triton_interpreter():
