@@ -127,6 +127,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         max_gpu_memory=args.max_gpu_memory,
         compile_inference=args.compile,
         inner_steps=args.inner_steps,
+        inner_batch=args.inner_batch,
         teacher="auto" if args.teacher is None else args.teacher,
         teacher_until=args.teacher_until,
         teacher_hold=args.teacher_hold,
@@ -314,6 +315,14 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         type=non_negative_int,
         default=DEFAULT_INNER_STEPS,
         help="extra optimiser steps per iteration on the energy within S",
+    )
+    s.add_argument(
+        "--inner-batch",
+        type=positive_int,
+        default=None,
+        metavar="M",
+        help="while |S| > M, each inner step takes its gradient from about M configurations "
+        "drawn by the size of their coefficient (unbiased; default: all of S)",
     )
     s.add_argument(
         "--teacher",

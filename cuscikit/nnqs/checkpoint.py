@@ -64,13 +64,13 @@ def molecule_fingerprint(molecule) -> str:
 
 
 # Settings added after the first files were written, with the value those files ran with.
-_SETTINGS_BEFORE_THEY_WERE_SAVED = {"inner_steps": 0, "growth": "count"}
+_SETTINGS_BEFORE_THEY_WERE_SAVED = {"inner_steps": 0, "growth": "count", "inner_batch": None}
 
 
 def saved_settings(path: str | os.PathLike) -> dict:
     """The Runner settings a checkpoint was written with (topk, estimator, max_space, eps, seed,
-    batch_size, inner_steps, growth), as Runner keyword arguments: a Runner built with them can
-    load it.
+    batch_size, inner_steps, inner_batch, growth), as Runner keyword arguments: a Runner built
+    with them can load it.
 
     Example:
         >>> import os, tempfile
@@ -120,6 +120,7 @@ def _settings(runner) -> dict:
         "seed": runner.seed,
         "batch_size": runner.batch_size,
         "inner_steps": runner.inner_steps,
+        "inner_batch": runner.inner_batch,
         "growth": runner.growth,
     }
 
@@ -439,7 +440,7 @@ def load_checkpoint(runner, path: str | os.PathLike) -> None:
         if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{path}: parameter {k} is not finite")
     settings = _SETTINGS_BEFORE_THEY_WERE_SAVED | settings
-    for key in ("growth", "estimator", "topk", "max_space", "eps", "inner_steps"):
+    for key in ("growth", "estimator", "topk", "max_space", "eps", "inner_steps", "inner_batch"):
         if settings[key] != _settings(runner)[key]:
             raise CheckpointError(
                 f"{path}: saved with {key}={settings[key]!r}, this runner has "

@@ -130,6 +130,32 @@ def _with_teacher(w, de, psi, teach):
     return torch.ones(len(coef), dtype=torch.float64, device=coef.device), coef
 
 
+def systematic_draw(coef: torch.Tensor, m: int, u: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of `coef` drawn m times by systematic sampling with probability |coef| / sum |coef|
+    (the points (u + j) / m, j < m, on the cumulative probabilities), each row once, and the
+    factors count / (m p) that make ``sum_rows factor * coef * g`` an unbiased estimate of
+    ``sum_x coef_x * g_x`` for any g (the expected count of a row is m p). A row of
+    probability at least 1/m is always drawn. Empty when every coefficient is 0.
+
+    Example:
+        >>> import torch
+        >>> rows, f = systematic_draw(torch.tensor([3.0, 0.0, 1.0]), 2, 0.9)
+        >>> rows.tolist(), f.tolist()
+        ([0, 2], [0.6666666666666666, 2.0])
+    """
+    mag = coef.abs().to(torch.float64)
+    total = mag.sum()
+    if not float(total) > 0:
+        empty = torch.zeros(0, dtype=torch.long, device=coef.device)
+        return empty, torch.zeros(0, dtype=torch.float64, device=coef.device)
+    cum = torch.cumsum(mag, 0)
+    # points below cum[-1] itself: no rounding can send one past the last row of weight
+    pos = (u + torch.arange(m, dtype=torch.float64, device=coef.device)) * (cum[-1] / m)
+    idx = torch.searchsorted(cum, pos, right=True)
+    rows, counts = torch.unique_consecutive(idx, return_counts=True)
+    return rows, counts.to(torch.float64) * (total / (m * mag[rows]))
+
+
 class Runner(Solver):
     """NNQS-SCI: optimise a neural wavefunction over a growing selected-CI space.
 
@@ -213,6 +239,15 @@ class Runner(Solver):
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
             no inference over the unique set.
+        inner_batch: None (default): every inner step's gradient runs over all of S. A count
+            M: while |S| > M, each inner step takes its gradient from about M configurations
+            drawn with probability proportional to the size of their coefficient in the loss
+            (`systematic_draw`, an unbiased estimate of the full gradient); the local energies
+            and weights still come from psi over all of S without gradient (the pipeline's
+            pass: the fused kernel on a GPU), and the iteration's own step stays over all of
+            S. Such iterations take the eager optimiser stage (`graphs` records full inner
+            steps only). For spaces far larger than M, where a pass with gradient over S
+            costs far more than one without.
         graphs: run the optimiser stage (the iteration's AdamW step and the inner steps) as
             one recorded CUDA graph per size bucket (`cuscikit.nnqs.graphs`): "auto" (default:
             on a CUDA device, single process, without `compile_inference`, for |S| up to
@@ -309,6 +344,7 @@ class Runner(Solver):
     compile_inference: bool = False
     fused_inference: bool | str = "auto"
     inner_steps: int = DEFAULT_INNER_STEPS
+    inner_batch: int | None = None
     graphs: bool | str = "auto"
     graph_space: int | str = "auto"
     pt2: bool = True
@@ -433,6 +469,7 @@ class Runner(Solver):
             raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
+        positive_int("inner_batch", self.inner_batch, allow_none=True)
         if self.teacher != "auto" and not (
             isinstance(self.teacher, (int, float))
             and not isinstance(self.teacher, bool)
@@ -879,6 +916,9 @@ class Runner(Solver):
         src, dst, val = (on_device(a) for a in pairs)
         src, val = src - lo, val.to(torch.complex128)
         hd = on_device(hdiag).to(torch.float64)
+        mini = self._mini_batch(n)
+        # each rank draws from its own rows, in proportion to their number
+        m_own = max(1, math.ceil(self.inner_batch * (hi - lo) / n)) if mini else 0
 
         def no_grad_log_psi(a: int, b: int) -> list[torch.Tensor]:
             # the pipeline's pass without gradient: the fused kernel where it runs (a
@@ -893,7 +933,7 @@ class Runner(Solver):
             self.optimizer.zero_grad(set_to_none=True)
             # this rank's rows keep their graph when they fit in one batch (else the loss
             # recomputes them batch by batch); the other ranks' rows need values only
-            own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs else None
+            own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs and not mini else None
             parts = [
                 *no_grad_log_psi(0, lo),
                 *([own.detach()] if own is not None else no_grad_log_psi(lo, hi)),
@@ -915,14 +955,25 @@ class Runner(Solver):
             if bad:
                 return  # the next iteration's checks report it
             if teach is None:
-                self._backward_loss(S[lo:hi], own, w, eloc - e)
+                rows_of, (a, b) = S[lo:hi], (w, eloc - e)
             else:
-                self._backward_loss(S, own, *_with_teacher(w, eloc - e, psi, teach))
+                rows_of, (a, b) = S, _with_teacher(w, eloc - e, psi, teach)
+            if mini:  # the gradient from a draw of rows, unbiased
+                rows, factor = systematic_draw(a.to(b.device) * b, m_own, float(self.rng.random()))
+                pick = rows.cpu().numpy()
+                self._backward_loss(rows_of[pick], None, a.to(b.device)[rows] * factor, b[rows])
+            else:
+                self._backward_loss(rows_of, own, a, b)
             if self.distributed:
                 from cuscikit.nnqs.distributed import allreduce_gradients
 
                 allreduce_gradients(self.ansatz.parameters(), self.comm)
             self.optimizer.step()
+
+    def _mini_batch(self, n: int) -> bool:
+        """Whether the inner steps over a space of n configurations draw their gradient from
+        a mini-batch (`inner_batch`)."""
+        return self.inner_batch is not None and n > self.inner_batch
 
     def _teacher_solution(self, S: np.ndarray, r) -> tuple[float, np.ndarray]:
         """The teacher's (energy, vector) in S: H_SS depends on S alone, so an iteration whose
@@ -1073,7 +1124,7 @@ class Runner(Solver):
         self.optimizer.zero_grad(set_to_none=True)
         eloc_t = (eloc - e_est).to(torch.complex128)
         graphed = None
-        if math.isfinite(e_c) and math.isfinite(e_v):
+        if math.isfinite(e_c) and math.isfinite(e_v) and not (n_inner and self._mini_batch(n)):
             if teach is None:
                 graphed = self._graphed_stage(S, w, eloc_t, r, n_inner)
             else:  # the iteration's step with the teacher's pull, unit weights
