@@ -11,10 +11,20 @@ from cuscikit.nnqs.checkpoint import CheckpointError, saved_settings
 from cuscikit.nnqs.runner import Runner, systematic_draw
 
 
-def _runner(name="LiH", **kw):
+def _runner(name="LiH", device="cpu", **kw):
     mol = Molecule.load(name)
     kw.setdefault("topk", 16)
-    return Runner(mol, Ansatz.for_molecule(mol, seed=0, dtype=torch.float64), seed=0, **kw)
+    psi = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device=device)
+    return Runner(mol, psi, seed=0, **kw)
+
+
+_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
 
 
 def _grid(k):
@@ -51,12 +61,13 @@ def test_systematic_draw_is_unbiased_and_keeps_the_heavy_rows():
     assert rows.numel() == 0 and factor.numel() == 0
 
 
+@pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("teacher", [0.0, 1.0])
-def test_mini_batch_inner_step_estimates_the_full_gradient(teacher):
+def test_mini_batch_inner_step_estimates_the_full_gradient(teacher, device):
     """Averaged over the draw's u, the inner step's mini-batch gradient (through the Runner's
     own code: the loss's coefficients, the draw, the weighted backward pass) is the full one;
     a single draw is not."""
-    runner = _runner("H2O", teacher=teacher, topk=24)
+    runner = _runner("H2O", device, teacher=teacher, topk=24)
     for _ in range(3):
         runner.step()
     S = runner.space.configs
@@ -65,7 +76,7 @@ def test_mini_batch_inner_step_estimates_the_full_gradient(teacher):
     teach = None
     if teacher:
         e_t, c = runner._teacher_solution(S, r)
-        teach = (teacher, torch.as_tensor(c, dtype=torch.float64))
+        teach = (teacher, torch.as_tensor(c, dtype=torch.float64, device=runner.device))
 
     def grad(**kw):
         seen = []
