@@ -233,8 +233,8 @@ class Runner(Solver):
             kernel (`cuscikit.nnqs.fast_infer`): "auto" (default: on for a float32 ansatz of a
             supported size on a CUDA device with Triton; its first batch is checked against
             the module in float64 and the module runs instead past 1e-5 in ln psi and past 4
-            times the float32 module's own error there), True (the
-            same, but an error where it cannot run) or False (the module).
+            times the float32 module's own error there), True (the same, but an error where
+            it cannot run) or False (the module).
         inner_steps: after each iteration's AdamW step, this many more on the Rayleigh quotient
             of psi restricted to S (the variational estimator's loss, with H_SS from the
             iteration's coupled pairs inside S). Each costs a forward and backward pass over S,
