@@ -958,10 +958,9 @@ class Runner(Solver):
                 rows_of, (a, b) = S[lo:hi], (w, eloc - e)
             else:
                 rows_of, (a, b) = S, _with_teacher(w, eloc - e, psi, teach)
-            if mini:  # the gradient from a draw of rows, unbiased
-                rows, factor = systematic_draw(a.to(b.device) * b, m_own, float(self.rng.random()))
-                pick = rows.cpu().numpy()
-                self._backward_loss(rows_of[pick], None, a.to(b.device)[rows] * factor, b[rows])
+            if mini:  # the gradient from a draw of rows, unbiased (a and b are on dev)
+                rows, factor = systematic_draw(a * b, m_own, float(self.rng.random()))
+                self._backward_loss(rows_of[rows.cpu().numpy()], None, a[rows] * factor, b[rows])
             else:
                 self._backward_loss(rows_of, own, a, b)
             if self.distributed:
