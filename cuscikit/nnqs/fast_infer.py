@@ -439,6 +439,9 @@ def _pad(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 KERNELS = ("auto", "cuda", "triton")
+#: the CUDA kernel's products, in its numbering (AmplitudeStage::products)
+CUDA_PRODUCTS = ("fma", "fp64", "tf32x3")
+_TC_DEFAULT_D = 48  # the width where the tensor-core products are the default
 _CUDA_WIDTHS = (16, 32, 48, 64)  # d_model values the CUDA kernel is compiled for (heads of 8)
 _CUDA_TWO_ROWS_MAX_D = 48  # the widest d_model with two rows per thread (kTwoRowsMaxD)
 
@@ -492,6 +495,78 @@ def _layer_blocks(packed: dict[str, torch.Tensor], d: int, nl: int) -> torch.Ten
     return torch.stack(parts).contiguous()
 
 
+def tc_fragment_order(layers: torch.Tensor, d: int) -> torch.Tensor:
+    """`_layer_blocks` with every matrix (K x N) in the order of the tensor-core products'
+    fragments: element ``((kt * N/8 + nt) * 32 + 4 g + t) * 2 + c`` of a matrix is
+    ``W[8 kt + 2 t + c, 8 nt + g]`` (lane 4 g + t of fragment (kt, nt) holds rows 2t and 2t + 1
+    of its 8-row step, column g); the vectors stay in place.
+
+    Example:
+        >>> import torch
+        >>> blocks = torch.arange(2 * layer_block_floats(16), dtype=torch.float32).view(2, -1)
+        >>> frags = tc_fragment_order(blocks, 16)
+        >>> w = blocks[0, : 16 * 16].view(16, 16)  # the query matrix of layer 0
+        >>> bool(frags[0, 2 * (4 * 3 + 1)] == w[2, 3])  # fragment (0, 0), lane 4*3 + 1, c = 0
+        True
+    """
+    out = layers.clone()
+    for off, k, n in _tc_matrices(d):
+        w = layers[:, off : off + k * n].reshape(-1, k // 8, 4, 2, n // 8, 8)
+        # (layer, kt, t, c, nt, g) -> (layer, kt, nt, g, t, c)
+        out[:, off : off + k * n] = w.permute(0, 1, 4, 5, 2, 3).reshape(-1, k * n)
+    return out.contiguous()
+
+
+def _tc_matrices(d: int) -> list[tuple[int, int, int]]:
+    """(float offset, K, N) of the six matrices in a layer block of `_layer_blocks`."""
+    f = 4 * d
+    return [(i * d * d, d, d) for i in range(4)] + [(4 * d * d, d, f), (4 * d * d + d * f, f, d)]
+
+
+def tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32 (10 explicit mantissa bits), to nearest with ties away from zero
+    (the CUDA kernel's rounding; finite values).
+
+    Example:
+        >>> import torch
+        >>> tf32_round(torch.tensor([1 + 2**-11, 1 + 2**-12, -(1 + 2**-11)])).tolist()
+        [1.0009765625, 1.0, -1.0009765625]
+    """
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
+
+
+def tc_layer_blocks(layers: torch.Tensor, d: int, products: str) -> torch.Tensor:
+    """The layer blocks the tensor-core products stage (``AmplitudeNet::layers_tc``): per
+    layer the six matrices in fragment order (`tc_fragment_order`) at 8 bytes a weight, for
+    ``products="fp64"`` each weight as float64, for ``"tf32x3"`` a lane's pair as (hi, hi, lo,
+    lo) with hi = `tf32_round` (w) and lo = `tf32_round` (w - hi); then the vectors as float32.
+
+    Example:
+        >>> import torch
+        >>> blocks = torch.randn(2, layer_block_floats(16))
+        >>> tc = tc_layer_blocks(blocks, 16, "fp64")
+        >>> tc.shape == (2, layer_block_floats(16) + 12 * 16 * 16)
+        True
+        >>> w = tc_fragment_order(blocks, 16)[:, : 12 * 16 * 16]
+        >>> bool((tc[:, : 24 * 16 * 16].contiguous().view(torch.float64) == w.double()).all())
+        True
+    """
+    if products not in ("fp64", "tf32x3"):
+        raise ValueError(f"products must be 'fp64' or 'tf32x3', got {products!r}")
+    frags = tc_fragment_order(layers, d)
+    m = 12 * d * d  # the matrices' floats: 4 d^2 + 2 d (4d)
+    w = frags[:, :m]
+    if products == "fp64":
+        wide = w.double().view(torch.float32)  # each weight as two float32 words
+    else:
+        hi = tf32_round(w)
+        lo = tf32_round(w - hi)
+        pairs = w.shape[1] // 2
+        wide = torch.cat([hi.view(-1, pairs, 2), lo.view(-1, pairs, 2)], dim=2).view(-1, 2 * m)
+    return torch.cat([wide.reshape(len(layers), 2 * m), frags[:, m:]], dim=1).contiguous()
+
+
 class FusedInference:
     """ln psi (complex64, no gradient) of an `Ansatz` through the fused amplitude kernel.
 
@@ -531,11 +606,21 @@ class FusedInference:
         rows: the CUDA kernel's rows per thread: 1, or 2 for d_model up to 48 (every weight it
             reads from shared memory then serves two configurations); None: its default (2 up
             to d_model 48, else 1). Giving it asks for the CUDA kernel.
+        products: the CUDA kernel's weight and attention products: "fma" (float32 FMAs, one
+            thread per row, ``rows``), "fp64" (on the float64 tensor cores: the float32
+            operands exact, the sums rounded to nearest) or "tf32x3" (each operand split into
+            two TF32 parts rounded to nearest, three products per 8-wide step, the steps added
+            in float32); both tensor-core paths run a warp per configuration as a 16-row tile,
+            for d_model 16, 32 or 48 and stages of at most 16 positions after at most 32 cached
+            ones (other stages take the FMA path). None (default): "tf32x3" at d_model 48
+            (the cc-pVDZ-size default model, 1.4x the FMA path there), else "fma" (faster at
+            d_model 32). Giving it asks for the CUDA kernel.
 
     Raises:
         ValueError: for an unsupported ansatz or device, an unknown precision or kernel,
             ``kernel="cuda"`` (or ``rows``) where that kernel cannot run or with an option of
-            the Triton kernel, ``rows`` other than None, 1 or 2 (1 above d_model 48).
+            the Triton kernel, ``rows`` other than None, 1 or 2 (1 above d_model 48), an
+            unknown ``products`` or one other than "fma" together with ``rows``.
 
     Example (needs a CUDA GPU):
         >>> from cuscikit import Ansatz
@@ -559,6 +644,7 @@ class FusedInference:
         maxnreg: int | None = None,
         kernel: str = "auto",
         rows: int | None = None,
+        products: str | None = None,
     ) -> None:
         triton_options = {
             k: v
@@ -614,6 +700,19 @@ class FusedInference:
             kernel = "cuda"
         #: the CUDA kernel's rows per thread (0: its default)
         self.rows = 0 if rows is None else int(rows)
+        if products is not None:
+            if products not in CUDA_PRODUCTS:
+                raise ValueError(f"products must be one of {CUDA_PRODUCTS}, got {products!r}")
+            if products != "fma" and rows is not None:
+                raise ValueError("rows configures the FMA path, not products=" + repr(products))
+            if kernel == "triton":
+                raise ValueError("products configures the CUDA kernel, not kernel='triton'")
+            kernel = "cuda"
+        #: the CUDA kernel's products ("fma", "fp64" or "tf32x3"); by default tf32x3 at d_model
+        #: 48 (faster there on an H200, docs/performance.md#tensor-cores), else fma
+        self.products = products or (
+            "tf32x3" if rows is None and ansatz.d_model == _TC_DEFAULT_D else "fma"
+        )
         if kernel == "cuda" and triton_options:
             raise ValueError(
                 f"{', '.join(triton_options)} configure the Triton kernel, not kernel='cuda'"
@@ -683,6 +782,8 @@ class FusedInference:
             }
         if self.kernel == "cuda":
             packed["layers"] = _layer_blocks(packed, d, nl)
+            if self.products != "fma":
+                packed["layers_tc"] = tc_layer_blocks(packed["layers"], d, self.products)
         self._meta = {
             "D": d,
             "DP": dp,
@@ -787,6 +888,8 @@ class FusedInference:
                 out if out.dtype == torch.float32 else None,
                 torch.cuda.current_stream(x.device).cuda_stream,
                 rows=self.rows,
+                products=CUDA_PRODUCTS.index(self.products),
+                layers_tc=w.get("layers_tc"),
             )
             return
         sp = max(16, pow2(k1 - k0))

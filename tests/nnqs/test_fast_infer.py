@@ -354,3 +354,47 @@ def test_tf32_split_in_triton_interpreter():
         [sys.executable, "-c", _SPLIT], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("d", [16, 32, 48])
+def test_tensor_core_layer_blocks_follow_the_fragment_rule(d):
+    """The weights the tensor-core products stage, against the fragment rule written out in
+    loops: weight ((kt N/8 + nt) 32 + 4g + t) 2 + c of each matrix is W[8kt + 2t + c, 8nt + g];
+    float64 copies for "fp64", TF32 (hi, hi, lo, lo) pairs rounded to nearest for "tf32x3";
+    the vectors unchanged after the matrices."""
+    from cuscikit.nnqs.fast_infer import (
+        _tc_matrices,
+        layer_block_floats,
+        tc_fragment_order,
+        tc_layer_blocks,
+    )
+
+    rng = np.random.default_rng(d)
+    blocks = torch.from_numpy(rng.standard_normal((2, layer_block_floats(d))).astype(np.float32))
+    frags = tc_fragment_order(blocks, d).numpy()
+    want = blocks.numpy().copy()
+    for off, k, n in _tc_matrices(d):
+        for layer in range(2):
+            w = blocks[layer, off : off + k * n].numpy().reshape(k, n)
+            for kt in range(k // 8):
+                for nt in range(n // 8):
+                    for lane in range(32):
+                        g, t = lane // 4, lane % 4
+                        for c in range(2):
+                            i = off + ((kt * (n // 8) + nt) * 32 + lane) * 2 + c
+                            want[layer, i] = w[8 * kt + 2 * t + c, 8 * nt + g]
+    np.testing.assert_array_equal(frags, want)
+    m = 12 * d * d
+    f64 = tc_layer_blocks(blocks, d, "fp64").numpy()
+    np.testing.assert_array_equal(f64[:, 2 * m :], want[:, m:])
+    np.testing.assert_array_equal(f64[:, : 2 * m].copy().view(np.float64), want[:, :m])
+    tf = tc_layer_blocks(blocks, d, "tf32x3").numpy()[:, : 2 * m].reshape(2, -1, 4)
+    hi, lo = tf[:, :, :2].reshape(2, m), tf[:, :, 2:].reshape(2, m)
+    for part in (hi, lo):  # TF32 values: 13 low mantissa bits zero
+        assert not (part.view(np.uint32) & 0x1FFF).any()
+    w = want[:, :m].astype(np.float64)
+    # round to nearest: each part within half a TF32 ulp (2^-11 relative), the sum within 2^-21
+    assert (np.abs(hi - w) <= np.abs(w) * 2.0**-11).all()
+    assert (np.abs(hi.astype(np.float64) + lo - w) <= np.abs(w) * 2.0**-21).all()
+    with pytest.raises(ValueError, match="products must be"):
+        tc_layer_blocks(blocks, d, "fma")

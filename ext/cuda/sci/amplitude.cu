@@ -40,29 +40,11 @@
 #include <string>
 #include <type_traits>
 
-#include "api.hpp"
-#include "common.cuh"
-#include "cuscikit/bits.hpp"
+#include "amplitude.cuh"
 
 namespace csk::gpu {
 
 namespace {
-
-constexpr unsigned kFull = 0xffffffffu;
-
-// Offsets (in floats) of one layer's parameters in the layer block (see api.hpp).
-template <int D>
-struct LayerLayout {
-  static constexpr int F = 4 * D;
-  static constexpr int wq = 0, wk = D * D, wv = 2 * D * D, wo = 3 * D * D;
-  static constexpr int w1 = 4 * D * D;
-  static constexpr int w2 = w1 + D * F;
-  static constexpr int bq = w2 + F * D, bk = bq + D, bv = bk + D, bo = bv + D;
-  static constexpr int ln1w = bo + D, ln1b = ln1w + D, ln2w = ln1b + D, ln2b = ln2w + D;
-  static constexpr int b1 = ln2b + D;
-  static constexpr int b2 = b1 + F;
-  static constexpr int size = (b2 + D + 3) / 4 * 4;  // float4-aligned blocks
-};
 
 // A thread's R input rows of K values, read four at a time: in registers ...
 template <int R, int K>
@@ -161,28 +143,6 @@ __device__ __forceinline__ void layer_norm(const float (&h)[R][D], const float* 
   }
 }
 
-__device__ __forceinline__ float gelu(float a) {
-  return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
-}
-
-// N floats (a multiple of 4, 16-byte aligned) from global memory through the read-only cache.
-template <int N>
-__device__ __forceinline__ void load_row(const float* p, float (&out)[N]) {
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
-    out[4 * i] = v.x;
-    out[4 * i + 1] = v.y;
-    out[4 * i + 2] = v.z;
-    out[4 * i + 3] = v.w;
-  }
-}
-
-// Token (n_alpha + 2 n_beta) of orbital j.
-__device__ __forceinline__ int token(const u64 (&w)[2], int j) {
-  return static_cast<int>((((j >> 5) ? w[1] : w[0]) >> (2 * (j & 31))) & 3u);
-}
-
 // One head's attention for a thread's R rows: row i's query (qkv[i]) against the prefix's
 // cached keys pk[i] / values pv[i] (k0 positions, 16 floats apart) and the stage's positions
 // k0..k0+r (lanes base..base+r of the warp hold their keys qkv[R + i] and values
@@ -247,7 +207,7 @@ __device__ __forceinline__ void attend(const float (&qkv)[3 * R][HD], const floa
 // log-probability of the row's target token (`bad`: the token leaves the sector).
 template <int D>
 __device__ __forceinline__ double row_log_prob(const float (&h)[D], const AmplitudeNet& net, int k,
-                                               int target, int used_a, int used_b, int& bad) {
+                                               const RowInputs& in, int& bad) {
   double mean = 0.0;
 #pragma unroll
   for (int d = 0; d < D; ++d) mean += static_cast<double>(h[d]);
@@ -270,36 +230,7 @@ __device__ __forceinline__ double row_log_prob(const float (&h)[D], const Amplit
     for (int t = 0; t < 4; ++t)
       logit[t] += static_cast<double>(xf) * static_cast<double>(net.wh[d * 16 + t]);
   }
-  const int rem = net.norb - 1 - k;
-  bool allowed[4];
-  int n_allowed = 0;
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const int ua = used_a + (t & 1), ub = used_b + (t >> 1);
-    allowed[t] = ua <= net.na && net.na - ua <= rem && ub <= net.nb && net.nb - ub <= rem;
-    n_allowed += allowed[t];
-  }
-  double lg[4], mx = -1.0e30;
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const float lf = static_cast<float>(logit[t]) + net.bias16[k * 16 + t];
-    lg[t] = (allowed[t] || n_allowed == 0) ? static_cast<double>(lf) : -1.0e30;
-    mx = fmax(mx, lg[t]);
-  }
-  double sum = 0.0;
-#pragma unroll
-  for (int t = 0; t < 4; ++t)
-    if (allowed[t] || n_allowed == 0) sum += exp(lg[t] - mx);
-  double picked = lg[0];
-  bool ok = allowed[0];
-#pragma unroll
-  for (int t = 1; t < 4; ++t)
-    if (target == t) {
-      picked = lg[t];
-      ok = allowed[t];
-    }
-  bad = !ok;
-  return (picked - mx) - log(sum);
+  return masked_log_prob(logit, net, k, in, bad);
 }
 
 // Launch shapes: R rows per thread, T threads per block; the LayerNorm outputs sit in shared
@@ -343,7 +274,7 @@ __global__ void __launch_bounds__(Shape<R>::T, Shape<R>::min_blocks)
 
   i64 cfg[R];
   bool cfg_ok[R], row_ok[R];
-  int target[R], used_a[R], used_b[R];
+  RowInputs in[R];
   const float* pkv[R];
   float* skv[R];
   float h[R][D];
@@ -354,22 +285,7 @@ __global__ void __launch_bounds__(Shape<R>::T, Shape<R>::min_blocks)
     cfg_ok[i] = raw < st.n;
     cfg[i] = cfg_ok[i] ? raw : st.n - 1;  // padding lanes repeat a real configuration
     row_ok[i] = cfg_ok[i] && lane_ok;
-    // tokens: the input (previous orbital's token, 4 at the start), the target, the electrons
-    // of each spin before position k
-    u64 w[2] = {0, 0};
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (j < net.words) w[j] = st.configs[cfg[i] * net.words + j];
-    target[i] = token(w, k);
-    const int inp = k == 0 ? 4 : token(w, k - 1);
-    used_a[i] = used_b[i] = 0;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int below = min(max(k - 32 * j, 0), 32);
-      const u64 m = below == 32 ? ~0ull : ((1ull << (2 * below)) - 1);
-      used_a[i] += popcount64(w[j] & m & 0x5555555555555555ull);  // alpha bits: even
-      used_b[i] += popcount64(w[j] & m & 0xAAAAAAAAAAAAAAAAull);
-    }
+    in[i] = row_inputs(st.configs + cfg[i] * net.words, net.words, k);
     const i64 par = st.parent ? static_cast<i64>(st.parent[cfg[i]]) : 0;
     pkv[i] = st.pkv ? st.pkv + par * kv_per_prefix_c : nullptr;
     skv[i] = st.store && cfg_ok[i] ? st.store + cfg[i] * kv_per_prefix_s : nullptr;
@@ -387,7 +303,7 @@ __global__ void __launch_bounds__(Shape<R>::T, Shape<R>::min_blocks)
     }
 #pragma unroll
     for (int d = 0; d < D; ++d)
-      h[i][d] = net.tok_emb[inp * net.dp + d] + net.pos_emb[k * net.dp + d];
+      h[i][d] = net.tok_emb[in[i].input * net.dp + d] + net.pos_emb[k * net.dp + d];
   }
 
   // the LayerNorm outputs
@@ -473,7 +389,7 @@ __global__ void __launch_bounds__(Shape<R>::T, Shape<R>::min_blocks)
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     int bad = 0;
-    double lp = row_log_prob<D>(h[i], net, k, target[i], used_a[i], used_b[i], bad);
+    double lp = row_log_prob<D>(h[i], net, k, in[i], bad);
     if (!row_ok[i]) {
       lp = 0.0;
       bad = 0;
@@ -553,7 +469,12 @@ void amplitude_stage(const AmplitudeNet& net, const AmplitudeStage& st, void* st
   if (sp < 1 || sp > 32 || st.k1 > net.norb || st.k0 < 0)
     throw std::invalid_argument("amplitude_stage: a stage runs 1 to 32 positions within norb");
   if (net.head_dim != 8) throw std::invalid_argument("amplitude_stage: head width must be 8");
+  if (st.products < 0 || st.products > 2)
+    throw std::invalid_argument(
+        "amplitude_stage: products must be 0 (fma), 1 (fp64) or 2 (tf32x3)");
   const cudaStream_t s = as_stream(stream);
+  if (st.products != 0 && amplitude_tc_supported(net.d_model, st.k0, st.k1))
+    return amplitude_stage_tc(net, st, s);
   switch (net.d_model) {
     case 16:
       return launch_rows<16>(net, st, s);

@@ -66,6 +66,11 @@ struct AmplitudeNet {
   int d_model = 0, head_dim = 0, n_layers = 0, dp = 0;
   float scale = 1.0f;  // 1 / sqrt(head_dim)
   const float* layers = nullptr;
+  // for products 1 and 2: per layer the six matrices (K x N) in the tensor-core kernel's
+  // fragment order (weight ((kt N / 8 + nt) 32 + 4 g + t) 2 + c = W[8 kt + 2 t + c][8 nt + g])
+  // at 8 bytes a weight (1: float64; 2: a lane's pair as TF32 hi, hi, lo, lo), then the vectors
+  // as in `layers`: amplitude_layer_floats(d_model) + 12 d_model^2 floats per layer
+  const float* layers_tc = nullptr;
   const float* tok_emb = nullptr;
   const float* pos_emb = nullptr;
   const float* lnfw = nullptr;
@@ -94,6 +99,9 @@ struct AmplitudeStage {
   double* out64 = nullptr;
   float* out32 = nullptr;
   int rows = 0;  // rows per thread: 1, 2 (d_model <= 48) or 0 for amplitude_default_rows
+  // the products: 0 float32 FMAs (one thread per row, `rows`); on the tensor cores where
+  // amplitude_tc_supported, else as 0: 1 float64 (exact float32 operands), 2 tf32x3
+  int products = 0;
 };
 
 // Floats per layer block for d_model (0: no kernel for that width; 16, 32, 48, 64 with heads

@@ -191,7 +191,8 @@ void bind_sci(nb::module_& m) {
          std::optional<DeviceArray<const float, nb::ndim<6>>> pkv,
          std::optional<DeviceArray<float, nb::ndim<6>>> store,
          std::optional<DeviceVector<double>> out64, std::optional<DeviceVector<float>> out32,
-         std::uintptr_t stream, int rows) {
+         std::uintptr_t stream, int rows, int products,
+         std::optional<DeviceMatrix<const float>> layers_tc) {
         csk::gpu::AmplitudeNet net;
         net.norb = norb;
         net.na = na;
@@ -255,6 +256,14 @@ void bind_sci(nb::module_& m) {
         st.out64 = out64 ? out64->data() : nullptr;
         st.out32 = out32 ? out32->data() : nullptr;
         st.rows = rows;  // checked by amplitude_stage before any launch
+        st.products = products;
+        if (layers_tc) {
+          require(layers_tc->shape(0) == layers.shape(0) &&
+                      layers_tc->shape(1) == layers.shape(1) + static_cast<size_t>(12 * d * d),
+                  "layers_tc must be (n_layers, amplitude_layer_floats(d_model) + 12 d_model^2)");
+          net.layers_tc = layers_tc->data();
+        }
+        require(products == 0 || layers_tc.has_value(), "products 1 and 2 need layers_tc");
         net.layers = layers.data();
         net.tok_emb = tok_emb.data();
         net.pos_emb = pos_emb.data();
@@ -263,11 +272,13 @@ void bind_sci(nb::module_& m) {
         net.wh = wh.data();
         net.bias16 = bias16.data();
         common_device("amplitude_stage", configs, layers, tok_emb, pos_emb, lnfw, lnfb, wh, bias16);
+        if (layers_tc) common_device("amplitude_stage", configs, *layers_tc);
         nb::gil_scoped_release release;
         csk::gpu::amplitude_stage(net, st, stream_of(stream));
       },
       "configs"_a, "k0"_a, "k1"_a, "norb"_a, "na"_a, "nb"_a, "d_model"_a, "head_dim"_a, "scale"_a,
       "layers"_a, "tok_emb"_a, "pos_emb"_a, "lnfw"_a, "lnfb"_a, "wh"_a, "bias16"_a,
       "parent"_a.none(), "pamp"_a.none(), "pkv"_a.none(), "store"_a.none(), "out64"_a.none(),
-      "out32"_a.none(), "stream"_a, "rows"_a = 0);
+      "out32"_a.none(), "stream"_a, "rows"_a = 0, "products"_a = 0,
+      "layers_tc"_a.none() = nb::none());
 }
