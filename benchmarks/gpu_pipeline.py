@@ -12,7 +12,9 @@ Sections (run any subset; each prints a table, all tables are printed again at t
              seconds per stage; --inference module,fused times each pipeline with ln psi
              from the module (eager/recorded, or compiled with --compile) and from the fused
              kernels (cuscikit.nnqs.fast_infer; fused: the library's choice, fused-cuda and
-             fused-triton: that kernel, fused-noshare: without prefix sharing).
+             fused-triton: that kernel, fused-fma, fused-fp64 and fused-tf32x3: the CUDA
+             kernel with those products (float32 FMAs, or on the tensor cores), fused-noshare:
+             without prefix sharing).
 - memory:    theoretical (all intermediates resident) vs measured peak at |S| = --space-size
              for H2O, C2H4O, C2 and N2, and one run under a cap well below the theoretical peak.
 
@@ -253,12 +255,14 @@ def warm_compiled(runner, configs, batch_size):
     return time.perf_counter() - t0
 
 
-def fused_for(ansatz, args, share=True, kernel="auto"):
+def fused_for(ansatz, args, share=True, kernel="auto", products=None):
     """The fused inference path with the block shape asked for (None: the library's); share:
     prefix sharing (and the prefix order of U in the pipeline) on or off; kernel: "auto" (the
-    library's choice), "cuda" or "triton"."""
+    library's choice), "cuda" or "triton"; products: the CUDA kernel's (None: its default)."""
     from cuscikit.nnqs.fast_infer import FusedInference
 
+    if products is not None:
+        return FusedInference(ansatz, share_prefixes=share, products=products)
     return FusedInference(
         ansatz,
         block=args.fused_block,
@@ -268,10 +272,23 @@ def fused_for(ansatz, args, share=True, kernel="auto"):
     )
 
 
+FUSED_KINDS = (
+    "fused",
+    "fused-noshare",
+    "fused-cuda",
+    "fused-triton",
+    "fused-fma",
+    "fused-fp64",
+    "fused-tf32x3",
+)
+
+
 def _fused_kind(inference):
-    """(prefix sharing, kernel) of a fused --inference entry."""
-    kernel = inference.split("-")[1] if inference in ("fused-cuda", "fused-triton") else "auto"
-    return inference != "fused-noshare", kernel
+    """(prefix sharing, kernel, products) of a fused --inference entry."""
+    kind = inference.split("-")[1] if "-" in inference else None
+    kernel = kind if kind in ("cuda", "triton") else "auto"
+    products = kind if kind in ("fma", "fp64", "tf32x3") else None
+    return inference != "fused-noshare", kernel, products
 
 
 def bench_iteration(args):
@@ -288,10 +305,10 @@ def bench_iteration(args):
         rates["module"] = inference_rate(base, probe, args.batch_size) * (
             2.0 if args.compile else 1.0
         )
-    for kind in ("fused", "fused-noshare", "fused-cuda", "fused-triton"):
+    for kind in FUSED_KINDS:
         if kind in inferences:
-            share, kernel = _fused_kind(kind)
-            fn = fused_for(base, args, share=share, kernel=kernel)
+            share, kernel, products = _fused_kind(kind)
+            fn = fused_for(base, args, share=share, kernel=kernel, products=products)
             rates[kind] = inference_rate(base, probe, args.batch_size, fn)
     for k, v in rates.items():
         print(f"# {k} inference: {v:.3e} configurations/s expected (batch {args.batch_size})")
@@ -325,11 +342,10 @@ def bench_iteration(args):
             compile_inference=args.compile,
             fused_inference=inference.startswith("fused"),
         )
-        if inference in ("fused-noshare", "fused-cuda", "fused-triton") or (
+        if inference in FUSED_KINDS[1:] or (
             inference == "fused" and (args.fused_block or args.fused_warps)
-        ):  # another block shape or kernel, or no prefix sharing
-            share, kernel = _fused_kind(inference)
-            r._pipeline.fused_inference = fused_for(r.ansatz, args, share, kernel)
+        ):  # another block shape, kernel or products, or no prefix sharing
+            r._pipeline.fused_inference = fused_for(r.ansatz, args, *_fused_kind(inference))
         compiled = args.compile and inference == "module"
         t_compile = warm_compiled(r, probe, args.batch_size) if compiled else 0.0
         row = r.step()
@@ -493,7 +509,8 @@ def main():
         "--inference",
         default="module",
         help="iteration section: ln psi from the module and/or the fused kernel "
-        "(comma-separated: module,fused,fused-noshare,fused-cuda,fused-triton; fused is the "
+        "(comma-separated: module,fused,fused-noshare,fused-cuda,fused-triton,fused-fma, "
+        "fused-fp64,fused-tf32x3; fused is the "
         "library's choice of kernel)",
     )
     ap.add_argument("--fused-block", type=int, default=None, help="fused kernel: block")

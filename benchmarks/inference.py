@@ -11,9 +11,10 @@ on the same batch, and a profiler table of the eager float32 pass (where the tim
         [--fused fp64:auto:auto:ordered tf32x3:auto:auto:off] [--json rows.json]
         [--previous path/to/an/older/fast_infer.py ...]
 
-A --fused entry is kernel[:sharing[:rows]] for the library's kernels with their defaults
-(kernel: "cuda", the compiled kernel, rows: its rows per thread, 1 or 2; "triton"; "auto", what
-Runner uses), or, for the Triton kernel,
+A --fused entry is kernel[:sharing[:rows|products]] for the library's kernels with their
+defaults (kernel: "cuda", the compiled kernel, rows: its rows per thread, 1 or 2, products: "fma",
+"fp64" or "tf32x3", its products on the tensor cores; "triton"; "auto", what Runner uses), or,
+for the Triton kernel,
 precision:block:warps[:sharing[:chunk]] (block = configurations per program,
 warps per program; "auto" = the library's choice; sharing: "off" = every configuration's whole
 sequence, "on" = each batch's shared first orbitals computed once, "ordered" = "on" with the
@@ -68,6 +69,9 @@ def main():
         default=[
             "cuda:off",
             "cuda:ordered",
+            "cuda:ordered:fma",
+            "cuda:ordered:fp64",
+            "cuda:ordered:tf32x3",
             "fp64:auto:auto:off",
             "fp64:auto:auto:on",
             "fp64:auto:auto:ordered",
@@ -75,7 +79,7 @@ def main():
             "ieee:auto:auto:ordered",
             "tf32:auto:auto:ordered",
         ],
-        help="fused-kernel variants, cuda|triton|auto[:off|on|ordered[:rows]] or "
+        help="fused-kernel variants, cuda|triton|auto[:off|on|ordered[:rows|products]] or "
         "precision:block:warps[:off|on|ordered[:chunk]] (Triton)",
     )
     ap.add_argument(
@@ -198,7 +202,14 @@ def main():
             try:
                 if parts[0] in KERNELS:
                     sharing = parts[1] if len(parts) > 1 else "on"
-                    per_thread = {"rows": int(parts[2])} if len(parts) > 2 else {}
+                    # the third field: the CUDA kernel's rows per thread, or its products
+                    per_thread = (
+                        {}
+                        if len(parts) < 3
+                        else {"rows": int(parts[2])}
+                        if parts[2].isdigit()
+                        else {"products": parts[2]}
+                    )
                     fused = FusedInference(
                         a32, kernel=parts[0], share_prefixes=sharing != "off", **per_thread
                     )
@@ -222,7 +233,11 @@ def main():
                 continue
             if fused.kernel == "cuda":
                 per_thread = fused.rows or "default"
-                label = f"fused cuda kernel, sharing {sharing}, rows per thread {per_thread}"
+                label = (
+                    f"fused cuda kernel, sharing {sharing}, rows per thread {per_thread}"
+                    if fused.products == "fma"
+                    else f"fused cuda kernel, sharing {sharing}, {fused.products} tensor cores"
+                )
             else:
                 label = (
                     f"fused {fused.precision} block {fused.block} warps {fused.num_warps} "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute's view of the fused amplitude kernel (both stages of one N2/cc-pVDZ batch in
-# the prefix order: tools/fused_shapes.py --one; KERNEL=cuda|triton|auto picks the kernel),
+# the prefix order: tools/fused_shapes.py --one; KERNEL=cuda|triton|auto picks the kernel,
+# PRODUCTS=fma|fp64|tf32x3 the CUDA kernel's products),
 # printed as text (the sections' details and the warp stall reasons; per SASS instruction in
 # ncu_source_sass.csv.gz), then the N2/STO-3G block
 # shapes of the whole ln psi (benchmarks/inference.py; STO3G=0 skips them). Usage (repository
@@ -14,9 +15,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2> /dev/null | head -1)
 echo "ncu: ${NCU:-not found}"
 if [ -n "$NCU" ]; then
-  python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}"  # compile outside the profiler
-  timeout 240 "$NCU" -k regex:amplitude_kernel --launch-count 2 --set full \
-    -o "$OUTDIR/amplitude" -f python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}" \
+  prod=()
+  [ -n "${PRODUCTS:-}" ] && prod=(--products "$PRODUCTS")
+  python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}" "${prod[@]}"  # compile first
+  timeout 240 "$NCU" -k regex:amplitude --launch-count 2 --set full \
+    -o "$OUTDIR/amplitude" -f python3 tools/fused_shapes.py --one --kernel "${KERNEL:-auto}" "${prod[@]}" \
     > "$OUTDIR/ncu_run.log" 2>&1
   echo "ncu exit $?"; tail -5 "$OUTDIR/ncu_run.log"
   "$NCU" --import "$OUTDIR/amplitude.ncu-rep" --page details --print-details all \

@@ -49,21 +49,25 @@ def main() -> None:
         "--kernel", default="auto", help="--one, --ends: the kernel (auto, cuda, triton)"
     )
     ap.add_argument("--ends", nargs="*", default=[], help="stage plans to time, e.g. 12,28")
+    ap.add_argument(
+        "--products", default=None, help="--one, --ends: the CUDA kernel's (fma, fp64, tf32x3)"
+    )
     args = ap.parse_args()
+    cuda_kw = {} if args.products is None else {"products": args.products}
     mol = Molecule.load(args.system)
     x = to_device(sample_space(mol, args.n), "cuda")
     if len(x) < args.n:  # a small sector (N2/STO-3G: 14,400): repeated to fill the batches
         x = x.repeat((args.n + len(x) - 1) // len(x), 1)[: args.n]
     if args.one:
         a = Ansatz.for_molecule(mol, seed=0, device="cuda")
-        fused = FusedInference(a, kernel=args.kernel)
+        fused = FusedInference(a, kernel=args.kernel, **cuda_kw)
         xs = x[fused.order(x)][: args.batch]
         fused.amplitude(xs)
         torch.cuda.synchronize()
         return
     if args.ends:
         a = Ansatz.for_molecule(mol, seed=0, device="cuda")
-        fused = FusedInference(a, kernel=args.kernel)
+        fused = FusedInference(a, kernel=args.kernel, **cuda_kw)
         xs = x[fused.order(x)]
         plans = [None] + [[int(e) for e in spec.split(",")] for spec in args.ends]
         print(f"# {args.system}, {fused.kernel} kernel: {len(x):,} configurations")
