@@ -10,9 +10,14 @@ configuration's rows sit in consecutive lanes of a warp (32 // positions configu
 warp and row) and attention takes the other positions' keys and values by warp shuffles, in
 one pass with a running maximum; the last LayerNorm, the head, the masked log-softmax and the
 sum over positions run in float64. On an H200 it runs N2/cc-pVDZ at 1.25x and N2/STO-3G at
-1.3x the Triton kernel below (docs/performance.md, "The CUDA amplitude kernel"). The rest of
-this docstring describes the Triton kernel (``kernel="triton"``), which runs every supported
-size.
+1.3x the Triton kernel below (docs/performance.md, "The CUDA amplitude kernel"). With
+``products="tf32x3"`` (the default at d_model 48) or ``"fp64"`` the same kernel runs its
+products on the tensor cores instead (ext/cuda/sci/amplitude_tc.cu: a warp per configuration,
+the activations in the accumulator layout of ``mma``, the weights staged in fragment order from
+`tc_layer_blocks`; tf32x3 rounds both TF32 parts to nearest and adds every 8-wide step in
+float32 rounded to nearest): N2/cc-pVDZ at about 1.4x the FMA path (docs/performance.md,
+"#tensor-cores"). The rest of this docstring describes the Triton kernel (``kernel="triton"``),
+which runs every supported size.
 
 The amplitude of `cuscikit.nnqs.ansatz.Ansatz` (token and position embedding, the pre-LayerNorm
 transformer blocks with causal attention, the final LayerNorm, the head, the masked conditional
