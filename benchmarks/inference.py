@@ -234,7 +234,8 @@ def main():
             if fused.kernel == "cuda":
                 per_thread = fused.rows or "default"
                 label = (
-                    f"fused cuda kernel, sharing {sharing}, rows per thread {per_thread}"
+                    f"fused cuda kernel, sharing {sharing}, float32 FMAs, rows per thread "
+                    f"{per_thread}"
                     if fused.products == "fma"
                     else f"fused cuda kernel, sharing {sharing}, {fused.products} tensor cores"
                 )
