@@ -403,14 +403,7 @@ __global__ void __launch_bounds__(Shape<R>::T, Shape<R>::min_blocks)
         bad += bo;
       }
     }
-    if (r == 0 && row_ok[i]) {
-      double amp = bad ? -INFINITY : 0.5 * lp;
-      if (st.parent) amp += st.pamp[st.parent[cfg[i]]];
-      if (st.out64)
-        st.out64[cfg[i]] = amp;
-      else
-        st.out32[cfg[i]] = static_cast<float>(amp);
-    }
+    if (r == 0 && row_ok[i]) store_amplitude(st, cfg[i], lp, bad);
   }
 }
 

@@ -113,6 +113,18 @@ __device__ __forceinline__ double masked_log_prob(const double (&logit)[4], cons
   return (picked - mx) - log(sum);
 }
 
+// A configuration's result: 0.5 times the sum of its rows' log-probabilities (-inf when a
+// token left the sector), plus its parent prefix's partial sum, stored in the stage's precision.
+__device__ __forceinline__ void store_amplitude(const AmplitudeStage& st, i64 cfg, double lp,
+                                                int bad) {
+  double amp = bad ? -INFINITY : 0.5 * lp;
+  if (st.parent) amp += st.pamp[st.parent[cfg]];
+  if (st.out64)
+    st.out64[cfg] = amp;
+  else
+    st.out32[cfg] = static_cast<float>(amp);
+}
+
 // The tensor-core kernel (amplitude_tc.cu; AmplitudeStage::products 1 or 2): whether it runs
 // this width and stage (d_model 16, 32 or 48, at most 16 positions after at most 32 cached).
 bool amplitude_tc_supported(int d_model, int k0, int k1);

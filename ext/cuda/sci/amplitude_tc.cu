@@ -563,14 +563,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
     lp += __shfl_xor_sync(kFull, lp, o);
     bad += __shfl_xor_sync(kFull, bad, o);
   }
-  if (lane == 0) {
-    double amp = bad ? -INFINITY : 0.5 * lp;
-    if (st.parent) amp += st.pamp[st.parent[cfg]];
-    if (st.out64)
-      st.out64[cfg] = amp;
-    else
-      st.out32[cfg] = static_cast<float>(amp);
-  }
+  if (lane == 0) store_amplitude(st, cfg, lp, bad);
 }
 
 template <int D, class P>
