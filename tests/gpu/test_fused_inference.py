@@ -290,25 +290,16 @@ def test_trained_checkpoint(seed):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_trained_state(seed):
     """After 30 float32 iterations with the fused path (a trajectory that differs from run to
-    run), the fused path still equals float64 over the whole sector to 1e-5, and the float32
-    module to 1e-5 plus the module's own error."""
+    run), the fused path still equals float64 over the whole sector to 1e-5. Against the
+    float32 module no separate bound is asserted: the module itself can be several 1e-6 from
+    float64 (the FMA kernel and the module were seen 7.1e-6 and 5.8e-6 off in opposite
+    directions), and a bound of 1e-5 plus that error would follow from the float64 one."""
     mol = Molecule.load("N2")
     a = Ansatz.for_molecule(mol, seed=seed, device="cuda")
     Runner(mol, a, topk=64, seed=seed, fused_inference=True).run(30, progress=False)
     for kernel in ("cuda-fma", "cuda-fp64", "cuda-tf32x3", "triton"):
-        vs64, vs32 = _sector_errors(a, f"float32-trained N2/STO-3G, seed {seed}", kernel)
-        # against float64 within 1e-5; against the float32 module within 1e-5 plus the module's
-        # own distance from float64 (both off by ~6e-6 in opposite directions were seen)
-        own = _module_error(a)
-        assert vs64 <= TOL and vs32 <= TOL + own
-
-
-def _module_error(a):
-    """The float32 module's largest |ln psi| difference from float64 over the whole sector."""
-    x = all_determinants(a.norb, a.nelec)
-    with torch.no_grad():
-        ref = copy.deepcopy(a).double().log_psi(x)
-        return float((a.log_psi(x).to(torch.complex128) - ref).abs().max())
+        vs64, _ = _sector_errors(a, f"float32-trained N2/STO-3G, seed {seed}", kernel)
+        assert vs64 <= TOL
 
 
 def _near_hf(mol, device):
