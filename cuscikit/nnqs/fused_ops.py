@@ -11,12 +11,13 @@ module gives two autograd functions with one Triton kernel each way:
   and one row of partial weight/bias sums per program, summed by one reduction (a fixed order:
   the result does not depend on scheduling).
 - `causal_attention`: softmax(q k^T / sqrt(hd), causal) v of every head, read straight from the
-  ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes a
-  few sequences; the keys are visited one position at a time with an online softmax, so every
-  tensor is (sequences, positions, head width); the backward recomputes the probabilities from
-  the saved log-sum-exp and writes the gradient of ``qkv`` in the same layout. The heads are
-  the launch grid's second axis (a program runs one head), and both kernels take their tile's
-  offsets and masks from one helper, `_attn_tile`.
+  ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes one
+  head of one sequence (the grid: sequences x heads) as matrices (positions, head width), both
+  padded to powers of two of at least 16, and forms the whole score matrix (positions x
+  positions) with matrix products (float32 FMAs, no TF32; float64 products in float64); the
+  backward recomputes the probabilities from the saved log-sum-exp and takes the gradients of
+  q, k and v as five such products, written in the ``qkv`` layout. Both kernels take their
+  offsets and masks from one helper, `_attn_rows`.
 
 The arithmetic is that of `torch.nn.functional.layer_norm` and of the written-out attention in
 `cuscikit.nnqs.ansatz` (same formulas, other summation orders): float64 agrees to rounding
@@ -50,13 +51,14 @@ __all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
 #: False: the Ansatz keeps torch's kernels everywhere.
 ENABLED = True
 _MAX_WIDTH = 1024  # widest LayerNorm row in one tile
-_MAX_LENGTH = 16  # longest sequence of the attention kernel (its key loop is unrolled; measured
-# at 10 positions, longer sequences keep torch's kernels)
+_MAX_LENGTH = 32  # longest sequence of the attention kernels (a program holds the whole score
+# matrix; longer sequences keep torch's kernels)
 _MAX_HEAD = 64  # widest head
 _ROW_TILE = 2048  # elements of a LayerNorm tile
-_SEQUENCES = 4  # sequences per attention program (one head each: heads are the grid's 2nd axis)
-_ATTN_WARPS = 4  # warps per attention program (measured on the H200 at N2's shapes: the forward
-# takes twice as long with 1 or 2; `small_iteration.py --kernels` times 1/2/4)
+_ATTN_WARPS = 1  # warps per attention program (an H200: the N2/cc-pVDZ training pass, 28
+# positions, 1.71 us a configuration at 1 warp, 1.88 at 2, 1.86 at 4, with torch's attention
+# 2.36; N2/STO-3G's calls equal within the launch time; `small_iteration.py --kernels` and
+# tools/profile_large_iteration.py time 1/2/4)
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 
@@ -173,33 +175,34 @@ if triton is not None:
             return x * hi
 
     @triton.jit
-    def _attn_tile(
-        n,
-        L: tl.constexpr,
-        LP: tl.constexpr,
-        H: tl.constexpr,
-        HD: tl.constexpr,
-        HDP: tl.constexpr,
-        BLOCK: tl.constexpr,
+    def _attn_rows(
+        L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr
     ):
-        """The tile of a program of either attention kernel: sequences ``program_id(0)``,
-        head ``program_id(1)``. Offsets of its queries in ``qkv`` (BLOCK, LP, HDP), of its
-        rows in ``y`` (same shape), of key 0 in ``qkv`` (BLOCK, HDP; value 0 is ``d``
-        further, key j ``j * 3d``), of its log-sum-exps (BLOCK, LP), with their masks."""
+        """The tile of a program of either attention kernel: sequence ``program_id(0)``, head
+        ``program_id(1)``. Offsets of its queries in ``qkv`` (LP, HDP; keys ``d`` further,
+        values ``2 d``), of its rows in ``y`` (same shape), of its log-sum-exps (LP,), with
+        their masks, and the causal mask (LP, LP): query i sees keys j <= i."""
         d = H * HD
+        seq = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-        seq = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         pos = tl.arange(0, LP)
         col = tl.arange(0, HDP)
-        smask = seq < n
-        mask3 = smask[:, None, None] & (pos < L)[None, :, None] & (col < HD)[None, None, :]
-        mask2 = smask[:, None] & (col < HD)[None, :]
-        mask_lse = smask[:, None] & (pos < L)[None, :]
-        q_at = seq[:, None, None] * (L * 3 * d) + pos[None, :, None] * (3 * d) + col[None, None, :]
-        y_at = seq[:, None, None] * (L * d) + pos[None, :, None] * d + col[None, None, :]
-        k_at = seq[:, None] * (L * 3 * d) + d + col[None, :]
-        lse_at = (seq[:, None] * H + h) * L + pos[None, :]
-        return pos, mask3, mask2, mask_lse, q_at + h * HD, y_at + h * HD, k_at + h * HD, lse_at
+        pmask = pos < L
+        mask2 = pmask[:, None] & (col < HD)[None, :]
+        q_at = seq * (L * 3 * d) + pos[:, None] * (3 * d) + h * HD + col[None, :]
+        y_at = seq * (L * d) + pos[:, None] * d + h * HD + col[None, :]
+        lse_at = (seq * H + h) * L + pos
+        seen = (pos[:, None] >= pos[None, :]) & pmask[:, None]
+        return mask2, pmask, q_at, y_at, lse_at, seen
+
+    @triton.jit
+    def _mm_exact(a, b, F64: tl.constexpr):
+        """a @ b in a's precision: float64 products (rounded to nearest), or float32 FMAs
+        (no TF32)."""
+        if F64:
+            return tl.dot(a, b)
+        else:
+            return tl.dot(a, b, input_precision="ieee")
 
     @triton.jit(do_not_specialize=["n"])
     def _attn_fwd_kernel(
@@ -214,30 +217,21 @@ if triton is not None:
         H: tl.constexpr,
         HD: tl.constexpr,
         HDP: tl.constexpr,
-        BLOCK: tl.constexpr,
         F64: tl.constexpr,
     ):
         d = H * HD
-        pos, mask3, mask2, mask_lse, q_at, y_at, k_at, lse_at = _attn_tile(
-            n, L, LP, H, HD, HDP, BLOCK
-        )
-        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask3, other=0.0), scale_hi, scale_lo, F64)
-        m_i = tl.full((BLOCK, LP), float("-inf"), q.dtype)
-        l_i = tl.zeros((BLOCK, LP), q.dtype)
-        acc = tl.zeros((BLOCK, LP, HDP), q.dtype)
-        for j in tl.static_range(L):
-            k = tl.load(qkv_ptr + k_at + j * 3 * d, mask=mask2, other=0.0)
-            v = tl.load(qkv_ptr + k_at + j * 3 * d + d, mask=mask2, other=0.0)
-            s = tl.sum(q * k[:, None, :], 2)
-            s = tl.where(pos[None, :] >= j, s, float("-inf"))
-            m_new = tl.maximum(m_i, s)  # finite from j = 0 on (position 0 is always seen)
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
-            l_i = l_i * alpha + p
-            acc = acc * alpha[:, :, None] + p[:, :, None] * v[:, None, :]
-            m_i = m_new
-        tl.store(y_ptr + y_at, acc / l_i[:, :, None], mask=mask3)
-        tl.store(lse_ptr + lse_at, m_i + tl.log(l_i), mask=mask_lse)
+        mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
+        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask2, other=0.0), scale_hi, scale_lo, F64)
+        k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
+        v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
+        s = tl.where(seen, _mm_exact(q, tl.trans(k), F64), float("-inf"))
+        s = tl.where(pmask[:, None], s, 0.0)  # padded query rows: finite, never stored
+        m = tl.max(s, 1)
+        p = tl.exp(s - m[:, None])
+        l_sum = tl.sum(p, 1)
+        y = _mm_exact(p, v, F64) / l_sum[:, None]
+        tl.store(y_ptr + y_at, y, mask=mask2)
+        tl.store(lse_ptr + lse_at, m + tl.log(l_sum), mask=pmask)
 
     @triton.jit(do_not_specialize=["n"])
     def _attn_bwd_kernel(
@@ -254,40 +248,26 @@ if triton is not None:
         H: tl.constexpr,
         HD: tl.constexpr,
         HDP: tl.constexpr,
-        BLOCK: tl.constexpr,
         F64: tl.constexpr,
     ):
         d = H * HD
-        pos, mask3, mask2, mask_lse, q_at, y_at, k_at, lse_at = _attn_tile(
-            n, L, LP, H, HD, HDP, BLOCK
-        )
-        q = tl.load(qkv_ptr + q_at, mask=mask3, other=0.0)
-        qs = _scaled(q, scale_hi, scale_lo, F64)
-        dy = tl.load(dy_ptr + y_at, mask=mask3, other=0.0)
-        y = tl.load(y_ptr + y_at, mask=mask3, other=0.0)
-        lse = tl.load(lse_ptr + lse_at, mask=mask_lse, other=0.0)
-        delta = tl.sum(dy * y, 2)  # sum_j p_ij dp_ij = dy_i . y_i
-        dq = tl.zeros((BLOCK, LP, HDP), q.dtype)
-        # the key and value gradients of every position, kept in registers and stored once
-        # after the loop (no store between one step's loads and the next's)
-        dk_all = tl.zeros((BLOCK, LP, HDP), q.dtype)
-        dv_all = tl.zeros((BLOCK, LP, HDP), q.dtype)
-        for j in tl.static_range(L):
-            k = tl.load(qkv_ptr + k_at + j * 3 * d, mask=mask2, other=0.0)
-            v = tl.load(qkv_ptr + k_at + j * 3 * d + d, mask=mask2, other=0.0)
-            s = tl.sum(qs * k[:, None, :], 2)
-            seen = (pos[None, :] >= j) & mask_lse
-            p = tl.where(seen, tl.exp(s - lse), 0.0)
-            dv = tl.sum(p[:, :, None] * dy, 1)
-            ds = p * (tl.sum(dy * v[:, None, :], 2) - delta)
-            dq += ds[:, :, None] * k[:, None, :]
-            dk = tl.sum(ds[:, :, None] * q, 1)
-            row = (pos == j)[None, :, None]
-            dk_all = tl.where(row, dk[:, None, :], dk_all)
-            dv_all = tl.where(row, dv[:, None, :], dv_all)
-        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, F64), mask=mask3)
-        tl.store(dqkv_ptr + q_at + d, _scaled(dk_all, scale_hi, scale_lo, F64), mask=mask3)
-        tl.store(dqkv_ptr + q_at + 2 * d, dv_all, mask=mask3)
+        mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
+        q = tl.load(qkv_ptr + q_at, mask=mask2, other=0.0)
+        k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
+        v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
+        dy = tl.load(dy_ptr + y_at, mask=mask2, other=0.0)
+        y = tl.load(y_ptr + y_at, mask=mask2, other=0.0)
+        lse = tl.load(lse_ptr + lse_at, mask=pmask, other=0.0)
+        delta = tl.sum(dy * y, 1)  # sum_j p_ij dp_ij = dy_i . y_i
+        s = _mm_exact(_scaled(q, scale_hi, scale_lo, F64), tl.trans(k), F64)
+        p = tl.where(seen, tl.exp(s - lse[:, None]), 0.0)
+        ds = p * (_mm_exact(dy, tl.trans(v), F64) - delta[:, None])
+        dq = _mm_exact(ds, k, F64)
+        dk = _mm_exact(tl.trans(ds), q, F64)
+        dv = _mm_exact(tl.trans(p), dy, F64)
+        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, F64), mask=mask2)
+        tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, F64), mask=mask2)
+        tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
 
 
 # ------------------------------------------------------------------------- autograd functions
@@ -355,9 +335,9 @@ class _CausalAttention(torch.autograd.Function):
         lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
         scale = _split(1.0 / math.sqrt(hd))
         f64 = qkv.dtype == torch.float64
-        consts = (length, pow2(length), n_heads, hd, pow2(hd), _SEQUENCES, f64)
+        consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), f64)
         if n:
-            grid = (triton.cdiv(n, _SEQUENCES), n_heads)
+            grid = (n, n_heads)
             with _on(qkv):
                 _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts, num_warps=_ATTN_WARPS)
         ctx.save_for_backward(qkv, y, lse)
@@ -370,7 +350,7 @@ class _CausalAttention(torch.autograd.Function):
         n = qkv.shape[0]
         dqkv = torch.empty_like(qkv)
         if n:
-            grid = (triton.cdiv(n, _SEQUENCES), ctx.consts[2])
+            grid = (n, ctx.consts[2])
             with _on(qkv):
                 _attn_bwd_kernel[grid](
                     qkv,
@@ -402,7 +382,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 def causal_attention(qkv: torch.Tensor, n_heads: int) -> torch.Tensor | None:
     """Causal softmax attention of every head from the ``qkv`` projection (n, L, 3d):
     (n, L, d), heads side by side; None when the kernels do not apply (not `active`, a
-    sequence over 16 positions or heads wider than 64), so the caller computes it itself."""
+    sequence over 32 positions or heads wider than 64), so the caller computes it itself."""
     n, length, d3 = qkv.shape
     d = d3 // 3
     if d3 % 3 or d % n_heads or length > _MAX_LENGTH or d // n_heads > _MAX_HEAD:

@@ -67,7 +67,7 @@ _INTERPRETED = textwrap.dedent(
             for a, c in zip(gr, gr0):
                 assert err(a, c) < tol * max(1.0, float(c.abs().max())), ("ln grad", dt, m, d)
         # attention: the Ansatz's written-out form; head width and length not powers of two
-        for n, length, h, hd in ((5, 4, 2, 4), (3, 3, 3, 3)):
+        for n, length, h, hd in ((5, 4, 2, 4), (3, 3, 3, 3), (2, 28, 2, 3)):
             d = h * hd
             qkv = torch.randn(n, length, 3 * d, dtype=dt, generator=g).requires_grad_()
             y = fo.causal_attention(qkv, h)
@@ -85,8 +85,8 @@ _INTERPRETED = textwrap.dedent(
             assert err(y, y0) < tol, ("attn", dt, n, length, err(y, y0))
             assert err(gq, gq0) < tol, ("attn grad", dt, n, length, err(gq, gq0))
 
-    long = torch.zeros(2, 17, 12, dtype=torch.float64, requires_grad=True)
-    assert fo.causal_attention(long, 2) is None  # past 16 positions: torch's attention
+    long = torch.zeros(2, 33, 12, dtype=torch.float64, requires_grad=True)
+    assert fo.causal_attention(long, 2) is None  # past 32 positions: torch's attention
 
     # the Ansatz takes them in a training pass; its gradient equals torch's kernels' gradient
     calls = {"ln": 0, "attn": 0}
