@@ -972,13 +972,14 @@ class FusedInference:
     @staticmethod
     def _planned(ansatz, configs: torch.Tensor, share_prefixes: bool, kernel: str = "triton"):
         """(ends, counts, sorted) of `plan_for`; ``sorted``: (keys, permutation) of the
-        configurations' `token_key` sort that the plan was made from (None for one stage)."""
+        configurations' `token_key` sort that the plan was made from (None for one stage;
+        the permutation None when they were in that order already)."""
         norb, n = ansatz.norb, len(configs)
         if not share_prefixes or n < 2 or norb <= 16:
             return [norb], [n], None
         top = min(norb - 1, 32)
         ends = torch.arange(1, top + 1, device=configs.device)
-        srt = torch.sort(token_key(configs))
+        srt = _prefix_sorted(configs)
         key = srt[0]
         d = key[1:] ^ key[:-1]
         counts = (((d[None, :] >> (64 - 2 * ends)[:, None]) != 0).sum(1) + 1).tolist()
@@ -1041,8 +1042,8 @@ class FusedInference:
             return out
         self._weights()
         m = self._meta
-        key, perm = srt if srt is not None else torch.sort(token_key(x))
-        xs = x[perm]
+        key, perm = srt if srt is not None else _prefix_sorted(x)
+        xs = x if perm is None else x[perm]
         d = key[1:] ^ key[:-1]
         parent = pamp = pkv = None
         k0 = 0
@@ -1063,6 +1064,8 @@ class FusedInference:
             parent, pamp, pkv, k0 = gid, amp, store, e
         last = torch.empty(n, dtype=torch.float32, device=x.device)
         self._launch(xs, last, k0, a.norb, parent=parent, pamp=pamp, pkv=pkv)
+        if perm is None:
+            return last
         out[perm] = last
         return out
 
@@ -1110,6 +1113,17 @@ _PAIR_MASKS = (
     (16, 0x0000FFFF0000FFFF),
     (32, 0x00000000FFFFFFFF),
 )
+
+
+def _prefix_sorted(configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(keys, permutation) that put ``configs`` in `token_key` order: the keys sorted, and
+    None for the permutation when they were in that order already (the pipeline hands its
+    batches over sorted; the check is one comparison per configuration, the sort several
+    passes)."""
+    key = token_key(configs)
+    if len(key) < 2 or bool((key[1:] >= key[:-1]).all()):
+        return key, None
+    return torch.sort(key)
 
 
 def token_key(configs: torch.Tensor) -> torch.Tensor:

@@ -356,6 +356,45 @@ def test_tf32_split_in_triton_interpreter():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+_ORDERED = textwrap.dedent(
+    """
+    import torch
+    from cuscikit import Ansatz
+    from cuscikit.nnqs.fast_infer import FusedInference, token_key
+    from cuscikit.sci.configs import all_determinants
+
+    # configurations handed over in the prefix order skip the sort, with the same values
+    g = torch.Generator().manual_seed(0)
+    a = Ansatz(18, (2, 2), d_model=16, n_heads=2, n_layers=1, phase_hidden=(8,), seed=0)
+    every = all_determinants(18, (2, 2))
+    x = a.config_words(every[torch.randperm(len(every), generator=g)[:40].numpy()])
+    fast = FusedInference(a)
+    perm = torch.argsort(token_key(x))
+    assert not torch.equal(perm, torch.arange(len(x)))  # shuffled: the sort runs
+    mixed = fast.amplitude(x, ends=[5, 18])
+    ordered = fast.amplitude(x[perm], ends=[5, 18])
+    assert torch.equal(ordered, mixed[perm]), (ordered - mixed[perm]).abs().max()
+    assert torch.equal(fast.amplitude(x[perm]), fast.amplitude(x)[perm]), fast.last_plan
+    # the shuffled batch is sorted before its prefixes are counted: the same plan
+    assert fast.plan(x) == fast.plan(x[perm]), (fast.plan(x), fast.plan(x[perm]))
+    print("ok", fast.last_plan, fast.plan(x))
+    """
+)
+
+
+def test_ordered_batches_in_triton_interpreter():
+    """The prefix plan on configurations already in the prefix order (the sort skipped)
+    gives the values of the same configurations shuffled, bit for bit, and the shuffled
+    ones are sorted before their shared prefixes are counted (the same plan)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _ORDERED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok" in out.stdout
+
+
 @pytest.mark.parametrize("d", [16, 32, 48])
 def test_tensor_core_layer_blocks_follow_the_fragment_rule(d):
     """The weights the tensor-core products stage, against the fragment rule written out in
