@@ -979,11 +979,22 @@ class FusedInference:
             return [norb], [n], None
         top = min(norb - 1, 32)
         ends = torch.arange(1, top + 1, device=configs.device)
-        srt = _prefix_sorted(configs)
-        key = srt[0]
-        d = key[1:] ^ key[:-1]
-        counts = (((d[None, :] >> (64 - 2 * ends)[:, None]) != 0).sum(1) + 1).tolist()
-        distinct = {0: 0, **{int(e): c for e, c in zip(ends.tolist(), counts, strict=True)}}
+        key = token_key(configs)
+
+        def distinct_prefixes(key):
+            d = key[1:] ^ key[:-1]
+            return ((d[None, :] >> (64 - 2 * ends)[:, None]) != 0).sum(1) + 1
+
+        # one read from the device: the counts if the batch is in the prefix order already (the
+        # pipeline's batches), and whether it is
+        ordered = (key[1:] >= key[:-1]).all().view(1)
+        counts = torch.cat([distinct_prefixes(key), ordered.to(torch.int64)]).tolist()
+        if counts.pop():
+            srt = (key, None)
+        else:
+            srt = torch.sort(key)
+            counts = distinct_prefixes(srt[0]).tolist()
+        distinct = {0: 0, **dict(zip(range(1, top + 1), counts, strict=True))}
         distinct[norb] = n
 
         def rows(a, b):
@@ -1028,9 +1039,9 @@ class FusedInference:
         out = torch.empty(n, dtype=torch.float32, device=a.device)
         if n == 0:
             return out
-        srt = None
+        srt = counts = None
         if ends is None:
-            ends, _, srt = self._planned(a, x, self.share_prefixes, self.kernel)
+            ends, counts, srt = self._planned(a, x, self.share_prefixes, self.kernel)
         ends = [int(e) for e in ends]
         if ends[-1] != a.norb or ends[0] < 1 or sorted(set(ends)) != ends:
             raise ValueError(f"ends must increase to norb={a.norb}, got {ends}")
@@ -1047,11 +1058,14 @@ class FusedInference:
         d = key[1:] ^ key[:-1]
         parent = pamp = pkv = None
         k0 = 0
-        for e in ends[:-1]:
+        for i, e in enumerate(ends[:-1]):
             start = torch.ones(n, dtype=torch.bool, device=x.device)
             start[1:] = (d >> (64 - 2 * e)) != 0
             gid = (torch.cumsum(start, 0) - 1).to(torch.int32)
-            rep = torch.nonzero(start).squeeze(1)
+            if counts is None:
+                rep = torch.nonzero(start).squeeze(1)
+            else:  # the plan counted them: no wait on the device for the size
+                rep = torch.nonzero_static(start, size=counts[i]).squeeze(1)
             cnt = len(rep)
             store = torch.empty(
                 (cnt, m["NL"], 2, m["NGR"], max(16, pow2(e)), 16),

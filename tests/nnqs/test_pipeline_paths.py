@@ -69,6 +69,21 @@ def test_numpy_and_tensor_paths_agree(name, n, batch):
     _same(a, b, exact=False)  # complex division rounds differently in torch and numpy
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 100])
+def test_top_k_chunks_give_the_same_iteration(monkeypatch, chunk):
+    """The tensor path updates its running top-K every `_SELECT_ROWS` inference rows rather
+    than every batch (1: every batch of 40; 7 and 100: chunks across batches): the same
+    selection and values as one update over all of U."""
+    from cuscikit.nnqs import pipeline
+
+    mol = Molecule.load("H2O")
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+    S = _space(mol, 150)
+    whole = _stages(mol, ansatz, "cpu-tensors", S, batch_size=40)
+    monkeypatch.setattr(pipeline, "_SELECT_ROWS", chunk)
+    _same(_stages(mol, ansatz, "cpu-tensors", S, batch_size=40), whole)
+
+
 @pytest.mark.parametrize("P", [2, 3])
 def test_tensor_path_on_thread_ranks_equals_one_rank(P):
     """Every rank's share of the stages, over the tensor path's global de-dup and routing,
