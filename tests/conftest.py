@@ -26,6 +26,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def run_interpreted(script: str, timeout: float = 300):
+    """Run a Python script in a fresh process under Triton's interpreter (the kernels on the
+    CPU); skips without Triton, fails with the process's output if it fails. Returns its
+    stdout."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 @functools.cache
 def pyscf_integrals(atom: str, basis: str = "sto-3g", spin: int = 0, charge: int = 0):
     """(h1e, eri 4-fold, e_core, norb, (na, nb)) from an RHF/ROHF run."""

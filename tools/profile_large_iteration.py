@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 from benchmarks_space import sample_space  # noqa: E402
+from inference import rate  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.backends.keys import to_device  # noqa: E402
@@ -33,17 +34,9 @@ from cuscikit.nnqs.fast_infer import FusedInference, token_key  # noqa: E402
 DEV = torch.device("cuda")
 
 
-def per_config(fn, x, batch, repeat=3) -> float:
-    """Seconds per configuration of fn over x in batches (no gradient)."""
-    with torch.no_grad():
-        fn(x[:batch])
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            for lo in range(0, len(x), batch):
-                fn(x[lo : lo + batch])
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / (repeat * len(x))
+def per_config(fn, x, batch) -> float:
+    """Seconds per configuration of fn over x in batches (no gradient; `inference.rate`)."""
+    return 1.0 / rate(fn, x, batch)
 
 
 def profile_table(fn, top: int) -> str:

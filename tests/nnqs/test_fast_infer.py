@@ -3,9 +3,6 @@ Triton is installed) the kernel through Triton's interpreter against the module.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -16,6 +13,7 @@ torch = pytest.importorskip("torch")
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
 from cuscikit.nnqs.fast_infer import FusedInference, token_key, unsupported_reason  # noqa: E402
 from cuscikit.sci.configs import all_determinants  # noqa: E402
+from tests.conftest import run_interpreted  # noqa: E402
 
 
 def test_unsupported_sizes_have_reasons():
@@ -249,12 +247,7 @@ def test_pipeline_drops_the_kernel_past_tolerance_and_module_rounding(
 def test_kernel_in_triton_interpreter():
     """The kernel's arithmetic (layout, masks, attention groups, log-softmax, the prefix
     stages' cached keys and values) on the CPU."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    run_interpreted(_INTERPRETED, timeout=300)
 
 
 _SPLIT = textwrap.dedent(
@@ -336,24 +329,14 @@ _CHUNKS = textwrap.dedent(
 def test_chunked_products_in_triton_interpreter():
     """The weight products summed per chunk of K (the columns halved into even and odd ones,
     the matching rows of W): the float64 product to float32 accuracy for every chunk size."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _CHUNKS], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("relative") == 4, out.stdout
+    out = run_interpreted(_CHUNKS, timeout=120)
+    assert out.count("relative") == 4, out
 
 
 def test_tf32_split_in_triton_interpreter():
     """The kernel's TF32 split: operands rounded to nearest TF32 (exact for the tensor cores),
     and its three products within float32 rounding of the float64 product."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _SPLIT], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    run_interpreted(_SPLIT, timeout=120)
 
 
 _ORDERED = textwrap.dedent(
@@ -386,13 +369,8 @@ def test_ordered_batches_in_triton_interpreter():
     """The prefix plan on configurations already in the prefix order (the sort skipped)
     gives the values of the same configurations shuffled, bit for bit, and the shuffled
     ones are sorted before their shared prefixes are counted (the same plan)."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _ORDERED], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "ok" in out.stdout
+    out = run_interpreted(_ORDERED, timeout=300)
+    assert "ok" in out
 
 
 @pytest.mark.parametrize("d", [16, 32, 48])

@@ -3,9 +3,6 @@ their torch fallback on the CPU, and their arithmetic in the Triton interpreter.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -14,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from cuscikit import Ansatz  # noqa: E402
 from cuscikit.nnqs import fused_ops  # noqa: E402
+from tests.conftest import run_interpreted  # noqa: E402
 
 
 def test_cpu_passes_keep_torch_kernels():
@@ -123,13 +121,8 @@ _INTERPRETED = textwrap.dedent(
 def test_kernels_in_triton_interpreter():
     """Forward and backward of both kernels against torch (float64 1e-12, float32 2e-5), and
     the Ansatz's gradient through them, on the CPU."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "ok" in out.stdout
+    out = run_interpreted(_INTERPRETED, timeout=300)
+    assert "ok" in out
 
 
 def test_ansatz_layer_norms_keep_their_state():
