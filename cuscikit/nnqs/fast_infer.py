@@ -987,7 +987,7 @@ class FusedInference:
 
         # one read from the device: the counts if the batch is in the prefix order already (the
         # pipeline's batches), and whether it is
-        ordered = (key[1:] >= key[:-1]).all().view(1)
+        ordered = _in_order(key).view(1)
         counts = torch.cat([distinct_prefixes(key), ordered.to(torch.int64)]).tolist()
         if counts.pop():
             srt = (key, None)
@@ -1076,11 +1076,10 @@ class FusedInference:
             par = parent[rep].contiguous() if parent is not None else None
             self._launch(xs[rep], amp, k0, e, parent=par, pamp=pamp, pkv=pkv, store=store)
             parent, pamp, pkv, k0 = gid, amp, store, e
-        last = torch.empty(n, dtype=torch.float32, device=x.device)
+        last = out if perm is None else torch.empty_like(out)
         self._launch(xs, last, k0, a.norb, parent=parent, pamp=pamp, pkv=pkv)
-        if perm is None:
-            return last
-        out[perm] = last
+        if perm is not None:
+            out[perm] = last
         return out
 
     @torch.no_grad()
@@ -1135,9 +1134,14 @@ def _prefix_sorted(configs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | 
     batches over sorted; the check is one comparison per configuration, the sort several
     passes)."""
     key = token_key(configs)
-    if len(key) < 2 or bool((key[1:] >= key[:-1]).all()):
+    if len(key) < 2 or bool(_in_order(key)):
         return key, None
     return torch.sort(key)
+
+
+def _in_order(key: torch.Tensor) -> torch.Tensor:
+    """Whether the keys are sorted (a bool tensor on their device: no wait)."""
+    return (key[1:] >= key[:-1]).all()
 
 
 def token_key(configs: torch.Tensor) -> torch.Tensor:

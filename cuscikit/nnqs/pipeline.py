@@ -59,9 +59,6 @@ from cuscikit.parallel.comm import Comm, SerialComm
 from cuscikit.parallel.dedup import DedupMetrics, global_dedup
 
 _MAX_RETRIES = 12
-_SELECT_ROWS = 1 << 24  # inference rows per update of the top-K on a device (each update waits
-# on the device several times; per inference batch those waits left it idle for about a tenth
-# of the N2/cc-pVDZ inference, docs/performance.md#iteration-parts)
 STAGING = ("auto", "device", "host")
 
 
@@ -486,18 +483,15 @@ class Pipeline:
         else:
             rows = sd.get(("all of U", order), lambda: self._ordered(U, self._arange(u), order))
         with torch.no_grad():
-            done = 0  # rows whose scores the top-K has seen (devices: in chunks of rows)
             for b0 in range(0, len(rows), self.batch_size):
                 r = rows[b0 : b0 + self.batch_size]
                 lp = self._log_psi(U[r], graph=False)
                 logpsi[r] = lp
-                end = b0 + len(r)
-                if not self.tensors:
-                    selector.update(lp.real, index=r + offset, mask=~in_space_U[r])
-                elif end - done >= _SELECT_ROWS or end == len(rows):
-                    seen = rows[done:end]  # the same selection, fewer waits
-                    selector.update(logpsi[seen].real, seen + offset, mask=~in_space_U[seen])
-                    done = end
+                eligible = ~in_space_U[r]
+                if self.tensors:
+                    selector.update(lp.real, r + offset, mask=eligible)
+                else:
+                    selector.update(lp.real, index=r + offset, mask=eligible)
         times["inference"] = self._clock(t0)
 
         # Barrier 2: psi routed to L; the top-Ks merged with S's rows and scores.

@@ -66,9 +66,20 @@ class RunningTopK:
         return self._scores[order]
 
 
+#: rows a `TorchTopK` gathers before it merges them (each merge waits on the device several
+#: times: a masked selection, `nonzero`, a count read back; merged every inference batch, those
+#: waits left the GPU idle for about a tenth of the N2/cc-pVDZ inference,
+#: docs/performance.md#iteration-parts)
+MERGE_ROWS = 1 << 24
+
+
 class TorchTopK:
     """`RunningTopK` on torch tensors (any device): same selection, same tie-breaking (larger
     score first, then smaller index), so GPU and CPU runs pick the same configurations.
+
+    Updates are gathered and merged every `MERGE_ROWS` rows (``rows_per_merge``) and before
+    the result is read; the selection does not depend on that grouping. The tensors given to
+    `update` are kept until they are merged: do not change them in place meanwhile.
 
     Example:
         >>> import torch
@@ -79,18 +90,38 @@ class TorchTopK:
         [1, 3]
     """
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, rows_per_merge: int | None = None):
         if k < 0:
             raise ValueError(f"k must be non-negative, got {k}")
         self.k = int(k)
+        self.rows_per_merge = MERGE_ROWS if rows_per_merge is None else int(rows_per_merge)
+        if self.rows_per_merge < 1:
+            raise ValueError(f"rows_per_merge must be positive, got {rows_per_merge}")
         self._scores = None
         self._idx = None
+        self._pending: list[tuple] = []  # (scores, index, mask) not merged yet
+        self._pending_rows = 0
 
     def update(self, scores, index, mask=None) -> None:
-        """Merge one batch of scores with their global indices (`mask`: eligible entries)."""
+        """Add one batch of scores with their global indices (`mask`: eligible entries)."""
         if self.k == 0:
             return
-        if mask is not None:
+        self._pending.append((scores, index, mask))
+        self._pending_rows += len(scores)
+        if self._pending_rows >= self.rows_per_merge:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        parts, self._pending, self._pending_rows = self._pending, [], 0
+        scores = torch.cat([s for s, _, _ in parts])
+        index = torch.cat([i for _, i, _ in parts])
+        if any(m is not None for _, _, m in parts):
+            mask = torch.cat(
+                [torch.ones(len(s), dtype=torch.bool, device=s.device) if m is None else m
+                 for s, _, m in parts]
+            )  # fmt: skip
             scores, index = scores[mask], index[mask]
         scores, index = self._select(scores, index)
         if self._scores is not None:
@@ -117,11 +148,13 @@ class TorchTopK:
 
     def indices(self):
         """Global indices of the kept entries, best first (an int64 tensor)."""
+        self._merge()
         if self._idx is None:
             return torch.zeros(0, dtype=torch.int64)
         return self._idx[self._order()]
 
     def scores(self):
+        self._merge()
         if self._scores is None:
             return torch.zeros(0)
         return self._scores[self._order()]

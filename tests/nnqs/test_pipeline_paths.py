@@ -71,16 +71,16 @@ def test_numpy_and_tensor_paths_agree(name, n, batch):
 
 @pytest.mark.parametrize("chunk", [1, 7, 100])
 def test_top_k_chunks_give_the_same_iteration(monkeypatch, chunk):
-    """The tensor path updates its running top-K every `_SELECT_ROWS` inference rows rather
-    than every batch (1: every batch of 40; 7 and 100: chunks across batches): the same
-    selection and values as one update over all of U."""
-    from cuscikit.nnqs import pipeline
+    """The tensor path's running top-K merges every `MERGE_ROWS` rows rather than every
+    batch (1: every batch of 40; 7 and 100: chunks across batches): the same selection and
+    values as one merge over all of U."""
+    from cuscikit.nnqs import topk
 
     mol = Molecule.load("H2O")
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
     S = _space(mol, 150)
     whole = _stages(mol, ansatz, "cpu-tensors", S, batch_size=40)
-    monkeypatch.setattr(pipeline, "_SELECT_ROWS", chunk)
+    monkeypatch.setattr(topk, "MERGE_ROWS", chunk)
     _same(_stages(mol, ansatz, "cpu-tensors", S, batch_size=40), whole)
 
 

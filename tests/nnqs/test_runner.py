@@ -226,14 +226,15 @@ def test_streamed_and_single_batch_paths_agree():
 
 
 def test_torch_topk_matches_running_topk():
-    """The tensor top-K (used by the GPU pipeline) picks what the numpy one picks, ties too."""
+    """The tensor top-K (used by the GPU pipeline) picks what the numpy one picks, ties too,
+    whether it merges every batch, every 100 rows (across batches) or once at the end."""
     import torch
 
     from cuscikit.nnqs.topk import RunningTopK, TorchTopK
 
     rng = np.random.default_rng(0)
-    for k in (0, 1, 7, 50):
-        a, b = RunningTopK(k), TorchTopK(k)
+    for k, merge in [(k, m) for k in (0, 1, 7, 50) for m in (1, 100, None)]:
+        a, b = RunningTopK(k), TorchTopK(k, rows_per_merge=merge)
         for lo in range(0, 400, 64):
             scores = rng.integers(0, 20, size=64).astype(float)  # many ties
             mask = rng.random(64) < 0.7
