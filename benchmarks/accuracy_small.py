@@ -11,7 +11,9 @@ seeds. Histories go to --out (CSV per system and seed).
         [--jobs N] [--cache DIR] [--json-out FILE] [systems...]
 
 Systems: the bundled molecules by name; lattices as ``Hubbard-<L>-<chain|ring>-U<U>`` (half
-filling, the default RHF working basis) or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``; and
+filling, the default RHF working basis) or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, with
+``-aufbau`` appended to start from the aufbau determinant where the lattice names another
+start (a partly filled shell, as on rings of 4n sites; ``Molecule.hubbard``); and
 ``H6-stretched`` (a linear H6 chain with 2.0 Angstrom bonds in STO-3G, needs PySCF). The
 reference of a system without a bundled one is its FCI energy (`cuscikit.FCI`). ``--set
 lattice`` runs the molecule-and-lattice set (molecules, stretched bonds, Hubbard chains and rings
@@ -80,18 +82,23 @@ SETS = {"small": SMALL_SET + HARD_SET, "lattice": LATTICE_SET, "quick": QUICK_SE
 CHEMICAL_ACCURACY = 1.6e-3
 PT2_GOAL = 0.5e-3
 
-_HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)$")
+_HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)(-aufbau)?$")
 
 
 def lattice(name: str):
     """The Hubbard model of a lattice name (``Hubbard-<L>-<chain|ring>-U<U>`` or
-    ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, half filling), or None for another name."""
+    ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, half filling; ``-aufbau`` appended: without the
+    start determinant the lattice names, so a run starts from the aufbau one), or None for
+    another name."""
     m = _HUBBARD.match(name)
     if not m:
         return None
-    lx, ly, bc, u = m.groups()
+    lx, ly, bc, u, aufbau = m.groups()
     shape = int(lx) if ly is None else (int(lx), int(ly))
-    return Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
+    mol = Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
+    if aufbau:
+        mol.metadata.pop("start", None)
+    return mol
 
 
 def build_system(name: str, cache: str | None = None):
@@ -101,6 +108,7 @@ def build_system(name: str, cache: str | None = None):
     folder when there and written to it when not."""
     mol = lattice(name)
     slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    name = name.removesuffix("-aufbau")  # the same Hamiltonian: the same reference
     refs_path = Path(cache) / "references.json" if cache else None
     refs = json.loads(refs_path.read_text()) if refs_path and refs_path.exists() else {}
     if mol is None and name == "H6-stretched":

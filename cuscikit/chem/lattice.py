@@ -20,7 +20,14 @@ import math
 
 import numpy as np
 
-__all__ = ["hubbard_integrals", "lattice_bonds", "rhf_orbitals", "rotate_integrals"]
+__all__ = [
+    "hubbard_integrals",
+    "lattice_bonds",
+    "rhf_levels",
+    "rhf_orbitals",
+    "rotate_integrals",
+    "shell_fillings",
+]
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -126,11 +133,30 @@ def rhf_orbitals(
         >>> np.round(np.diag(D), 6).tolist()  # uniform density, not a density wave
         [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
+    return rhf_levels(h1, eri, nelec, max_cycle, tol, damping)[1]
+
+
+def rhf_levels(
+    h1: np.ndarray,
+    eri: np.ndarray,
+    nelec,
+    max_cycle: int = 500,
+    tol: float = 1e-10,
+    damping: float = 0.5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(orbital energies, orbitals) of the mean field of `rhf_orbitals`: the levels ascending,
+    the orbitals as columns in the same order.
+
+    Example:
+        >>> e, C = rhf_levels(*hubbard_integrals(4, U=0.0, pbc=True), 4)
+        >>> (np.round(e, 12) + 0.0).tolist()   # a shell of two levels at 0: one electron per spin
+        [-2.0, 0.0, 0.0, 2.0]
+    """
     n = h1.shape[0]
-    na, nb = ((int(nelec) + 1) // 2, int(nelec) // 2) if np.ndim(nelec) == 0 else map(int, nelec)
+    na, nb = _counts(nelec)
     if not (0 <= nb <= na <= n):
         raise ValueError(f"({na}, {nb}) electrons do not fit in {n} orbitals")
-    scale = max(1.0, float(np.abs(h1).max()), float(np.abs(eri).max()))
+    scale = _scale(h1, eri)
     for mix in sorted({float(damping), 0.8, 0.95}):  # heavier damping if a lighter one cycles
         if mix < damping:
             continue
@@ -142,11 +168,56 @@ def rhf_orbitals(
             e, C = np.linalg.eigh(h1 + J - 0.5 * K)
             D_new = _aufbau_density(e, C, na, scale) + _aufbau_density(e, C, nb, scale)
             if np.abs(D_new - D).max() < tol:
-                return C
+                return e, C
             D = (1 - mix) * D_new + mix * D
     raise RuntimeError(
         f"the mean field did not converge in {max_cycle} cycles at damping {damping}, 0.8 or 0.95"
     )
+
+
+def _counts(nelec) -> tuple[int, int]:
+    if np.ndim(nelec) == 0:
+        return (int(nelec) + 1) // 2, int(nelec) // 2
+    na, nb = map(int, nelec)
+    return na, nb
+
+
+def _scale(h1: np.ndarray, eri: np.ndarray) -> float:
+    return max(1.0, float(np.abs(h1).max()), float(np.abs(eri).max()))
+
+
+def _shell(e: np.ndarray, n: int, scale: float) -> tuple[int, np.ndarray]:
+    """(orbitals fully below the Fermi level, the orbitals of the level shell at it) for n
+    electrons in the ascending levels e."""
+    if n == 0:
+        return 0, np.zeros(0, dtype=np.int64)
+    tol = 1e-8 * scale
+    below = int((e < e[n - 1] - tol).sum())
+    return below, np.flatnonzero(np.abs(e - e[n - 1]) <= tol)
+
+
+def shell_fillings(e: np.ndarray, nelec, scale: float = 1.0, limit: int = 4096):
+    """The occupations (alpha orbitals, beta orbitals) that fill the levels ``e`` (ascending)
+    up to the Fermi level, every way a degenerate shell at the Fermi level can be filled: one
+    (the aufbau filling, listed first) when the shell is full, up to `limit` of them (the first
+    in the order of `itertools.combinations`) when it is partly filled.
+
+    Example:
+        >>> shell_fillings(np.array([-2.0, 0.0, 0.0, 2.0]), (1, 1))[:2]   # one level: no shell
+        [([0], [0])]
+        >>> len(shell_fillings(np.array([-2.0, 0.0, 0.0, 2.0]), (2, 2)))  # 2 x 2 fillings
+        4
+    """
+    from itertools import combinations, islice, product
+
+    per_spin = []
+    for n in _counts(nelec):
+        below, shell = _shell(np.asarray(e, dtype=np.float64), n, scale)
+        core = list(range(below))
+        per_spin.append(
+            [core + list(c) for c in combinations(shell.tolist(), n - below)] if n else [[]]
+        )
+    return [(a, b) for a, b in islice(product(*per_spin), limit)]
 
 
 def _aufbau_density(e: np.ndarray, C: np.ndarray, n: int, scale: float) -> np.ndarray:
@@ -154,9 +225,8 @@ def _aufbau_density(e: np.ndarray, C: np.ndarray, n: int, scale: float) -> np.nd
     the Fermi level shared equally."""
     if n == 0:
         return np.zeros((len(e), len(e)))
-    tol = 1e-8 * scale
-    below = e < e[n - 1] - tol
-    shell = np.abs(e - e[n - 1]) <= tol
-    occ = below.astype(np.float64)
-    occ[shell] = (n - below.sum()) / shell.sum()
+    below, shell = _shell(e, n, scale)
+    occ = np.zeros(len(e))
+    occ[:below] = 1.0
+    occ[shell] = (n - below) / len(shell)
     return (C * occ) @ C.T

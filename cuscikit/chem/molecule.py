@@ -477,6 +477,13 @@ class Molecule:
                 Energies of exact methods do not depend on it. The choice and the orbitals
                 are kept in ``metadata["basis"]`` and ``metadata["orbitals"]``.
 
+        In the "rhf" basis ``metadata["start"]`` holds the occupied alpha and beta orbitals of
+        the determinant a selected-CI run starts from (`cuscikit.sci.configs.start_configuration`):
+        the aufbau one, unless a degenerate shell at the Fermi level is only partly filled (a
+        ring of 4n sites at half filling), where the aufbau filling can carry no weight at all
+        by symmetry; then the filling of that shell with the lowest diagonal energy (the first
+        of equal ones).
+
         Example:
             >>> m = Molecule.hubbard(6, U=4.0, pbc=True)
             >>> m.norb, m.nelec, m.metadata["basis"]
@@ -487,7 +494,13 @@ class Molecule:
             >>> abs(e_rhf - e_site) < 1e-10
             True
         """
-        from cuscikit.chem.lattice import hubbard_integrals, rhf_orbitals, rotate_integrals
+        from cuscikit.chem.lattice import (
+            _scale,
+            hubbard_integrals,
+            rhf_levels,
+            rotate_integrals,
+            shell_fillings,
+        )
 
         if basis not in ("rhf", "site"):
             raise ValueError(f"basis must be 'rhf' or 'site', got {basis!r}")
@@ -496,10 +509,13 @@ class Molecule:
         if nelec is None:
             nelec = (n // 2 + n % 2, n // 2)
         C = np.eye(n)
+        fillings = []
         if basis == "rhf":
-            C = rhf_orbitals(h1, eri, nelec)
+            scale = _scale(h1, eri)
+            levels, C = rhf_levels(h1, eri, nelec)
             h1, eri = rotate_integrals(h1, eri, C)
             h1 = 0.5 * (h1 + h1.T)
+            fillings = shell_fillings(levels, nelec, scale)
         dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         name = f"Hubbard {'x'.join(map(str, dims))}{' pbc' if pbc else ''} U={U:g}"
         self = cls.from_integrals(h1, eri, nelec, name=name)
@@ -515,6 +531,15 @@ class Molecule:
             "basis": basis,
             "orbitals": C.tolist(),
         }
+        if fillings:
+            from cuscikit.sci.configs import from_occupations
+            from cuscikit.sci.hamiltonian import Hamiltonian
+
+            configs = from_occupations([a for a, _ in fillings], [b for _, b in fillings], n)
+            alpha, beta = fillings[
+                int(np.argmin(Hamiltonian.from_molecule(self).diagonal(configs)))
+            ]
+            self.metadata["start"] = {"alpha": alpha, "beta": beta}
         return self
 
     @classmethod

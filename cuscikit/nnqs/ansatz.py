@@ -303,12 +303,13 @@ class Ansatz(nn.Module):
     def for_molecule(cls, mol: Any, **kw: Any) -> Ansatz:
         """Build an ansatz for ``mol`` (anything with ``norb`` and ``nelec``, e.g. a
         `cuscikit.chem.Molecule`); keyword arguments go to the constructor. By default the
-        initial wavefunction leans towards the Hartree-Fock determinant
-        (``reference_bias=DEFAULT_REFERENCE_BIAS``)."""
+        initial wavefunction leans towards the determinant a run starts from
+        (``reference_bias=DEFAULT_REFERENCE_BIAS``; `cuscikit.sci.configs.start_configuration`:
+        the Hartree-Fock determinant unless the molecule's metadata names another)."""
         from cuscikit.nnqs.defaults import DEFAULT_REFERENCE_BIAS
-        from cuscikit.sci.configs import hf_configuration
+        from cuscikit.sci.configs import start_configuration
 
-        kw.setdefault("reference", hf_configuration(mol.norb, mol.nelec))
+        kw.setdefault("reference", start_configuration(mol))
         kw.setdefault("reference_bias", DEFAULT_REFERENCE_BIAS)
         return cls(mol.norb, mol.nelec, **kw)
 

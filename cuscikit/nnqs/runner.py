@@ -416,7 +416,7 @@ class Runner(Solver):
             )
         self.molecule = molecule
         self.ansatz = ansatz
-        self.space = space if space is not None else SCISpace.hf(molecule, eps=self.eps)
+        self.space = space if space is not None else SCISpace.start(molecule, eps=self.eps)
         if self.space.norb != molecule.norb or tuple(self.space.nelec) != tuple(molecule.nelec):
             raise ValueError("the space belongs to another molecule (norb or nelec differ)")
         if self.reference is None:

@@ -176,6 +176,28 @@ def hf_configuration(norb: int, nelec) -> np.ndarray:
     return from_occupations([list(range(na))], [list(range(nb))], norb)
 
 
+def start_configuration(system) -> np.ndarray:
+    """The determinant a selected-CI run of ``system`` starts from: the one its metadata
+    names (``metadata["start"]``: occupied ``alpha`` and ``beta`` orbitals; set by
+    `cuscikit.Molecule.hubbard` where a partly filled degenerate shell leaves the aufbau
+    determinant without weight), else the aufbau determinant.
+
+    Example:
+        >>> from cuscikit import Molecule
+        >>> start_configuration(Molecule.load("LiH")) == hf_configuration(6, (2, 2))
+        array([[ True]])
+        >>> ring = Molecule.hubbard(4, U=4.0, pbc=True)   # a shell of 2 levels, 1 + 1 electrons
+        >>> ring.metadata["start"], to_occupations(start_configuration(ring), 4)
+        ({'alpha': [0, 1], 'beta': [0, 2]}, ([[0, 1]], [[0, 2]]))
+    """
+    norb, nelec = system.norb, system.nelec
+    start = (getattr(system, "metadata", None) or {}).get("start")
+    if start is None:
+        return hf_configuration(norb, nelec)
+    configs = from_occupations([list(start["alpha"])], [list(start["beta"])], norb)
+    return check_configurations(configs, norb, nelec)
+
+
 def _strings(norb: int, n: int) -> np.ndarray:
     """All occupation strings of n electrons in norb orbitals as a (count, norb) 0/1 array,
     in lexicographic order of the occupied-index tuples."""

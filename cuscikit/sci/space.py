@@ -12,6 +12,7 @@ from cuscikit.sci.configs import (
     check_configurations,
     from_occupations,
     hf_configuration,
+    start_configuration,
     to_occupations,
 )
 from cuscikit.sci.hamiltonian import DEFAULT_EPS, Hamiltonian
@@ -61,6 +62,13 @@ class SCISpace:
         """The space holding only the Hartree-Fock (aufbau) determinant."""
         h = _hamiltonian_of(system, kw.get("eps", DEFAULT_EPS))
         return cls(system, hf_configuration(h.norb, h.nelec), **kw)
+
+    @classmethod
+    def start(cls, system, **kw) -> SCISpace:
+        """The space holding only the determinant a run starts from
+        (`cuscikit.sci.configs.start_configuration`: the aufbau one unless the system's
+        metadata names another)."""
+        return cls(system, start_configuration(system), **kw)
 
     @classmethod
     def full(cls, system, **kw) -> SCISpace:

@@ -129,3 +129,71 @@ def test_rhf_of_an_open_shell_ring_converges():
     # the hopping
     h = C.T @ h1 @ C
     np.testing.assert_allclose(h - np.diag(np.diag(h)), 0.0, atol=1e-8)
+
+
+def test_shell_fillings_list_the_ways_a_partly_filled_shell_can_be_filled():
+    from cuscikit.chem.lattice import shell_fillings
+
+    e = np.array([-2.0, 0.0, 0.0, 0.0, 2.0])
+    assert shell_fillings(e, (1, 1)) == [([0], [0])]  # below the shell: one filling
+    got = shell_fillings(e, (2, 1))
+    assert got == [([0, 1], [0]), ([0, 2], [0]), ([0, 3], [0])]  # aufbau first
+    assert len(shell_fillings(e, (3, 2))) == 3 * 3 and len(shell_fillings(e, (4, 2))) == 3
+    assert len(shell_fillings(e, (3, 3), limit=4)) == 4
+    assert shell_fillings(e, (0, 0)) == [([], [])]
+
+
+@pytest.mark.parametrize("n", [4, 8, 12])
+def test_rings_of_4n_sites_start_from_a_determinant_the_ground_state_holds(n):
+    """At half filling a ring of 4n sites has a degenerate pair of levels at the Fermi level
+    holding one electron of each spin. Its aufbau determinant (both in the same orbital of the
+    pair) has no weight in the exact ground state (zero by symmetry); the start the lattice names
+    is the filling of the pair with the lowest diagonal energy (the two electrons in different
+    orbitals), which holds a large weight. Checked by FCI for 4 and 8 sites; for 12 by the
+    diagonal energies alone."""
+    from cuscikit.chem.lattice import shell_fillings
+    from cuscikit.sci import SCISpace
+    from cuscikit.sci.configs import from_occupations, hf_configuration, start_configuration
+
+    m = Molecule.hubbard(n, U=4.0, pbc=True)
+    start = start_configuration(m)
+    aufbau = hf_configuration(n, (n // 2, n // 2))
+    assert m.metadata["start"]["alpha"] == list(range(n // 2))
+    assert m.metadata["start"]["beta"] == [*range(n // 2 - 1), n // 2]
+    levels = np.linalg.eigvalsh(hubbard_integrals(n, U=0.0, pbc=True)[0])
+    fillings = shell_fillings(levels, (n // 2, n // 2))
+    assert len(fillings) == 4
+    H = SCISpace.start(m).hamiltonian
+    diag = H.diagonal(from_occupations([a for a, _ in fillings], [b for _, b in fillings], n))
+    assert float(H.diagonal(start)[0]) == pytest.approx(diag.min(), abs=1e-12)
+    assert float(H.diagonal(aufbau)[0]) > diag.min() + 0.1
+    assert np.array_equal(SCISpace.start(m).configs, start)
+    if n <= 8:
+        _, ci = FCI(m).kernel()
+        full = SCISpace.full(m)
+        w_start, w_aufbau = (float(ci[full.index(c)[0]] ** 2) for c in (start, aufbau))
+        assert w_aufbau < 1e-12 and w_start > 0.15, (w_start, w_aufbau)
+
+
+def test_closed_shells_and_molecules_start_from_the_aufbau_determinant():
+    from cuscikit.sci.configs import hf_configuration, start_configuration
+
+    for m in (Molecule.hubbard(6, U=4.0, pbc=True), Molecule.hubbard(10, U=4.0)):
+        assert np.array_equal(start_configuration(m), hf_configuration(m.norb, m.nelec))
+    assert "start" not in Molecule.hubbard(4, U=4.0, pbc=True, basis="site").metadata
+    lih = Molecule.load("LiH")
+    assert np.array_equal(start_configuration(lih), hf_configuration(lih.norb, lih.nelec))
+
+
+def test_a_runner_and_its_ansatz_start_from_the_named_determinant():
+    torch = pytest.importorskip("torch")
+    from cuscikit.nnqs import Ansatz, Runner
+    from cuscikit.sci.configs import start_configuration
+
+    m = Molecule.hubbard(4, U=4.0, pbc=True)
+    ansatz = Ansatz.for_molecule(m, seed=0, dtype=torch.float64)
+    r = Runner(m, ansatz, seed=0)
+    assert np.array_equal(r.space.configs, start_configuration(m))
+    x = ansatz.sample(2000, generator=0)
+    top = x[0][np.argmax(x[1])]
+    assert np.array_equal(top, start_configuration(m)[0])  # the reference bias leans on it
