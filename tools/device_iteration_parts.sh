@@ -3,6 +3,9 @@
 # the optimiser stage), on a GPU machine through the device tool. Steps, in the order given,
 # each alone on the GPU:
 #   profile tools/profile_large_iteration.py (PROFILE_ARGS passed on)
+#   pass    tools/profile_training_pass.py: the training pass part by part, N2/STO-3G (1,920
+#           rows) and N2/cc-pVDZ (16,384 rows), with TF32 matmuls beside (PASS_ARGS passed on)
+#   pipeline  the gpu tests of the device pipeline (tests/gpu/test_pipeline.py, PIPE_K selects)
 #   tests   the gpu tests of the training kernels and of the fused inference (TEST_K selects in
 #           the latter; default: the tensor-core paths, the trained states, the prefix stages)
 #   infer   benchmarks/inference.py on N2/cc-pVDZ and N2, the default fused path in the prefix
@@ -22,6 +25,20 @@ for step in "$@"; do
         > "$out/profile.log" 2>&1
       echo "profile: exit $? at $((SECONDS - t0)) s"
       grep -E "^\||^#" "$out/profile.log" ;;
+    pass)
+      for sys_n in N2:1920 N2/cc-pVDZ:16384; do
+        # shellcheck disable=SC2086  # PASS_ARGS: words
+        timeout -k 10 "${TPASS:-120}" python3 tools/profile_training_pass.py --tf32 \
+          --system "${sys_n%%:*}" --n "${sys_n##*:}" ${PASS_ARGS:-} >> "$out/pass.log" 2>&1
+        echo "pass ${sys_n}: exit $? at $((SECONDS - t0)) s"
+      done
+      grep -E "^\||^# [A-Z]" "$out/pass.log" ;;
+    pipeline)
+      timeout -k 10 "${TPIPE:-150}" python3 -m pytest -q -rA -p no:cacheprovider -m gpu \
+        tests/gpu/test_pipeline.py -k "${PIPE_K:-baseline or host_staging or engines or memory_cap or shrinks or weight_growth}" \
+        > "$out/tests_pipeline.log" 2>&1
+      echo "tests (pipeline): exit $? at $((SECONDS - t0)) s"
+      grep -E "passed|failed|Error" "$out/tests_pipeline.log" | tail -8 ;;
     tests)
       timeout -k 10 "${TT1:-120}" python3 -m pytest -q -rA -p no:cacheprovider -m gpu \
         tests/gpu/test_fused_ops_gpu.py > "$out/tests_ops.log" 2>&1

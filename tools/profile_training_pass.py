@@ -1,0 +1,226 @@
+"""Where a training pass of the recorded optimiser stage spends its GPU time, part by part.
+
+The optimiser stage of a small system replays one forward pass with gradient and one backward
+pass over S per optimiser step (17 per iteration with the teacher's inner steps). This tool
+records each part of that pass as a CUDA graph of its own, forward and backward over the same
+rows, and replays it: wall time per replay, then one replay under torch.profiler for the
+number of kernels and their summed time.
+
+Parts: the whole ln psi; the amplitude (transformer, masks, log-softmax); the transformer body
+alone (embedding, blocks, final LayerNorm and head); one block; its attention sublayer and its
+MLP sublayer; the phase MLP; the token-only work of a pass (masks and the phase MLP's input);
+a flat AdamW step over all parameters. `--tf32` repeats the whole ln psi with TF32 matmuls;
+`--variants` times the whole ln psi, a block and its attention sublayer under other settings of the
+training kernels (`cuscikit.nnqs.fused_ops`), e.g. the attention's warps per program.
+
+    python tools/profile_training_pass.py [--system N2] [--n 1920] [--float64] [--top 20]
+        [--tf32] [--variants warps2:_ATTN_WARPS=2 warps4:_ATTN_WARPS=4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from benchmarks_space import sample_space  # noqa: E402
+
+from cuscikit import Ansatz, Molecule  # noqa: E402
+from cuscikit.backends.keys import to_device  # noqa: E402
+from cuscikit.nnqs import fused_ops  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def record(fn):
+    """fn recorded as a CUDA graph after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def measure(graph, reps: int = 50) -> tuple[float, int, float, float]:
+    """(wall us per replay, kernels, summed kernel us, GPU span us) of a recorded graph."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        graph.replay()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / reps * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    ev = [
+        (e.name, e.time_range.start, e.time_range.elapsed_us())
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    ]
+    busy = sum(d for _, _, d in ev)
+    span = (max(t + d for _, t, d in ev) - min(t for _, t, _ in ev)) if ev else 0.0
+    measure.last = ev
+    return wall, len(ev), busy, span
+
+
+def top(ev, n: int) -> list[str]:
+    by = {}
+    for name, _, d in ev:
+        c, t = by.get(name, (0, 0.0))
+        by[name] = (c + 1, t + d)
+    order = sorted(by.items(), key=lambda kv: -kv[1][1])[:n]
+    return [f"#  {t:8.1f} us {c:4d}x  {name[:100]}" for name, (c, t) in order]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--system", default="N2")
+    ap.add_argument("--n", type=int, default=1920, help="rows of the pass (S padded)")
+    ap.add_argument("--float64", action="store_true")
+    ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="NAME:ATTR=INT,... settings of cuscikit.nnqs.fused_ops to time the whole ln psi, "
+        "a block and its attention sublayer with, e.g. warps2:_ATTN_WARPS=2",
+    )
+    args = ap.parse_args()
+
+    mol = Molecule.load(args.system)
+    dtype = torch.float64 if args.float64 else torch.float32
+    psi = Ansatz.for_molecule(mol, seed=0, device=DEV, dtype=dtype)
+    x = to_device(sample_space(mol, args.n), DEV)
+    tok = psi.tokens(x)
+    n, norb = tok.shape
+    params = [p for p in psi.parameters() if p.requires_grad]
+    g = torch.Generator(device=DEV).manual_seed(1)
+    coef = torch.randn(n, dtype=dtype, device=DEV, generator=g)
+    start = torch.full((n, 1), 4, dtype=torch.long, device=DEV)
+    inputs = torch.cat((start, tok[:, :-1]), dim=1)
+    d = psi.d_model
+    h0 = torch.randn(n, norb, d, dtype=dtype, device=DEV, generator=g, requires_grad=True)
+    dh = torch.randn(n, norb, d, dtype=dtype, device=DEV, generator=g)
+    block = psi.blocks[0]
+
+    def backward(out, ct):
+        return torch.autograd.grad((out * ct).sum(), [*params, h0], allow_unused=True)
+
+    def whole():
+        lp = psi._log_psi_tokens(tok)
+        backward(lp.real + lp.imag, coef)
+
+    def amplitude():
+        backward(psi.log_amplitude(tok), coef)
+
+    def body():
+        backward(psi._logits(inputs).sum(-1), coef[:, None])
+
+    def one_block():
+        backward(block(h0), dh)
+
+    def attention():
+        backward(block.attn(block.ln1(h0)), dh)
+
+    def mlp():
+        backward(block.proj(torch.nn.functional.gelu(block.fc(block.ln2(h0)))), dh)
+
+    def phase():
+        backward(psi.phase(tok), coef)
+
+    def token_work():
+        with torch.no_grad():
+            psi._allowed(tok, torch.arange(norb, device=DEV)).any(dim=-1)
+            occ = torch.stack((tok & 1, tok >> 1), dim=-1).reshape(n, -1)
+            (2 * occ - 1).to(dtype)
+
+    total = sum(p.numel() for p in params)
+    flat = [torch.zeros(total, dtype=dtype, device=DEV) for _ in range(5)]
+    grads = [torch.randn_like(p) for p in params]
+    views, off = [], 0
+    for p in params:
+        views.append(flat[4][off : off + p.numel()].view_as(p))
+        off += p.numel()
+
+    def adamw():  # the operations of the recorded stage's flat AdamW (graphs.OptimizerGraph)
+        with torch.no_grad():
+            m, v, gr, dd, u = flat
+            torch.cat([t.reshape(-1) for t in grads], out=gr)
+            torch._foreach_mul_(params, 0.99)
+            m.lerp_(gr, 0.1)
+            v.mul_(0.999)
+            v.addcmul_(gr, gr, value=0.001)
+            torch.sqrt(v, out=dd)
+            dd.div_(0.5)
+            dd.add_(1e-8)
+            torch.div(m, dd, out=u)
+            u.mul_(0.0)  # no change of the weights: every part sees the same ones
+            torch._foreach_sub_(params, views)
+
+    parts = [
+        ("whole ln psi", whole),
+        ("amplitude", amplitude),
+        ("transformer body", body),
+        ("one block", one_block),
+        ("  its attention sublayer", attention),
+        ("  its MLP sublayer", mlp),
+        ("phase MLP", phase),
+        ("token-only work (no gradient)", token_work),
+        ("flat AdamW step", adamw),
+    ]
+    print(
+        f"# {args.system}: {n} rows of {norb} positions, d_model {d}, {len(psi.blocks)} blocks, "
+        f"{total:,} parameters, {dtype}, forward with gradient and backward per part"
+    )
+    print("| part | wall us per replay | kernels | summed kernel us | GPU span us |")
+    print("| --- | --- | --- | --- | --- |")
+    profiles = {}
+    for name, fn in parts:
+        graph = record(fn)
+        wall, k, busy, span = measure(graph)
+        profiles[name] = measure.last
+        print(f"| {name} | {wall:.1f} | {k} | {busy:.1f} | {span:.1f} |", flush=True)
+    for variant in args.variants:  # the parts that a setting of the kernels changes
+        name, _, settings = variant.partition(":")
+        saved = {}
+        for item in filter(None, settings.split(",")):
+            key, value = item.split("=")
+            saved[key] = getattr(fused_ops, key)
+            setattr(fused_ops, key, int(value))
+        for part, fn in (
+            ("whole ln psi", whole),
+            ("one block", one_block),
+            ("attention", attention),
+        ):
+            wall, k, busy, span = measure(record(fn))
+            print(f"| {name}: {part} | {wall:.1f} | {k} | {busy:.1f} | {span:.1f} |")
+        for key, value in saved.items():
+            setattr(fused_ops, key, value)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        wall, k, busy, span = measure(record(whole))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        print(f"| whole ln psi, TF32 matmuls | {wall:.1f} | {k} | {busy:.1f} | {span:.1f} |")
+    if fused_ops._failed is not None:
+        print(f"# the training kernels were turned off: {fused_ops._failed}")
+    for name in ("whole ln psi", "one block"):
+        print(f"# {name}: costliest kernels of one replay (summed us, count, name)")
+        print("\n".join(top(profiles[name], args.top)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
