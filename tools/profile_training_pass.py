@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 from benchmarks_space import sample_space  # noqa: E402
+from small_iteration import _device_events, _kernel_stats, _top  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.backends.keys import to_device  # noqa: E402
@@ -51,8 +52,8 @@ def record(fn):
 
 
 def measure(graph, reps: int = 50) -> tuple[float, int, float, float]:
-    """(wall us per replay, kernels, summed kernel us, GPU span us) of a recorded graph."""
-    from torch.autograd import DeviceType
+    """(wall us per replay, kernels, summed kernel us, GPU span us) of a recorded graph; the
+    kernels of the profiled replay are left in ``measure.last``."""
     from torch.profiler import ProfilerActivity, profile
 
     graph.replay()
@@ -65,24 +66,10 @@ def measure(graph, reps: int = 50) -> tuple[float, int, float, float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
-    ev = [
-        (e.name, e.time_range.start, e.time_range.elapsed_us())
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-    ]
-    busy = sum(d for _, _, d in ev)
-    span = (max(t + d for _, t, d in ev) - min(t for _, t, _ in ev)) if ev else 0.0
-    measure.last = ev
-    return wall, len(ev), busy, span
-
-
-def top(ev, n: int) -> list[str]:
-    by = {}
-    for name, _, d in ev:
-        c, t = by.get(name, (0, 0.0))
-        by[name] = (c + 1, t + d)
-    order = sorted(by.items(), key=lambda kv: -kv[1][1])[:n]
-    return [f"#  {t:8.1f} us {c:4d}x  {name[:100]}" for name, (c, t) in order]
+    kernels, _ = _device_events(prof)
+    busy, span = _kernel_stats(kernels)
+    measure.last = kernels
+    return wall, len(kernels), busy * 1e3, span * 1e3
 
 
 def main() -> None:
@@ -218,8 +205,8 @@ def main() -> None:
     if fused_ops._failed is not None:
         print(f"# the training kernels were turned off: {fused_ops._failed}")
     for name in ("whole ln psi", "one block"):
-        print(f"# {name}: costliest kernels of one replay (summed us, count, name)")
-        print("\n".join(top(profiles[name], args.top)), flush=True)
+        print(f"# {name}: costliest kernels of one replay (summed time, count, name)")
+        print("\n".join(_top(profiles[name], args.top)), flush=True)
 
 
 if __name__ == "__main__":

@@ -214,9 +214,7 @@ def shell_fillings(e: np.ndarray, nelec, scale: float = 1.0, limit: int = 4096):
     for n in _counts(nelec):
         below, shell = _shell(np.asarray(e, dtype=np.float64), n, scale)
         core = list(range(below))
-        per_spin.append(
-            [core + list(c) for c in combinations(shell.tolist(), n - below)] if n else [[]]
-        )
+        per_spin.append([core + list(c) for c in combinations(shell.tolist(), n - below)])
     return [(a, b) for a, b in islice(product(*per_spin), limit)]
 
 
