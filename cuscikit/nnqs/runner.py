@@ -169,7 +169,8 @@ class Runner(Solver):
     Args:
         molecule: a `cuscikit.Molecule` (or anything with norb, nelec, h1e, eri_full(), e_core).
         ansatz: a `cuscikit.Ansatz` (any module with ``log_psi(configs) -> complex tensor``).
-        space: the starting space (default: the Hartree-Fock determinant).
+        space: the starting space (default: `SCISpace.start`, the Hartree-Fock determinant unless
+            the molecule names another start, as lattices with a partly filled shell do).
         comm: a `cuscikit.parallel.Comm` (``get_comm()`` under torchrun or mpiexec). P > 1
             ranks: every rank builds the Runner with the same molecule and options (rank 0's
             model and S are broadcast at construction) and runs its share of every stage;
