@@ -531,15 +531,15 @@ class Molecule:
             "basis": basis,
             "orbitals": C.tolist(),
         }
-        if fillings:
+        if len(fillings) > 1:  # a partly filled shell: its filling of lowest diagonal energy
             from cuscikit.sci.configs import from_occupations
             from cuscikit.sci.hamiltonian import Hamiltonian
 
             configs = from_occupations([a for a, _ in fillings], [b for _, b in fillings], n)
-            alpha, beta = fillings[
-                int(np.argmin(Hamiltonian.from_molecule(self).diagonal(configs)))
-            ]
-            self.metadata["start"] = {"alpha": alpha, "beta": beta}
+            diagonal = Hamiltonian.from_molecule(self).diagonal(configs)
+            fillings = [fillings[int(np.argmin(diagonal))]]
+        if fillings:  # the aufbau filling when the shell is full
+            self.metadata["start"] = {"alpha": fillings[0][0], "beta": fillings[0][1]}
         return self
 
     @classmethod
