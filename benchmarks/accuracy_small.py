@@ -237,14 +237,13 @@ def main() -> None:
     if args.jobs == 1:
         results = [run_task(*t) for t in tasks]
     else:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(run_task, *t) for t in tasks]
-            results = []
-            for t, f in zip(tasks, futures, strict=True):
-                try:
-                    results.append(f.result())
-                except Exception as exc:  # one failed run must not hide the others
-                    print(f"{t[1]} seed {t[3]}: FAILED: {exc!r}", flush=True)
+        outcomes = run_side_by_side(run_task, tasks, args.jobs)
+        results = []
+        for t, (ok, value) in zip(tasks, outcomes, strict=True):
+            if ok:
+                results.append(value)
+            else:  # one failed run must not hide the others
+                print(f"{t[1]} seed {t[3]}: FAILED: {value!r}", flush=True)
     failed = len(tasks) - len(results)
     rows = [r["row"] for r in results]
     summary: dict[str, list] = {}
@@ -317,6 +316,40 @@ def main() -> None:
         )
     if failed:
         sys.exit(f"{failed} of {len(tasks)} runs failed")
+
+
+def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, object]]:
+    """``fn(*task)`` for every task, `jobs` worker processes at once (spawned); per task
+    ``(True, result)`` or ``(False, exception)``, in the tasks' order.
+
+    A worker that dies (a device fault, say) fails the runs that had not finished
+    (``BrokenProcessPool``). The pool then sends its other workers SIGTERM, which a Runner
+    takes as "stop after this iteration": a worker stuck in a call that does not return after
+    the fault would never exit, and waiting for it would keep the table and the JSON of the
+    runs that did finish from being written. So after any failure the workers still alive are
+    killed (SIGKILL) instead of waited for.
+    """
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+    outcomes: list[tuple[bool, object]] = []
+    try:
+        futures = [pool.submit(fn, *t) for t in tasks]
+        for f in futures:
+            try:
+                outcomes.append((True, f.result()))
+            except Exception as exc:  # noqa: BLE001 - reported per run by the caller
+                outcomes.append((False, exc))
+    finally:
+        if all(ok for ok, _ in outcomes) and len(outcomes) == len(tasks):
+            pool.shutdown()
+        else:
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:
+                if w.is_alive():
+                    w.kill()
+            for w in workers:
+                w.join(timeout=30)
+    return outcomes
 
 
 def run_task(opts: dict, name: str, ref: float, seed: int, stop_at: float | None) -> dict:

@@ -1,8 +1,12 @@
 """benchmarks/accuracy_small.py: the reference cache and runs side by side (--jobs)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -67,3 +71,29 @@ def test_result_json_holds_no_machine_folders(accuracy_small, tmp_path, monkeypa
     _common.write_json(tmp_path / "r.json", "accuracy_small.py", "anchor", args, [])
     kept = json.loads((tmp_path / "r.json").read_text())["args"]
     assert kept == {"cache": "out/cache", "out": "c10", "seeds": "0,1", "iters": 8}
+
+
+def _worker(kind: str) -> str:
+    """A run in a worker process: one that dies abruptly, one that ignores SIGTERM (as a
+    Runner does while an iteration is in progress) and does not return, or one that works."""
+    if kind == "die":
+        os._exit(3)
+    if kind == "stuck":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+    return kind
+
+
+def test_side_by_side_survives_a_dead_and_a_stuck_worker(accuracy_small):
+    """One worker dies (as after a device fault), another hangs and ignores SIGTERM: the runs
+    are reported failed within seconds instead of the script waiting for the stuck one."""
+    t0 = time.perf_counter()
+    out = accuracy_small.run_side_by_side(_worker, [("stuck",), ("die",)], 2)
+    assert time.perf_counter() - t0 < 120
+    assert [ok for ok, _ in out] == [False, False]
+    assert all(isinstance(exc, BrokenProcessPool) for _, exc in out)
+
+
+def test_side_by_side_keeps_results_and_order(accuracy_small):
+    out = accuracy_small.run_side_by_side(_worker, [("a",), ("b",), ("c",)], 2)
+    assert out == [(True, "a"), (True, "b"), (True, "c")]
