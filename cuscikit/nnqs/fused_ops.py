@@ -204,12 +204,11 @@ if triton is not None:
         else:
             return tl.dot(a, b, input_precision="ieee")
 
-    @triton.jit(do_not_specialize=["n"])
+    @triton.jit
     def _attn_fwd_kernel(
         qkv_ptr,
         y_ptr,
         lse_ptr,
-        n,
         scale_hi,
         scale_lo,
         L: tl.constexpr,
@@ -233,14 +232,13 @@ if triton is not None:
         tl.store(y_ptr + y_at, y, mask=mask2)
         tl.store(lse_ptr + lse_at, m + tl.log(l_sum), mask=pmask)
 
-    @triton.jit(do_not_specialize=["n"])
+    @triton.jit
     def _attn_bwd_kernel(
         qkv_ptr,
         y_ptr,
         dy_ptr,
         lse_ptr,
         dqkv_ptr,
-        n,
         scale_hi,
         scale_lo,
         L: tl.constexpr,
@@ -339,7 +337,7 @@ class _CausalAttention(torch.autograd.Function):
         if n:
             grid = (n, n_heads)
             with _on(qkv):
-                _attn_fwd_kernel[grid](qkv, y, lse, n, *scale, *consts, num_warps=_ATTN_WARPS)
+                _attn_fwd_kernel[grid](qkv, y, lse, *scale, *consts, num_warps=_ATTN_WARPS)
         ctx.save_for_backward(qkv, y, lse)
         ctx.consts, ctx.scale = consts, scale
         return y
@@ -358,7 +356,6 @@ class _CausalAttention(torch.autograd.Function):
                     dy.contiguous(),
                     lse,
                     dqkv,
-                    n,
                     *ctx.scale,
                     *ctx.consts,
                     num_warps=_ATTN_WARPS,
