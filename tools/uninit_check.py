@@ -25,11 +25,11 @@ from accuracy_small import build_system  # noqa: E402
 from cuscikit.nnqs import Ansatz, Runner  # noqa: E402
 
 
-def run(name: str, iters: int, graphs, dtype, fill: bool, cache) -> np.ndarray | None:
+def run(name: str, iters: int, graphs, dtype, fill: bool, cache) -> np.ndarray:
     import torch.utils.deterministic as det
 
     det.fill_uninitialized_memory = fill
-    mol, ref, _ = build_system(name, cache)
+    mol = build_system(name, cache)[0]
     ansatz = Ansatz.for_molecule(mol, seed=0, device="cuda", dtype=dtype)
     runner = Runner(mol, ansatz, seed=0, device="cuda", graphs=graphs)
     try:
