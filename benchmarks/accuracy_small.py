@@ -41,7 +41,8 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -327,19 +328,32 @@ def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, obje
     takes as "stop after this iteration": a worker stuck in a call that does not return after
     the fault would never exit, and waiting for it would keep the table and the JSON of the
     runs that did finish from being written. So after any failure the workers still alive are
-    killed (SIGKILL) instead of waited for.
+    killed (SIGKILL) instead of waited for. The pool can also miss a worker that dies soon after
+    it started (its death then goes unnoticed until another worker reports), so the workers are
+    watched here as well: once one has ended while runs are pending, those runs fail.
     """
     pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
     outcomes: list[tuple[bool, object]] = []
     try:
         futures = [pool.submit(fn, *t) for t in tasks]
+        pending, lost = set(futures), None
+        while pending:
+            _, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            # the pool can miss a worker that dies right after it started: watch them here too
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            if pending and any(w.exitcode is not None for w in workers):
+                _, pending = wait(pending, timeout=5.0)  # the pool's own verdict, if it comes
+                lost = BrokenProcessPool("a worker process ended while runs were pending")
+                break
         for f in futures:
-            try:
+            if not f.done():
+                outcomes.append((False, lost))
+            elif f.exception() is None:
                 outcomes.append((True, f.result()))
-            except Exception as exc:  # noqa: BLE001 - reported per run by the caller
-                outcomes.append((False, exc))
+            else:  # reported per run by the caller
+                outcomes.append((False, f.exception()))
     finally:
-        if all(ok for ok, _ in outcomes) and len(outcomes) == len(tasks):
+        if len(outcomes) == len(tasks) and all(ok for ok, _ in outcomes):
             pool.shutdown()
         else:
             workers = list((getattr(pool, "_processes", None) or {}).values())
