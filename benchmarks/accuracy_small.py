@@ -328,8 +328,8 @@ def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, obje
     takes as "stop after this iteration": a worker stuck in a call that does not return after
     the fault would never exit, and waiting for it would keep the table and the JSON of the
     runs that did finish from being written. So after any failure the workers still alive are
-    killed (SIGKILL) instead of waited for. The pool can also miss a worker that dies soon after
-    it started (its death then goes unnoticed until another worker reports), so the workers are
+    killed (SIGKILL) instead of waited for. The pool itself did not always notice such a death
+    (seen under load: the runs then waited for the stuck worker instead), so the workers are
     watched here as well: once one has ended while runs are pending, those runs fail.
     """
     pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
@@ -339,7 +339,7 @@ def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, obje
         pending, lost = set(futures), None
         while pending:
             _, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            # the pool can miss a worker that dies right after it started: watch them here too
+            # the pool does not always notice a dead worker: watch them here too
             workers = list((getattr(pool, "_processes", None) or {}).values())
             if pending and any(w.exitcode is not None for w in workers):
                 _, pending = wait(pending, timeout=5.0)  # the pool's own verdict, if it comes
