@@ -10,11 +10,11 @@ seeds. Histories go to --out (CSV per system and seed).
     python benchmarks/accuracy_small.py [--iters 2000] [--seeds 0,1,2] [--device cpu|cuda]
         [--jobs N] [--cache DIR] [--json-out FILE] [systems...]
 
-Systems: the bundled molecules by name; lattices as ``Hubbard-<L>-<chain|ring>-U<U>`` (half
-filling, the default RHF working basis) or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, with
-``-aufbau`` appended to start from the aufbau determinant where the lattice names another
-start (a partly filled shell, as on rings of 4n sites; ``Molecule.hubbard``); and
-``H6-stretched`` (a linear H6 chain with 2.0 Angstrom bonds in STO-3G, needs PySCF). The
+Systems: the bundled molecules by name; lattices by the names `Molecule.load` takes
+(``Hubbard-<L>-<chain|ring>-U<U>`` or ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>`` at half filling, in
+the default mean-field working basis, with ``-aufbau`` appended to start from the aufbau
+determinant where the lattice names another start: a partly filled shell, as on rings of 4n
+sites); and ``H6-stretched`` (a linear H6 chain with 2.0 Angstrom bonds in STO-3G, needs PySCF). The
 reference of a system without a bundled one is its FCI energy (`cuscikit.FCI`). ``--set
 lattice`` runs the molecule-and-lattice set (molecules, stretched bonds, Hubbard chains and rings
 at U = 2, 4 and 8, up to 12 sites), ``--set quick`` its smallest cases (a CPU run).
@@ -51,6 +51,7 @@ import torch
 from _common import machine, print_table, write_json
 
 from cuscikit import FCI, Molecule
+from cuscikit.chem.lattice import lattice_from_name
 from cuscikit.nnqs import Ansatz, Callback, LearningRateDecay, Runner
 from cuscikit.nnqs.defaults import DEFAULT_ITERATIONS, DEFAULT_LR_DECAY_FROM, DEFAULT_LR_FINAL
 
@@ -83,31 +84,13 @@ SETS = {"small": SMALL_SET + HARD_SET, "lattice": LATTICE_SET, "quick": QUICK_SE
 CHEMICAL_ACCURACY = 1.6e-3
 PT2_GOAL = 0.5e-3
 
-_HUBBARD = re.compile(r"Hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-U([0-9.]+)(-aufbau)?$")
-
-
-def lattice(name: str):
-    """The Hubbard model of a lattice name (``Hubbard-<L>-<chain|ring>-U<U>`` or
-    ``Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>``, half filling; ``-aufbau`` appended: without the
-    start determinant the lattice names, so a run starts from the aufbau one), or None for
-    another name."""
-    m = _HUBBARD.match(name)
-    if not m:
-        return None
-    lx, ly, bc, u, aufbau = m.groups()
-    shape = int(lx) if ly is None else (int(lx), int(ly))
-    mol = Molecule.hubbard(shape, U=float(u), pbc=bc in ("ring", "pbc"))
-    if aufbau:
-        mol.metadata.pop("start", None)
-    return mol
-
 
 def build_system(name: str, cache: str | None = None):
     """(molecule, reference energy, slug) of a benchmark system name (see the module doc).
 
     With `cache`, the reference (and the integrals of a system PySCF builds) are read from that
     folder when there and written to it when not."""
-    mol = lattice(name)
+    mol = Molecule.load(name) if lattice_from_name(name) is not None else None
     slug = re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
     name = name.removesuffix("-aufbau")  # the same Hamiltonian: the same reference
     refs_path = Path(cache) / "references.json" if cache else None
@@ -225,8 +208,8 @@ def main() -> None:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     for name in systems:
-        if not (_HUBBARD.match(name) or name == "H6-stretched"):
-            Molecule.load(name)  # an unknown name fails here, before any run
+        if name != "H6-stretched":
+            Molecule.load(name)  # an unknown or malformed name fails here, before any run
     json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

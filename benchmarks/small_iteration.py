@@ -87,12 +87,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
 
 
 def load_system(name: str):
-    """A bundled molecule, or a lattice of benchmarks/accuracy_small.py
-    (``Hubbard-<L>-<chain|ring>-U<U>``, its default working basis)."""
-    from accuracy_small import lattice
-
-    mol = lattice(name)
-    return mol if mol is not None else Molecule.load(name)
+    """A bundled molecule, or a lattice by its name (``Hubbard-<L>-<chain|ring>-U<U>``, its
+    default working basis; `Molecule.load`)."""
+    return Molecule.load(name)
 
 
 def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):

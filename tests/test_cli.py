@@ -77,7 +77,8 @@ def test_fcidump_frozen_core_and_cas(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["fci", "NoSuchMolecule"], "neither a file nor a bundled dataset"),
+        (["fci", "NoSuchMolecule"], "neither a file, a bundled dataset nor a lattice name"),
+        (["fci", "Hubbard-6-U4"], "not a lattice name"),
         (["fci", "LiH", "--nroots", "0"], "--nroots"),
         (["fci", "C2H4O"], "--max-det"),
     ],

@@ -17,17 +17,66 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
 __all__ = [
+    "LATTICE_NAMES",
     "hubbard_integrals",
     "lattice_bonds",
+    "lattice_from_name",
     "rhf_levels",
     "rhf_orbitals",
     "rotate_integrals",
     "shell_fillings",
 ]
+
+
+LATTICE_NAMES = (
+    "Hubbard-<L>-<chain|ring>-U<U> or Hubbard-<Lx>x<Ly>-<open|pbc>-U<U>, half filling, "
+    "optionally followed by -site (the site basis instead of the mean-field one) and -aufbau "
+    "(start from the aufbau determinant), e.g. Hubbard-8-chain-U4, Hubbard-4x3-pbc-U8-site"
+)
+"""The grammar of lattice names (`lattice_from_name`), for messages and help texts."""
+
+_NAME = re.compile(
+    r"hubbard-(\d+)(?:x(\d+))?-(chain|ring|open|pbc)-u(\d+(?:\.\d*)?|\.\d+)"
+    r"(-site)?(-aufbau)?",
+    re.IGNORECASE,
+)
+
+
+def lattice_from_name(name: str) -> dict | None:
+    """The `Molecule.hubbard` arguments a lattice name stands for, or None when ``name`` does not
+    begin with "Hubbard" (a molecule's name, say). The grammar is `LATTICE_NAMES`; "ring" and
+    "pbc" are periodic boundaries, "chain" and "open" open ones. The returned dict holds
+    ``shape``, ``U``, ``pbc`` and ``basis``, and ``aufbau`` (True: drop the start determinant
+    the mean-field basis names, so a run starts from the aufbau one).
+
+    Raises:
+        ValueError: a name that begins with "Hubbard" but does not follow the grammar.
+
+    Example:
+        >>> lattice_from_name("Hubbard-4x3-pbc-U8-site")
+        {'shape': (4, 3), 'U': 8.0, 'pbc': True, 'basis': 'site', 'aufbau': False}
+        >>> lattice_from_name("N2") is None
+        True
+    """
+    name = str(name).strip()
+    if not name.lower().startswith("hubbard"):
+        return None
+    m = _NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a lattice name: expected {LATTICE_NAMES}")
+    lx, ly, bc, u, site, aufbau = m.groups()
+    return {
+        "shape": int(lx) if ly is None else (int(lx), int(ly)),
+        "U": float(u),
+        "pbc": bc.lower() in ("ring", "pbc"),
+        "basis": "site" if site else "rhf",
+        "aufbau": bool(aufbau),
+    }
 
 
 def _shape(shape) -> tuple[int, ...]:

@@ -576,24 +576,41 @@ class Molecule:
 
     @classmethod
     def load(cls, name: str) -> Molecule:
-        """Load a bundled dataset; its JSON metadata is in ``mol.metadata``.
+        """Load a bundled dataset, or build a Hubbard lattice from its name.
 
         Args:
-            name: dataset name, e.g. ``"N2"``, ``"n2/cc-pvdz"``, ``"Cr2"``.
+            name: dataset name, e.g. ``"N2"``, ``"n2/cc-pvdz"``, ``"Cr2"``; or a lattice name,
+                e.g. ``"Hubbard-8-chain-U4"``, ``"Hubbard-4x3-open-U8"`` (half filling; the
+                grammar is `cuscikit.chem.lattice.LATTICE_NAMES`), which is
+                `Molecule.hubbard` with those arguments.
 
         Returns:
-            The Molecule; ``metadata["reference"]["energy"]`` is the reference energy.
+            The Molecule. A dataset's JSON metadata is in ``mol.metadata``, its reference energy
+            in ``metadata["reference"]["energy"]``; a lattice has no reference (its FCI energy is
+            ``FCI(mol).run().e_tot`` where the space is small enough).
 
         Raises:
             UnknownDatasetError: no such dataset.
+            ValueError: a name that begins with "Hubbard" but is not a lattice name.
 
         Example:
             >>> m = Molecule.load("LiH")  # doctest: +SKIP
             >>> m.norb, m.nelec  # doctest: +SKIP
             (6, (2, 2))
+            >>> m = Molecule.load("Hubbard-6-ring-U4")
+            >>> m.norb, m.nelec, m.metadata["basis"]
+            (6, (3, 3), 'rhf')
         """
         from cuscikit.chem.datasets import dataset_fcidump_path, dataset_metadata
+        from cuscikit.chem.lattice import lattice_from_name
 
+        lattice = lattice_from_name(name)
+        if lattice is not None:
+            aufbau = lattice.pop("aufbau")
+            self = cls.hubbard(**lattice)
+            if aufbau:
+                self.metadata.pop("start", None)
+            return self
         meta = dataset_metadata(name)
         self = cls.from_fcidump(dataset_fcidump_path(name), name=meta.get("name", name))
         self.metadata = meta

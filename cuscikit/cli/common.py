@@ -122,8 +122,15 @@ def error_line(args, exc: BaseException) -> None:
     print(f"cuscikit {args.command}{where}: error: {exc}", file=sys.stderr)
 
 
+SYSTEM_HELP = (
+    "FCIDUMP path, bundled dataset name (e.g. N2, LiH) or Hubbard lattice (e.g. "
+    "Hubbard-8-chain-U4, Hubbard-4x3-open-U8; half filling)"
+)
+
+
 def load_molecule(spec: str):
-    """A Molecule from an FCIDUMP path or a bundled dataset name."""
+    """A Molecule from an FCIDUMP path, a bundled dataset name or a Hubbard lattice name
+    (`cuscikit.chem.lattice.LATTICE_NAMES`)."""
     from cuscikit.chem import Molecule
     from cuscikit.chem.datasets import UnknownDatasetError
 
@@ -133,7 +140,11 @@ def load_molecule(spec: str):
     try:
         return Molecule.load(spec)
     except UnknownDatasetError as exc:
-        raise UsageError(f"{spec!r} is neither a file nor a bundled dataset: {exc}") from None
+        raise UsageError(
+            f"{spec!r} is neither a file, a bundled dataset nor a lattice name: {exc}"
+        ) from None
+    except ValueError as exc:  # a malformed lattice name
+        raise UsageError(str(exc)) from None
 
 
 def parse_bytes(text: str) -> int:

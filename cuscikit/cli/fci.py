@@ -6,6 +6,7 @@ import argparse
 import time
 
 from cuscikit.cli.common import (
+    SYSTEM_HELP,
     UsageError,
     add_json,
     emit,
@@ -22,7 +23,7 @@ def register(sub) -> None:
         description="Exact (FCI) energies in the determinant space of a system.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("system", help="FCIDUMP path or bundled dataset name (e.g. N2, LiH)")
+    s.add_argument("system", help=SYSTEM_HELP)
     s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
     s.add_argument("--max-det", type=finite_float, default=5e6, help="refuse larger FCI spaces")
     add_json(s)

@@ -12,6 +12,7 @@ import time
 
 from cuscikit.chem.molecule import check_state_symmetry
 from cuscikit.cli.common import (
+    SYSTEM_HELP,
     UsageError,
     add_json,
     emit,
@@ -31,7 +32,7 @@ def register(sub) -> None:
         "approach, or (--drt) the sizes of a distinct row table.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("system", nargs="?", help="FCIDUMP path or bundled dataset name (e.g. N2)")
+    s.add_argument("system", nargs="?", help=SYSTEM_HELP)
     s.add_argument("--spin", type=non_negative_int, default=None, help="2S (default: na - nb)")
     s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
     s.add_argument("--threads", type=non_negative_int, default=0, help="OpenMP threads (0: all)")

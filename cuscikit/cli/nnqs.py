@@ -9,6 +9,7 @@ from pathlib import Path
 from cuscikit.cli.common import (
     EXIT_OK,
     EXIT_STOPPED,
+    SYSTEM_HELP,
     UsageError,
     add_json,
     communicator,
@@ -60,7 +61,7 @@ def register(sub) -> None:
         "selected-CI space.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    s.add_argument("system", help="FCIDUMP path or bundled dataset name")
+    s.add_argument("system", help=SYSTEM_HELP)
     s.add_argument("--device", default="cpu", help="cpu or cuda")
     s.add_argument("--output-dir", help="write the history CSV and convergence plot here")
     add_nnqs_options(s, iters=DEFAULT_ITERATIONS)

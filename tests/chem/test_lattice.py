@@ -197,3 +197,56 @@ def test_a_runner_and_its_ansatz_start_from_the_named_determinant():
     x = ansatz.sample(2000, generator=0)
     top = x[0][np.argmax(x[1])]
     assert np.array_equal(top, start_configuration(m)[0])  # the reference bias leans on it
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("Hubbard-8-chain-U4", dict(shape=8, U=4.0, pbc=False)),
+        ("Hubbard-6-ring-U2.5", dict(shape=6, U=2.5, pbc=True)),
+        ("hubbard-3x2-open-u8", dict(shape=(3, 2), U=8.0, pbc=False)),
+        ("Hubbard-4x2-pbc-U4-site", dict(shape=(4, 2), U=4.0, pbc=True, basis="site")),
+    ],
+)
+def test_a_lattice_name_loads_the_model_it_names(name, kw):
+    m, ref = Molecule.load(name), Molecule.hubbard(**kw)
+    assert (m.norb, m.nelec) == (ref.norb, ref.nelec)
+    np.testing.assert_array_equal(m.h1e, ref.h1e)
+    np.testing.assert_array_equal(m.eri, ref.eri)
+    assert m.metadata == ref.metadata
+    assert m.metadata["model"]["pbc"] == kw["pbc"]
+    assert m.metadata["basis"] == kw.get("basis", "rhf")
+
+
+def test_aufbau_suffix_drops_the_named_start():
+    assert Molecule.load("Hubbard-8-ring-U4").metadata["start"] is not None
+    assert "start" not in Molecule.load("Hubbard-8-ring-U4-aufbau").metadata
+
+
+@pytest.mark.parametrize(
+    "name", ["Hubbard-8-U4", "Hubbard-8-chain", "Hubbard-8-chain-U4-pbc", "Hubbard-8-line-U4"]
+)
+def test_malformed_lattice_names_say_the_grammar(name):
+    from cuscikit.chem.lattice import LATTICE_NAMES, lattice_from_name
+
+    with pytest.raises(ValueError, match="not a lattice name") as info:
+        Molecule.load(name)
+    assert LATTICE_NAMES in str(info.value)
+    assert lattice_from_name("N2") is None
+
+
+def test_the_command_line_takes_lattice_names(capsys):
+    import json
+
+    from cuscikit.cli import main
+
+    e_ring = FCI(Molecule.hubbard(6, U=4.0, pbc=True, basis="site")).run().e_tot
+    assert main(["fci", "Hubbard-6-ring-U4", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(r["e_tot"] - e_ring) < 1e-10 and r["n_det"] == 400
+    e_patch = FCI(Molecule.hubbard((2, 3), U=4.0, basis="site")).run().e_tot
+    assert main(["guga", "Hubbard-2x3-open-U4", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(r["e_tot"][0] - e_patch) < 1e-10
+    assert main(["fci", "Hubbard-6-U4"]) == 2
+    assert "not a lattice name" in capsys.readouterr().err
