@@ -26,6 +26,7 @@ def test_fci_on_dataset(capsys):
     r = run_json(capsys, "fci", "H2O", "--json")
     assert r["n_det"] == 441
     assert abs(r["e_tot"] - r["e_reference"]) < 1e-9
+    assert r["energy_unit"] == "Ha"
 
 
 def test_fcidump_then_fci_roots(capsys, tmp_path):

@@ -10,6 +10,7 @@ from cuscikit.cli.common import (
     UsageError,
     add_json,
     emit,
+    energy_unit,
     finite_float,
     load_molecule,
     positive_int,
@@ -60,15 +61,17 @@ def run(args) -> int:
         "e_hf": mol.e_hf,
         "wall_s": wall,
         "solver": "cuscikit.sci.FCI",
+        "energy_unit": energy_unit(mol),
     }
     ref = (getattr(mol, "metadata", None) or {}).get("reference") or {}
     lines = [f"{mol.name}: {n_det} determinants, norb={mol.norb}, nelec={mol.nelec}"]
-    lines += [f"  root {k}: E = {v:.12f} Ha" for k, v in enumerate(energies)]
+    unit = report["energy_unit"]
+    lines += [f"  root {k}: E = {v:.12f} {unit}" for k, v in enumerate(energies)]
     if ref.get("energy") is not None:
         report["e_reference"] = ref["energy"]
         lines.append(
             f"  reference {ref['energy']:.10f} ({ref.get('method', '?')}): "
-            f"error {energies[0] - ref['energy']:+.2e} Ha"
+            f"error {energies[0] - ref['energy']:+.2e} {unit}"
         )
     lines.append(f"  wall time {wall:.2f} s")
     emit(args, report, lines)

@@ -16,6 +16,7 @@ from cuscikit.cli.common import (
     UsageError,
     add_json,
     emit,
+    energy_unit,
     finite_float,
     load_molecule,
     non_negative_int,
@@ -116,9 +117,10 @@ def run(args) -> int:
         "wall_s": wall,
         "solver": "cuscikit.guga.GUGASolver",
         "device": args.device,
+        "energy_unit": energy_unit(mol),
     }
     lines = [f"{mol.name}: {drt.n_csf} CSFs (2S = {twos}), norb={mol.norb}, nelec={(na, nb)}"]
-    lines += [f"  root {k}: E = {v:.12f} Ha" for k, v in enumerate(energies)]
+    lines += [f"  root {k}: E = {v:.12f} {report['energy_unit']}" for k, v in enumerate(energies)]
     lines.append(f"  wall time {wall:.2f} s")
     emit(args, report, lines)
     return 0

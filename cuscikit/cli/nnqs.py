@@ -14,6 +14,7 @@ from cuscikit.cli.common import (
     add_json,
     communicator,
     emit,
+    energy_unit,
     finite_float,
     load_molecule,
     non_negative_int,
@@ -180,6 +181,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "ranks": comm.size,
         "seed": args.seed,
         "e_reference": runner.reference,
+        "energy_unit": energy_unit(mol),
     }
     if runner.teacher_on:
         report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
@@ -212,6 +214,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
 
 def _report_lines(report: dict) -> list[str]:
+    unit = report.get("energy_unit", "Ha")
     lines = (
         []
         if report["status"] == "ok"
@@ -224,13 +227,13 @@ def _report_lines(report: dict) -> list[str]:
         f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
         f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}"
         + (f" x {report['ranks']} ranks" if report.get("ranks", 1) > 1 else ""),
-        f"  E (coupled)     = {report['e_tot']:.10f} Ha",
-        f"  E (variational) = {report['e_variational']:.10f} Ha",
+        f"  E (coupled)     = {report['e_tot']:.10f} {unit}",
+        f"  E (variational) = {report['e_variational']:.10f} {unit}",
     ]
     if report.get("e_tot_pt2") is not None and report["e_tot_pt2"] == report["e_tot_pt2"]:
-        lines.append(f"  E (var. + PT2)  = {report['e_tot_pt2']:.10f} Ha")
+        lines.append(f"  E (var. + PT2)  = {report['e_tot_pt2']:.10f} {unit}")
     if report.get("e_reference") is not None:
-        lines.append(f"  E_FCI           = {report['e_reference']:.10f} Ha")
+        lines.append(f"  E_FCI           = {report['e_reference']:.10f} {unit}")
         for key, label in (("error", "coupled"), ("error_variational", "variational")):
             ok = "within" if abs(report[key]) < 1.6e-3 else "outside"
             lines.append(

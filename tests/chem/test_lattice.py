@@ -244,6 +244,9 @@ def test_the_command_line_takes_lattice_names(capsys):
     assert main(["fci", "Hubbard-6-ring-U4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert abs(r["e_tot"] - e_ring) < 1e-10 and r["n_det"] == 400
+    assert r["energy_unit"] == "t"
+    assert main(["fci", "Hubbard-6-ring-U4"]) == 0
+    assert f"E = {e_ring:.12f} t" in capsys.readouterr().out
     e_patch = FCI(Molecule.hubbard((2, 3), U=4.0, basis="site")).run().e_tot
     assert main(["guga", "Hubbard-2x3-open-U4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
