@@ -23,6 +23,17 @@ x with probability pi_x = |T_x| / sum |T| (with replacement) and differentiates
 2 Re sum_draws conj(ln psi_x) T_x / (M pi_x) over the distinct draws: an unbiased estimate of
 the full-batch gradient whose backward pass covers at most M configurations.
 
+ANSATZ_JSON may also hold "sr": {...}: natural-gradient steps (stochastic reconfiguration on
+the exact weights over S) instead of AdamW for the blocks in "blocks" (["amp"]: the transformer,
+which sets ln|psi|; ["phase"]: the phase network; the two share no parameter, so the metric is
+block-diagonal), from step "after" on (AdamW for everything before it and for the other block):
+theta -= tau (G + shift)^-1 F with G the metric of ln psi weighted by "metric" ("p": the
+network's |psi|^2 on S, "q": the target's c^2, "mix": their mean), F half the loss's gradient,
+the per-configuration gradients from `torch.func.vmap`, at most "cg" conjugate-gradient
+iterations, "shift" times G's mean diagonal added to it, and tau shortened so that the predicted
+change of ln psi in the metric's norm stays within "max_change". `--every N` adds a row every N
+steps.
+
 OBJECTIVE "runner" runs the Runner itself (its defaults, `--lr`, float32) with S as its starting
 space and no growth (``growth="weight"`` with an unreachable threshold), so every iteration is
 the Runner's optimiser stage on this S; a "step" is then one of its optimiser steps (the
@@ -41,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.func import functional_call, grad, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -51,7 +63,88 @@ from cuscikit.nnqs.teacher import fidelity_loss, teacher_coefficients  # noqa: E
 from cuscikit.sci.space import SCISpace  # noqa: E402
 
 
+class _Part(torch.nn.Module):
+    """ln|psi| or the phase of an ansatz as a module of its own (for `torch.func`)."""
+
+    def __init__(self, ansatz, which):
+        super().__init__()
+        self.a, self.which = ansatz, which
+
+    def forward(self, tokens):
+        return self.a.log_amplitude(tokens) if self.which == "amp" else self.a.phase(tokens)
+
+
+def jacobian(ansatz, tokens, which, chunk=512):
+    """Per-configuration gradients (n, P) of ln|psi| ("amp": the transformer's parameters) or
+    of the phase ("phase": the phase network's), which depend on disjoint parameters."""
+    wrap = _Part(ansatz, which)
+    names = [
+        n for n, _ in ansatz.named_parameters() if n.startswith("phase_net") == (which == "phase")
+    ]
+    params = {f"a.{n}": p.detach() for n, p in ansatz.named_parameters() if n in names}
+    size = sum(p.numel() for p in params.values())
+    out = torch.empty(len(tokens), size, dtype=ansatz.dtype, device=tokens.device)
+
+    def one(pr, t):
+        return functional_call(wrap, pr, (t[None],))[0]
+
+    for i in range(0, len(tokens), chunk):
+        part = vmap(grad(one), in_dims=(None, 0))(params, tokens[i : i + chunk])
+        out[i : i + chunk] = torch.cat([part[k].reshape(len(part[k]), -1) for k in params], 1)
+    return [p for n, p in ansatz.named_parameters() if n in names], out
+
+
+def natural_step(ansatz, tokens, w, r, which, sr):
+    """theta -= tau (G + shift)^-1 F for one block (stochastic reconfiguration on the exact
+    weights w over S): G = sum_x w_x (O_x - O_bar)(O_x - O_bar)^T, F = sum_x (O_x - O_bar) r_x
+    (r: the loss's coefficients, Re T for ln|psi|, Im T for the phase), by conjugate gradients;
+    returns the CG iterations taken and the relative residual."""
+    params, jac = jacobian(ansatz, tokens, which)
+    jac = jac.to(torch.float64)
+    jac -= (w[:, None] * jac).sum(0, keepdim=True)
+    f = jac.T @ r
+    diag = (w[:, None] * jac * jac).sum(0)
+    shift = sr.get("shift", 1e-3) * float(diag.mean()) + sr.get("shift_abs", 0.0)
+
+    def gmul(v):
+        return jac.T @ (w * (jac @ v)) + shift * v
+
+    x = torch.zeros_like(f)
+    res, d = f.clone(), f.clone()
+    rr, f2 = float(res @ res), float(f @ f)
+    taken = 0
+    for taken in range(1, sr.get("cg", 100) + 1):  # noqa: B007 - the count is reported
+        gd = gmul(d)
+        dgd = float(d @ gd)
+        if not dgd > 0.0:  # a zero gradient, or a state gone non-finite
+            break
+        alpha = rr / dgd
+        x += alpha * d
+        res -= alpha * gd
+        rr_new = float(res @ res)
+        if rr_new <= sr.get("tol", 1e-10) * f2:
+            rr = rr_new
+            break
+        d = res + (rr_new / rr) * d
+        rr = rr_new
+    tau = sr.get("tau", 0.05)
+    change = tau * float(x @ (gmul(x) - shift * x)) ** 0.5  # |delta ln psi| in the w-norm
+    if change > sr.get("max_change", 0.1):  # a trust region on the predicted change of psi
+        tau *= sr.get("max_change", 0.1) / change
+    if sr.get("verbose"):
+        print(f"    {which}: CG {taken}, |F| {f2**0.5:.3e}, change {change:.3e}, tau {tau:.3e}")
+    with torch.no_grad():
+        at = 0
+        for p in params:
+            k = p.numel()
+            p -= tau * x[at : at + k].view_as(p).to(p.dtype)
+            at += k
+    return taken, (rr / max(f2, 1e-300)) ** 0.5
+
+
 def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, oracle="", batch=None):
+    kw = dict(kw)
+    sr = kw.pop("sr", None)
     ansatz = Ansatz.for_molecule(mol, seed=args.seed, device=device, **kw)
     # an oracle replaces one part of ln psi by the target's: the signs of c (the network learns
     # only |psi|) or ln|c| (it learns only the phase)
@@ -59,13 +152,29 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
     exact_phase = torch.as_tensor(np.where(c < 0, np.pi, 0.0), dtype=dt, device=device)
     with np.errstate(divide="ignore"):
         exact_amp = torch.as_tensor(np.log(np.abs(c)), dtype=dt, device=device)
-    opt = torch.optim.AdamW(
-        ansatz.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, eps=1e-9
-    )
+    adam_params = ansatz.parameters()
+    sr_params = []
+    if sr is not None:  # natural gradient for sr["blocks"] from step sr["after"], else AdamW
+        blocks = sr.get("blocks", ["amp", "phase"])
+        sr_params = [
+            p
+            for n, p in ansatz.named_parameters()
+            if ("phase" if n.startswith("phase_net") else "amp") in blocks
+        ]
+        if not sr.get("after", 0):
+            adam_params = [p for p in ansatz.parameters() if all(p is not q for q in sr_params)]
+    adam_params = list(adam_params)
+    opt = None
+    if adam_params:
+        opt = torch.optim.AdamW(
+            adam_params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, eps=1e-9
+        )
     x = torch.from_numpy(configs.view(np.int64)).to(device)
+    tokens = ansatz.tokens(x)
     c_t = torch.as_tensor(c, dtype=torch.float64, device=device)
     rows, t0 = [], time.perf_counter()
     marks = {0, 50, 100, 200, 500} | {1000 * 2**k for k in range(8)}
+    marks |= set(range(0, args.steps + 1, args.every or args.steps + 1))
     marks = {s for s in marks if s <= args.steps}
     gen = torch.Generator(device=device).manual_seed(args.seed)
     marks.add(args.steps)
@@ -104,7 +213,8 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
             coef = w * (local - e) + args.teacher * teacher_coefficients(psi, c_t)
         else:
             coef = teacher_coefficients(psi, c_t)
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
         if batch is not None:  # an unbiased draw of `batch` terms, pi_x = |T_x| / sum |T|
             weight = coef.abs()
             draws = torch.multinomial(weight, batch, replacement=True, generator=gen)
@@ -116,8 +226,22 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
             elif oracle == "amplitude":
                 lp = torch.complex(exact_amp[rows_b], lp.imag)
         loss = 2.0 * (lp.to(torch.complex128).conj() * coef).real.sum()
-        loss.backward()
-        opt.step()
+        if opt is not None and loss.requires_grad:
+            loss.backward()
+        if sr is not None and step >= sr.get("after", 0):
+            # the gradient is 2 Re sum conj(O_x) T_x: Re T for ln|psi|, Im T
+            # for the phase; natural_step takes F = half of it
+            for p in sr_params:
+                p.grad = None  # AdamW skips them
+            for which in blocks:
+                if oracle == {"amp": "amplitude", "phase": "sign"}[which]:
+                    continue
+                r = (coef.real if which == "amp" else coef.imag).to(torch.float64)
+                p_w = (psi.abs() ** 2 / norm).real  # the metric's weights: the network's
+                metric = {"p": p_w, "q": c_t**2, "mix": 0.5 * (p_w + c_t**2)}[sr.get("metric", "p")]
+                natural_step(ansatz, tokens, metric, r, which, sr)
+        if opt is not None:
+            opt.step()
     return rows
 
 
@@ -181,6 +305,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--teacher", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--every", type=int, default=0, help="also a row every this many steps")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--variant", nargs="+", default=["default:energy+teacher:{}"])
     ap.add_argument("--json-out", default=None)
