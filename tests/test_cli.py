@@ -250,3 +250,37 @@ def test_every_option_has_help_and_every_command_a_description():
         for action in sp._actions:
             if not isinstance(action, argparse._HelpAction):
                 assert action.help, f"cuscikit {name} {action.option_strings or action.dest}"
+
+
+def test_nnqs_reference_option(capsys):
+    from cuscikit import FCI, Molecule
+
+    e_fci = FCI(Molecule.load("Hubbard-6-ring-U4")).run().e_tot
+    base = ["nnqs", "Hubbard-6-ring-U4", "--iters", "2", "--topk", "16", "--dtype", "float64"]
+    r = run_json(capsys, *base, "--json")  # a lattice has no bundled reference
+    assert r["e_reference"] is None and "error" not in r and r["energy_unit"] == "t"
+    r = run_json(capsys, *base, "--reference", "fci", "--json")
+    assert abs(r["e_reference"] - e_fci) < 1e-10
+    assert abs(r["error_variational"] - (r["e_variational"] - e_fci)) < 1e-12
+    assert main([*base, "--reference", "-3.5"]) == 0
+    out = capsys.readouterr().out
+    assert "E_reference     = -3.5000000000 t" in out and "chemical accuracy" not in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--reference", "nan"], "finite"),
+        (["--reference", "exact"], "not a number"),
+    ],
+)
+def test_nnqs_bad_reference(capsys, extra, message):
+    with pytest.raises(SystemExit) as info:
+        main(["nnqs", "Hubbard-6-ring-U4", *extra])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_nnqs_reference_fci_refuses_a_large_space_before_the_run(capsys):
+    assert main(["nnqs", "C2H4O", "--reference", "fci", "--iters", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "determinants, above" in err and "Traceback" not in err
