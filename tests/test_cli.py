@@ -259,8 +259,9 @@ def test_nnqs_reference_option(capsys):
     base = ["nnqs", "Hubbard-6-ring-U4", "--iters", "2", "--topk", "16", "--dtype", "float64"]
     r = run_json(capsys, *base, "--json")  # a lattice has no bundled reference
     assert r["e_reference"] is None and "error" not in r and r["energy_unit"] == "t"
+    assert r["reference_from"] is None
     r = run_json(capsys, *base, "--reference", "fci", "--json")
-    assert abs(r["e_reference"] - e_fci) < 1e-10
+    assert abs(r["e_reference"] - e_fci) < 1e-10 and r["reference_from"] == "fci"
     assert abs(r["error_variational"] - (r["e_variational"] - e_fci)) < 1e-12
     assert main([*base, "--reference", "-3.5"]) == 0
     out = capsys.readouterr().out

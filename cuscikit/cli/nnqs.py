@@ -192,7 +192,9 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "ranks": comm.size,
         "seed": args.seed,
         "e_reference": runner.reference,
-        "reference_from": "given" if isinstance(args.reference, float) else "fci",
+        "reference_from": None
+        if runner.reference is None
+        else {"fci": "fci", None: "dataset"}.get(args.reference, "given"),
         "energy_unit": energy_unit(mol),
     }
     if runner.teacher_on:
@@ -245,7 +247,7 @@ def _report_lines(report: dict) -> list[str]:
     if report.get("e_tot_pt2") is not None and report["e_tot_pt2"] == report["e_tot_pt2"]:
         lines.append(f"  E (var. + PT2)  = {report['e_tot_pt2']:.10f} {unit}")
     if report.get("e_reference") is not None:
-        label = "E_FCI" if report.get("reference_from", "fci") == "fci" else "E_reference"
+        label = "E_reference" if report.get("reference_from") == "given" else "E_FCI"
         lines.append(f"  {label:15s} = {report['e_reference']:.10f} {unit}")
         for key, label in (("error", "coupled"), ("error_variational", "variational")):
             if unit != "Ha":  # a model's units: no chemical accuracy to speak of
