@@ -260,6 +260,7 @@ def test_nnqs_reference_option(capsys):
     r = run_json(capsys, *base, "--json")  # a lattice has no bundled reference
     assert r["e_reference"] is None and "error" not in r and r["energy_unit"] == "t"
     assert r["reference_from"] is None
+    assert r["n_space_next"] >= r["n_space"] > 0
     r = run_json(capsys, *base, "--reference", "fci", "--json")
     assert abs(r["e_reference"] - e_fci) < 1e-10 and r["reference_from"] == "fci"
     assert abs(r["error_variational"] - (r["e_variational"] - e_fci)) < 1e-12

@@ -29,7 +29,7 @@ def _last_json(capsys) -> dict:
         (["nnqs", "LiH", "--iters", "-3"], "--iters"),
         (["fci", "LiH", "--max-det", "nan"], "finite"),
         (["fci", "LiH", "--nroots", "0"], "--nroots"),
-        (["nnqs", "no-such-molecule"], "neither a file nor a bundled dataset"),
+        (["nnqs", "no-such-molecule"], "neither a file, a bundled dataset nor a lattice name"),
     ],
 )
 def test_bad_arguments_give_a_json_error_and_status_2(argv, text, capsys):

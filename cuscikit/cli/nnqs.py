@@ -184,6 +184,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "e_tot_pt2": float(last["e_tot_pt2"]) if "e_tot_pt2" in last else None,
         "estimator": args.estimator,
         "n_space": int(last["n_space"]),
+        "n_space_next": int(last.get("n_space_next", last["n_space"])),
         "growth": runner.growth,
         "iterations": int(runner.iteration),
         "wall_s": wall,
@@ -239,7 +240,13 @@ def _report_lines(report: dict) -> list[str]:
     )
     lines += [
         f"NNQS-SCI on {report['system']}: {report['iterations']} iterations, "
-        f"|S| = {report['n_space']}, {report['wall_s']:.1f} s on {report['device']}"
+        f"|S| = {report['n_space']}"
+        + (
+            f" ({report['n_space_next']} after its growth)"
+            if report.get("n_space_next", report["n_space"]) != report["n_space"]
+            else ""
+        )
+        + f", {report['wall_s']:.1f} s on {report['device']}"
         + (f" x {report['ranks']} ranks" if report.get("ranks", 1) > 1 else ""),
         f"  E (coupled)     = {report['e_tot']:.10f} {unit}",
         f"  E (variational) = {report['e_variational']:.10f} {unit}",
