@@ -122,6 +122,10 @@ def error_line(args, exc: BaseException) -> None:
     print(f"cuscikit {args.command}{where}: error: {exc}", file=sys.stderr)
 
 
+FCI_MAX_DET = 5e6
+"""The largest determinant space the command line solves by FCI unasked (`cuscikit fci`'s
+--max-det default, `cuscikit nnqs --reference fci`)."""
+
 SYSTEM_HELP = (
     "FCIDUMP path, bundled dataset name (e.g. N2, LiH) or Hubbard lattice (e.g. "
     "Hubbard-8-chain-U4, Hubbard-4x3-open-U8; half filling)"

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from cuscikit.cli.common import (
+    FCI_MAX_DET,
     SYSTEM_HELP,
     UsageError,
     add_json,
@@ -26,7 +27,9 @@ def register(sub) -> None:
     )
     s.add_argument("system", help=SYSTEM_HELP)
     s.add_argument("--nroots", type=positive_int, default=1, help="number of lowest roots")
-    s.add_argument("--max-det", type=finite_float, default=5e6, help="refuse larger FCI spaces")
+    s.add_argument(
+        "--max-det", type=finite_float, default=FCI_MAX_DET, help="refuse larger FCI spaces"
+    )
     add_json(s)
     s.set_defaults(func=run)
 

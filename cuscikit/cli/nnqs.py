@@ -9,6 +9,7 @@ from pathlib import Path
 from cuscikit.cli.common import (
     EXIT_OK,
     EXIT_STOPPED,
+    FCI_MAX_DET,
     SYSTEM_HELP,
     UsageError,
     add_json,
@@ -104,10 +105,10 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
 
         check_writable(args.checkpoint)
     reference = args.reference
-    if reference == "fci" and mol.n_determinants > FCI_REFERENCE_MAX:
+    if reference == "fci" and mol.n_determinants > FCI_MAX_DET:
         raise UsageError(
             f"--reference fci: {mol.name} has {mol.n_determinants:.3e} determinants, above "
-            f"{FCI_REFERENCE_MAX:.0e}; give the reference energy as a number"
+            f"{FCI_MAX_DET:.0e}; give the reference energy as a number"
         )
     comm = communicator(args)
     if args.teacher and comm.size > 1:  # None: the Runner's "auto" (off on several ranks)
@@ -289,10 +290,6 @@ def cmd_demo(args) -> int:
     return EXIT_OK if report["status"] == "ok" else EXIT_STOPPED
 
 
-FCI_REFERENCE_MAX = 5e6
-"""--reference fci: the largest FCI space computed for the reference (that of `cuscikit fci`)."""
-
-
 def reference_energy(text: str) -> float | str:
     """An argparse type: "fci" or a finite energy."""
     return "fci" if text.strip().lower() == "fci" else finite_float(text)
@@ -418,7 +415,7 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         type=reference_energy,
         default=None,
         help="exact energy the errors are taken against: a number, or 'fci' to compute it "
-        f"first (up to {FCI_REFERENCE_MAX:.0e} determinants; default: the dataset's bundled one)",
+        f"first (up to {FCI_MAX_DET:.0e} determinants; default: the dataset's bundled one)",
     )
     s.add_argument(
         "--dtype",
