@@ -208,8 +208,10 @@ def main() -> None:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     for name in systems:
-        if name != "H6-stretched":
-            Molecule.load(name)  # an unknown or malformed name fails here, before any run
+        # an unknown or malformed name fails here, before any run (a lattice's name is only
+        # parsed: its model is built once, by the run)
+        if name != "H6-stretched" and lattice_from_name(name) is None:
+            Molecule.load(name)
     json.loads(args.ansatz), json.loads(args.runner)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,6 +304,11 @@ def main() -> None:
         sys.exit(f"{failed} of {len(tasks)} runs failed")
 
 
+def _workers(pool: ProcessPoolExecutor) -> list:
+    """The pool's worker processes (a private attribute of the executor; none once it is gone)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, object]]:
     """``fn(*task)`` for every task, `jobs` worker processes at once (spawned); per task
     ``(True, result)`` or ``(False, exception)``, in the tasks' order.
@@ -323,8 +330,7 @@ def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, obje
         while pending:
             _, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             # the pool does not always notice a dead worker: watch them here too
-            workers = list((getattr(pool, "_processes", None) or {}).values())
-            if pending and any(w.exitcode is not None for w in workers):
+            if pending and any(w.exitcode is not None for w in _workers(pool)):
                 _, pending = wait(pending, timeout=5.0)  # the pool's own verdict, if it comes
                 lost = BrokenProcessPool("a worker process ended while runs were pending")
                 break
@@ -339,7 +345,7 @@ def run_side_by_side(fn, tasks: list[tuple], jobs: int) -> list[tuple[bool, obje
         if len(outcomes) == len(tasks) and all(ok for ok, _ in outcomes):
             pool.shutdown()
         else:
-            workers = list((getattr(pool, "_processes", None) or {}).values())
+            workers = _workers(pool)
             pool.shutdown(wait=False, cancel_futures=True)
             for w in workers:
                 if w.is_alive():

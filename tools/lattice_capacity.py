@@ -97,8 +97,8 @@ def jacobian(ansatz, tokens, which, chunk=512):
 def natural_step(ansatz, tokens, w, r, which, sr):
     """theta -= tau (G + shift)^-1 F for one block (stochastic reconfiguration on the exact
     weights w over S): G = sum_x w_x (O_x - O_bar)(O_x - O_bar)^T, F = sum_x (O_x - O_bar) r_x
-    (r: the loss's coefficients, Re T for ln|psi|, Im T for the phase), by conjugate gradients;
-    returns the CG iterations taken and the relative residual."""
+    (r: the loss's coefficients, Re T for ln|psi|, Im T for the phase), by conjugate
+    gradients."""
     params, jac = jacobian(ansatz, tokens, which)
     jac = jac.to(torch.float64)
     jac -= (w[:, None] * jac).sum(0, keepdim=True)
@@ -113,7 +113,7 @@ def natural_step(ansatz, tokens, w, r, which, sr):
     res, d = f.clone(), f.clone()
     rr, f2 = float(res @ res), float(f @ f)
     taken = 0
-    for taken in range(1, sr.get("cg", 100) + 1):  # noqa: B007 - the count is reported
+    for taken in range(1, sr.get("cg", 100) + 1):  # noqa: B007 - printed below
         gd = gmul(d)
         dgd = float(d @ gd)
         if not dgd > 0.0:  # a zero gradient, or a state gone non-finite
@@ -139,7 +139,6 @@ def natural_step(ansatz, tokens, w, r, which, sr):
             k = p.numel()
             p -= tau * x[at : at + k].view_as(p).to(p.dtype)
             at += k
-    return taken, (rr / max(f2, 1e-300)) ** 0.5
 
 
 def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, oracle="", batch=None):
@@ -207,8 +206,8 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
             )
         if step == args.steps:
             break
+        w = psi.abs() ** 2 / norm  # the network's weights on S
         if objective == "energy+teacher":
-            w = psi.abs() ** 2 / norm
             local = torch.where(psi != 0, hpsi / psi, 0.0)  # psi = 0 only where c = 0 is given
             coef = w * (local - e) + args.teacher * teacher_coefficients(psi, c_t)
         else:
@@ -237,8 +236,7 @@ def run_variant(mol, configs, h, c, e_s, name, objective, kw, args, device, orac
                 if oracle == {"amp": "amplitude", "phase": "sign"}[which]:
                     continue
                 r = (coef.real if which == "amp" else coef.imag).to(torch.float64)
-                p_w = (psi.abs() ** 2 / norm).real  # the metric's weights: the network's
-                metric = {"p": p_w, "q": c_t**2, "mix": 0.5 * (p_w + c_t**2)}[sr.get("metric", "p")]
+                metric = {"p": w, "q": c_t**2, "mix": 0.5 * (w + c_t**2)}[sr.get("metric", "p")]
                 natural_step(ansatz, tokens, metric, r, which, sr)
         if opt is not None:
             opt.step()
