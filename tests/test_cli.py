@@ -156,6 +156,19 @@ def test_nnqs_teacher_option(capsys):
     assert taught["e_tot"] != off["e_tot"] and taught["e_tot"] != default["e_tot"]
     assert taught["teacher"] == 1.0 and taught["teacher_until"] == 50
     assert taught["teacher_hold"] == 0 and "teacher_released" not in taught
+    assert default["teacher_inner_steps"] == 4  # "auto" on a CPU: --inner-steps
+
+
+def test_nnqs_teacher_inner_steps_option(capsys):
+    """--teacher-inner-steps N reaches the Runner: the count is in the JSON, and a run with
+    another count is another run; "auto" is the default run."""
+    pytest.importorskip("torch")
+    base = ["nnqs", "LiH", "--topk", "8", "--seed", "1", "--json", "--iters", "3"]
+    default = run_json(capsys, *base)
+    auto = run_json(capsys, *base, "--teacher-inner-steps", "auto")
+    two = run_json(capsys, *base, "--teacher-inner-steps", "2")
+    assert auto["e_tot"] == default["e_tot"] and auto["teacher_inner_steps"] == 4
+    assert two["teacher_inner_steps"] == 2 and two["e_tot"] != default["e_tot"]
 
 
 @pytest.mark.parametrize(
@@ -168,6 +181,8 @@ def test_nnqs_teacher_option(capsys):
         (["--teacher-hold", "-0.5"], "--teacher-hold"),
         (["--teacher-hold", "2"], "--teacher-hold"),
         (["--teacher-hold", "nan"], "--teacher-hold"),
+        (["--teacher-inner-steps", "-1"], "--teacher-inner-steps"),
+        (["--teacher-inner-steps", "many"], "--teacher-inner-steps"),
         (["--device", "tpu"], "unknown --device"),
         (["--iters", "-1"], "--iters"),
         (["--inner-steps", "-1"], "--inner-steps"),

@@ -33,6 +33,7 @@ from cuscikit.nnqs.defaults import (
     DEFAULT_MAX_SPACE,
     DEFAULT_TEACHER,
     DEFAULT_TEACHER_HOLD,
+    DEFAULT_TEACHER_INNER_STEPS,
     DEFAULT_TEACHER_UNTIL,
     DEFAULT_TOPK,
 )
@@ -145,6 +146,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         teacher_until=args.teacher_until,
         teacher_hold=args.teacher_hold,
         teacher_resolve=args.teacher_resolve,
+        teacher_inner_steps=args.teacher_inner_steps,
         reference=reference,
         comm=comm,
     )
@@ -203,6 +205,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
         report["teacher_hold"] = args.teacher_hold
         report["teacher_resolve"] = args.teacher_resolve
+        report["teacher_inner_steps"] = runner.teacher_inner_count
         if args.teacher_hold > 0:
             report["teacher_released"] = runner.teacher_released
     if report["status"] != "ok" and args.checkpoint:
@@ -288,6 +291,11 @@ def cmd_demo(args) -> int:
     report = _nnqs_run(mol, args, out_dir=Path(args.output_dir))
     emit(args, report, _report_lines(report))
     return EXIT_OK if report["status"] == "ok" else EXIT_STOPPED
+
+
+def auto_or_non_negative_int(text: str) -> int | str:
+    """An argparse type: the word "auto" or an integer >= 0."""
+    return "auto" if text == "auto" else non_negative_int(text)
 
 
 def reference_energy(text: str) -> float | str:
@@ -383,6 +391,14 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         help="hold the teacher's weight at no less than H times its first (0: off) while the "
         "network trails the CI energy of S (each new S solved); released for good once the "
         "gap closes",
+    )
+    s.add_argument(
+        "--teacher-inner-steps",
+        type=auto_or_non_negative_int,
+        default="auto",
+        metavar="N",
+        help="inner steps of an iteration while the teacher's weight is above 0 or held "
+        f"(default auto: {DEFAULT_TEACHER_INNER_STEPS} on a GPU, --inner-steps on a CPU)",
     )
     s.add_argument(
         "--no-teacher-resolve",

@@ -645,7 +645,7 @@ class Runner(Solver):
         return (
             self.inner_steps > 0
             or self.teacher_weight(self.iteration + 1) > 0
-            or (self.teacher_on > 0 and self._extra_inner > 0)
+            or (self.teacher_on > 0 and self.teacher_inner_count > 0)
             or self._holding
         )
 
@@ -658,7 +658,7 @@ class Runner(Solver):
         return float(self.teacher)
 
     @property
-    def _extra_inner(self) -> int:
+    def teacher_inner_count(self) -> int:
         """The teacher's inner steps: `teacher_inner_steps`; None: `inner_steps`; "auto":
         `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on a CPU (where an inner
         step over S costs about as much as the iteration's inference)."""
@@ -720,7 +720,7 @@ class Runner(Solver):
         if r.space_pairs is None or not len(S):
             return 0, np.nan
         if lam > 0:
-            return self._extra_inner, np.nan
+            return self.teacher_inner_count, np.nan
         if self.teacher_hold == 0 and self._teacher_last is None and self.teacher_gap is not None:
             self._teacher_solution(S, r)
         e_ci = self._kept_ci_energy(S)
@@ -729,7 +729,7 @@ class Runner(Solver):
         # with a hold, the hold decided: its end is the end of the inner steps
         gap = self.teacher_gap
         trailing = self.teacher_hold == 0 and gap is not None and e_v - e_ci > gap
-        return (self._extra_inner if trailing else self.inner_steps), e_ci
+        return (self.teacher_inner_count if trailing else self.inner_steps), e_ci
 
     def _kept_ci_energy(self, S: np.ndarray) -> float | None:
         """The CI energy of the teacher's last solution if it was for this very S (same

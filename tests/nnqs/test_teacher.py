@@ -208,7 +208,7 @@ def test_default_schedule_of_the_teacher_and_its_inner_steps():
     assert r.teacher_weight(1) == 1.0 and r.teacher_weight(D.DEFAULT_TEACHER_UNTIL) == 0.0
     assert r.teacher_weight(101) == pytest.approx((200 - 101) / 199)
     assert (D.DEFAULT_TEACHER_INNER_STEPS, D.DEFAULT_INNER_STEPS) == (16, 4)
-    assert r.teacher_inner_steps == "auto" and r._extra_inner == 4  # on a CPU: inner_steps
+    assert r.teacher_inner_steps == "auto" and r.teacher_inner_count == 4  # on a CPU: inner_steps
     # a small ring: S stops growing at iteration 3, so after the teacher's weight reaches 0
     # the trailing test needs no new eigensolve
     mol = Molecule.hubbard(4, U=4.0, pbc=True)
