@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import CASES, case_keys, key_values  # noqa: E402
+from _exit import exit_now  # noqa: E402
 
 WORDS = {case: (1, 2, 4) for case in CASES} | {"coupled": (1,)}
 
@@ -91,4 +92,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -50,11 +50,18 @@ def launch(
         )
         pytest.fail(f"{cmd[:4]} still running after {timeout} s:\n{text[-6000:]}")
     reports = sorted(out.glob("rank*.json"))
-    if proc.returncode != 0:
-        details = "\n".join(json.loads(p.read_text()).get("traceback", "") for p in reports) or (
-            proc.stdout[-3000:] + proc.stderr[-3000:]
+    if proc.returncode != 0:  # every rank's report and the launcher's own output
+        parts = []
+        for p in reports:
+            rep = json.loads(p.read_text())
+            parts.append(f"{p.name}: status {rep.get('status')!r}\n{rep.get('traceback', '')}")
+        missing_ranks = "" if reports else "no rank wrote a report\n"
+        pytest.fail(
+            f"{cmd[:4]} exited with {proc.returncode}:\n{missing_ranks}"
+            + "\n".join(parts)
+            + f"\n--- stdout (tail) ---\n{proc.stdout[-3000:]}"
+            + f"\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
         )
-        pytest.fail(f"{cmd[:4]} exited with {proc.returncode}:\n{details}")
     return proc
 
 

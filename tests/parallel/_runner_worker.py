@@ -29,6 +29,9 @@ from cuscikit.nnqs import Ansatz, Runner
 from cuscikit.nnqs.runner import Callback
 from cuscikit.parallel import CommError, get_comm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper beside this script
+from _exit import exit_now  # noqa: E402
+
 CASES = {
     # S = {HF} at first: with P ranks, P - 1 of them have no sources in iteration 1
     "LiH": dict(system="LiH", iters=12, topk=16, max_space=None, inner_steps=0),
@@ -165,4 +168,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cases import CASES, case_keys, key_values  # noqa: E402
+from _exit import exit_now  # noqa: E402
 
 from cuscikit.parallel import CommError, centralised_dedup, get_comm, global_dedup  # noqa: E402
 
@@ -135,4 +136,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
