@@ -101,7 +101,8 @@ def saved_settings(path: str | os.PathLike) -> dict:
 
 def saved_conditions(path: str | os.PathLike) -> dict:
     """The run conditions a checkpoint recorded (seed, threads, learning-rate schedule, base
-    rate), so that a resumed run can say what differs."""
+    rate, the teacher's settings; see `conditions`), so that a resumed run can say what
+    differs."""
     import h5py
 
     try:
@@ -126,13 +127,21 @@ def _settings(runner) -> dict:
 
 
 def conditions(runner) -> dict:
-    """What else shapes a run's numbers: the seed, the thread count, the base rate and the
-    rate schedule (`runner.schedule`, set by whoever drives the run, e.g. the command line)."""
+    """What else shapes a run's numbers: the seed, the thread count, the base rate, the rate
+    schedule (`runner.schedule`, set by whoever drives the run, e.g. the command line) and the
+    teacher's settings as resolved (its weight, its end, its inner steps: "auto" gives another
+    count on a CPU than on a GPU; its gap, hold and re-solving)."""
     return {
         "seed": runner.seed,
         "threads": torch.get_num_threads(),
         "lr": runner.optimizer.defaults["lr"],
         "schedule": getattr(runner, "schedule", None),
+        "teacher": runner.teacher_on,
+        "teacher_until": runner.teacher_until,
+        "teacher_inner_steps": runner.teacher_inner_count,
+        "teacher_gap": runner.teacher_gap,
+        "teacher_hold": runner.teacher_hold,
+        "teacher_resolve": runner.teacher_resolve,
     }
 
 

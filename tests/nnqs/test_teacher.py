@@ -401,3 +401,25 @@ def test_checkpoint_keeps_the_hold_and_the_teacher_solution(tmp_path):
         del f["teacher"]
     older = _ring(**kw).load(tmp_path / "at12.h5")
     assert older.teacher_released and older._teacher_last is None
+
+
+def test_resume_names_the_teacher_settings_that_differ(tmp_path):
+    """The teacher's settings (resolved: "auto" counts differ between CPU and GPU) travel in the
+    checkpoint's run conditions: resuming with the same ones is silent, with others it warns and
+    names each one that differs with its saved and present value."""
+    import warnings
+
+    _ring(teacher_until=4).run(2, progress=False).save(tmp_path / "ck.h5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _ring(teacher_until=4).load(tmp_path / "ck.h5")
+    with pytest.warns(UserWarning, match="other run conditions") as got:
+        _ring(teacher_until=5, teacher_inner_steps=3, teacher=0.5).load(tmp_path / "ck.h5")
+    text = str(got[0].message)
+    for part in (
+        "teacher_inner_steps: saved 16, now 3",
+        "teacher_until: saved 4, now 5",
+        "teacher: saved 1.0, now 0.5",
+    ):
+        assert part in text, text
+    assert "teacher_gap" not in text and "teacher_hold" not in text, text
