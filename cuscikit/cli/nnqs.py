@@ -112,8 +112,6 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
             f"{FCI_MAX_DET:.0e}; give the reference energy as a number"
         )
     comm = communicator(args)
-    if args.teacher and comm.size > 1:  # None: the Runner's "auto" (off on several ranks)
-        raise UsageError("--teacher runs on one rank only: start without mpirun/torchrun")
     if args.device == "cuda" and comm.size > 1:  # one GPU per rank of this host
         from cuscikit.parallel.comm import local_rank
 
@@ -373,8 +371,8 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         default=None,
         metavar="W",
         help="weight of the selected-CI teacher at iteration 1 (0: off): the lowest "
-        "eigenvector of H within S pulls the network's amplitudes and signs; one rank only "
-        f"(default: {DEFAULT_TEACHER:g} on one rank, off on several)",
+        f"eigenvector of H within S pulls the network's amplitudes and signs (default: "
+        f"{DEFAULT_TEACHER:g})",
     )
     s.add_argument(
         "--teacher-until",

@@ -56,10 +56,10 @@ DEFAULT_LR_DECAY_FROM = 0.5
 
 DEFAULT_TEACHER = 1.0
 """Weight of the selected-CI teacher at iteration 1 (`Runner(teacher=...)`; 0: off). On by
-default on one rank (``teacher="auto"``; several ranks run without it, the teacher needing all of
-H_SS on one rank), with its inner-step schedule (`DEFAULT_TEACHER_INNER_STEPS`,
-`DEFAULT_TEACHER_GAP`) and its hold (`DEFAULT_TEACHER_HOLD`). Without the hold (H200, three
-seeds, 400-iteration schedules, 800 for the 8-site Hubbard chains) every case of the
+default (``teacher="auto"``, on one rank or several), with its inner-step schedule
+(`DEFAULT_TEACHER_INNER_STEPS`, `DEFAULT_TEACHER_GAP`) and its hold (`DEFAULT_TEACHER_HOLD`).
+Without the hold (H200, three seeds, 400-iteration schedules, 800 for the 8-site Hubbard
+chains) every case of the
 molecule-and-lattice set up to 8 sites ended within 1.6 mHa, and 29 of the 30 runs within 0.5 mHa
 after the PT2 correction (the U = 8 chain, seed 1: 0.523); with it, all 30 runs within both,
 at most 0.144 mHa; before, with the teacher off and 4 inner steps,

@@ -119,14 +119,18 @@ class LearningRateDecay(Callback):
         return False
 
 
-def _with_teacher(w, de, psi, teach):
+def _with_teacher(w, de, psi, teach, rows: tuple[int, int] | None = None):
     """(weights, coefficients) for `Runner._backward_loss` with the teacher's pull added to
     the energy's: unit weights and w * de + weight * `teacher_coefficients(psi, c)`, where
-    teach = (weight, c)."""
+    teach = (weight, c). psi and c cover all of S; w and de cover `rows` (lo, hi) of S, this
+    rank's (None: all of S), and so does the result."""
     from cuscikit.nnqs.teacher import teacher_coefficients
 
+    pull = teacher_coefficients(psi, teach[1])
+    if rows is not None:
+        pull = pull[rows[0] : rows[1]]
     coef = w.to(de.device) * de
-    coef = coef + teach[0] * teacher_coefficients(psi, teach[1]).to(coef.device)
+    coef = coef + teach[0] * pull.to(coef.device)
     return torch.ones(len(coef), dtype=torch.float64, device=coef.device), coef
 
 
@@ -279,9 +283,10 @@ class Runner(Solver):
             reported are the network's own. History columns (with the teacher on):
             ``teacher_weight``, ``e_teacher`` (the CI energy within S; after `teacher_until`
             while S is the one last solved, else NaN), ``teacher_loss``, ``inner_steps`` (this
-            iteration's) and, with `teacher_hold` > 0, ``teacher_released``. One
-            rank only: "auto" (default) is `DEFAULT_TEACHER` on one rank and 0 (off) on
-            several. The pull is part of the recorded optimiser stage (`graphs`).
+            iteration's) and, with `teacher_hold` > 0, ``teacher_released``. "auto" (default):
+            `DEFAULT_TEACHER`. On several ranks each solve gathers H_SS (every rank's rows) and
+            psi on S to every rank, which then solve alike; each rank pulls its own rows. The
+            pull is part of the recorded optimiser stage (`graphs`).
         teacher_until: the iteration from which the teacher's weight is 0.
         teacher_inner_steps: inner steps while the teacher's weight is above 0; with
             `teacher_hold` = 0 also after it while S is the space the teacher last solved and
@@ -398,8 +403,6 @@ class Runner(Solver):
         check_state_symmetry(molecule)
         self.comm = comm if comm is not None else SerialComm()
         self.rank = self.comm.rank
-        if self.teacher != "auto" and self.teacher and self.comm.size > 1:
-            raise ValueError('teacher > 0 runs on one rank only (teacher="auto": off there)')
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
@@ -652,9 +655,9 @@ class Runner(Solver):
     @property
     def teacher_on(self) -> float:
         """The teacher's weight at iteration 1 in force: `teacher` with "auto" resolved
-        (`DEFAULT_TEACHER` on one rank, 0 on several)."""
+        (`DEFAULT_TEACHER`)."""
         if self.teacher == "auto":
-            return DEFAULT_TEACHER if self.comm.size == 1 else 0.0
+            return DEFAULT_TEACHER
         return float(self.teacher)
 
     @property
@@ -906,8 +909,9 @@ class Runner(Solver):
         On P ranks, `pairs` and `hdiag` are the rows of this rank's sources S[lo:hi] (`share`):
         every rank evaluates psi over the replicated S without a graph, its rows' local
         energies, and the gradient of its rows; the energy and the gradients are summed over
-        the ranks, so the step equals the single-rank one to rounding. `teach` (one rank):
-        (weight, teacher vector on S) adds the teacher's pull to every inner step."""
+        the ranks, so the step equals the single-rank one to rounding. `teach`: (weight,
+        teacher vector on all of S) adds the teacher's pull to every inner step (each rank its
+        rows')."""
         dev, n, bs = self.device, len(S), self.batch_size
         lo, hi = share if share is not None else (0, n)
 
@@ -955,10 +959,11 @@ class Runner(Solver):
                 e = torch.tensor(e_sum, dtype=torch.float64, device=dev)
             if bad:
                 return  # the next iteration's checks report it
+            rows_of = S[lo:hi]
             if teach is None:
-                rows_of, (a, b) = S[lo:hi], (w, eloc - e)
+                a, b = w, eloc - e
             else:
-                rows_of, (a, b) = S, _with_teacher(w, eloc - e, psi, teach)
+                a, b = _with_teacher(w, eloc - e, psi, teach, (lo, hi))
             if mini:  # the gradient from a draw of rows, unbiased (a and b are on dev)
                 rows, factor = systematic_draw(a * b, m_own, float(self.rng.random()))
                 self._backward_loss(rows_of[rows.cpu().numpy()], None, a[rows] * factor, b[rows])
@@ -969,6 +974,18 @@ class Runner(Solver):
 
                 allreduce_gradients(self.ansatz.parameters(), self.comm)
             self.optimizer.step()
+
+    def _all_rows(self, x):
+        """An array of this rank's rows of S (numpy, or a torch tensor kept on its device) as
+        the array of all of S on every rank: the ranks' shares concatenated in rank order,
+        which is the order of S (`source_share`); `x` itself on one rank. Entries that hold
+        row numbers (the pairs' rows) are global already. A collective: every rank calls it."""
+        if not self.distributed:
+            return x
+        if torch.is_tensor(x):
+            parts = self.comm.allgather(x.detach().cpu().numpy())
+            return torch.from_numpy(np.concatenate(parts)).to(x.device)
+        return np.concatenate(self.comm.allgather(np.asarray(x)))
 
     def _mini_batch(self, n: int) -> bool:
         """Whether the inner steps over a space of n configurations draw their gradient from
@@ -983,7 +1000,9 @@ class Runner(Solver):
 
         if self._kept_ci_energy(S) is not None:
             return self._teacher_last[1], self._teacher_last[2]
-        e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=self._teacher_guess(S, r))
+        hdiag = self._all_rows(r.hdiag)  # on several ranks every rank solves all of H_SS alike
+        pairs = tuple(self._all_rows(a) for a in r.space_pairs)
+        e_t, c = space_ground_state(hdiag, pairs, guess=self._teacher_guess(S, r))
         self._teacher_last = (np.array(S, copy=True), e_t, c)
         return e_t, c
 
@@ -992,17 +1011,17 @@ class Runner(Solver):
         it solved, the network's psi (scaled to the same norm on those rows) on the others;
         the network's psi alone before the first solve. Once S changes by a few
         configurations an iteration, the last solution is most of the answer."""
-        last = self._teacher_last
+        last, psi_s = self._teacher_last, self._all_rows(r.psi_s)
         if last is None:
-            return r.psi_s
+            return psi_s
         from cuscikit.backends.keys import KeyIndex
         from cuscikit.nnqs.teacher import aligned_real
 
         rows = KeyIndex(last[0]).find(S)
         shared = rows >= 0
         if not shared.any():
-            return r.psi_s
-        psi = aligned_real(r.psi_s)  # the network's phase, aligned as the solver reads it
+            return psi_s
+        psi = aligned_real(psi_s)  # the network's phase, aligned as the solver reads it
         guess = np.where(shared, 0.0, psi)
         norm_psi = np.linalg.norm(psi[shared])
         if norm_psi > 0:
@@ -1110,13 +1129,15 @@ class Runner(Solver):
             extra["inner_steps"] = n_inner
             if self.teacher_hold > 0:
                 extra["teacher_released"] = self._teacher_released or release
+        psi_all = psi_s  # psi on all of S (gathered from the ranks where the teacher pulls)
         if lam > 0 and r.space_pairs is not None and n > 0:
             from cuscikit.nnqs.teacher import fidelity_loss
 
             e_t, c = self._teacher_solution(S, r)
+            psi_all = self._all_rows(psi_s)
             teach = (lam, torch.as_tensor(c, dtype=torch.float64, device=psi_s.device))
             extra["e_teacher"] = e_t
-            extra["teacher_loss"] = fidelity_loss(psi_s, teach[1])
+            extra["teacher_loss"] = fidelity_loss(psi_all, teach[1])
         t["energy"] += time.perf_counter() - t0
 
         # Loss with detached E_loc and E, backward, AdamW.
@@ -1128,7 +1149,7 @@ class Runner(Solver):
             if teach is None:
                 graphed = self._graphed_stage(S, w, eloc_t, r, n_inner)
             else:  # the iteration's step with the teacher's pull, unit weights
-                w1, coef = _with_teacher(w, eloc_t, psi_s, teach)
+                w1, coef = _with_teacher(w, eloc_t, psi_all, teach, (lo, hi))
                 graphed = self._graphed_stage(S, w1, coef, r, n_inner, teach)
         if graphed is not None:  # applied (or undone when the loss or the weights are bad)
             loss_val, finite = graphed
@@ -1139,8 +1160,9 @@ class Runner(Solver):
             lp_graph = r.lp_graph if r.lp_graph is not None and r.lp_graph.requires_grad else None
             if teach is None:
                 loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
-            else:  # one rank: all of S
-                loss_val = self._backward_loss(S, lp_graph, *_with_teacher(w, eloc_t, psi_s, teach))
+            else:  # this rank's rows, the teacher's pull from psi on all of S
+                pulled = _with_teacher(w, eloc_t, psi_all, teach, (lo, hi))
+                loss_val = self._backward_loss(S[lo:hi], lp_graph, *pulled)
             if self.distributed:  # one gradient for every replica; the loss travels along
                 from cuscikit.nnqs.distributed import allreduce_gradients
 

@@ -39,6 +39,17 @@ CASES = {
     # (of S too, in the inner steps, whose H_SS rows are spread over the ranks)
     "LiH-capped": dict(system="LiH", iters=10, topk=16, max_space=60, batch_size=32, inner_steps=2),
     "H2O": dict(system="H2O", iters=10, topk=32, estimator="variational", inner_steps=1),
+    # the selected-CI teacher: held on over the whole run, solved from H_SS gathered from the
+    # ranks, pulling every rank's rows in the step and in its 2 inner steps
+    "H2O-teacher": dict(
+        system="H2O",
+        iters=8,
+        topk=32,
+        inner_steps=1,
+        teacher=1.0,
+        teacher_until=4,
+        teacher_inner_steps=2,
+    ),
 }
 RESUME = dict(system="LiH", iters=6, topk=8, max_space=40, inner_steps=1)
 RESUME_SPLIT = 3
@@ -54,13 +65,14 @@ COLUMNS = (
     "n_unique",
 )
 LOADS = ("sources_max", "sources_min", "unique_max", "unique_min", "dedup_max_min")
+TEACHER = ("teacher_weight", "e_teacher", "teacher_loss", "inner_steps")
 
 
 def make_runner(case: dict, comm=None, device: str = "cpu") -> Runner:
     """The Runner of a case (float64 ansatz, seed 0), on one rank when comm is None; on a
     CUDA device with the gpu pipeline."""
     kw = {k: v for k, v in case.items() if k not in ("system", "iters")}
-    kw.setdefault("teacher", 0)  # one rank only: the single-rank reference runs without it too
+    kw.setdefault("teacher", 0)  # the plain method unless the case names the teacher
     if device != "cpu":
         kw["pipeline"] = "gpu"
     mol = Molecule.load(case["system"])
@@ -79,6 +91,8 @@ def summary(runner: Runner) -> dict:
     h = runner.history
     out = {c: h[c].tolist() for c in COLUMNS}
     out.update({c: h[c].tolist() for c in LOADS if c in h})
+    # NaN (no CI energy at hand) as None: replicas compare equal after the JSON round trip
+    out.update({c: [None if v != v else v for v in h[c].tolist()] for c in TEACHER if c in h})
     params = [p.detach().cpu().numpy() for p in runner.ansatz.parameters()]
     out["params"] = digest(*params)
     out["space"] = digest(runner.space.configs)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _launch import env, launch, mpiexec, torchrun
-from _runner_worker import CASES, RESUME, RESUME_SPLIT, make_runner, summary
+from _runner_worker import CASES, RESUME, RESUME_SPLIT, TEACHER, make_runner, summary
 
 from cuscikit.cli import main
 from cuscikit.nnqs.checkpoint import CheckpointError
@@ -52,6 +52,11 @@ def check_against_reference(got: dict, ref: dict, what: str, P: int) -> float:
     for c in COUNTS:  # the same S, coupled sets and unique sets in every iteration
         assert got[c] == ref[c], (what, c)
     np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-7, atol=1e-9, err_msg=what)
+    for c in TEACHER:  # the teacher's weight, CI energy of S, loss and inner steps
+        assert (c in got) == (c in ref), (what, c)
+        if c in ref:
+            a, b = (np.array(x[c], dtype=float) for x in (got, ref))  # None: NaN
+            np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-9, err_msg=f"{what} {c}")
     if P > 1:  # S = {HF} in iteration 1: one rank has the source, the others none
         assert got["sources_max"][0] == 1 and got["sources_min"][0] == 0, what
         assert all(u >= 0 for u in got["unique_min"]), what
@@ -100,6 +105,38 @@ def test_thread_ranks_match_single_rank(P):
         assert (per_rank.max(axis=1) == history[f"{name}_max"]).all(), name
     received = history[[f"received_r{k}" for k in range(P)]].sum(axis=1)
     assert (received >= history["n_unique"]).all() and f"unique_r{P}" not in history
+
+
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("dense_limit", [None, 10])  # the dense solve, then Davidson's
+def test_teacher_on_thread_ranks_matches_single_rank(P, dense_limit, monkeypatch):
+    """The selected-CI teacher on P ranks: each solve gathers H_SS and psi from the ranks, every
+    rank pulls its own rows; energies, loss and the teacher's columns equal one rank's, and the
+    pull is really there (the same run without the teacher ends elsewhere)."""
+    from cuscikit.nnqs import teacher as T
+
+    if dense_limit is not None:
+        monkeypatch.setattr(T, "DENSE_LIMIT", dense_limit)
+    case = CASES["H2O-teacher"]
+    ref = make_runner(case)
+    ref.run(case["iters"], progress=False)
+    h = ref.history
+    assert (h["teacher_weight"] > 0).all() and np.isfinite(h["teacher_loss"]).all()
+    assert (h["inner_steps"] == case["teacher_inner_steps"]).all()
+    assert h["n_space"].iloc[-1] > (dense_limit or 0)  # the solver the parameter names
+
+    def rank(comm):
+        runner = make_runner(case, comm)
+        runner.run(case["iters"], progress=False)
+        return summary(runner)
+
+    results = run_ranks(P, rank)
+    for other in results[1:]:  # the same teacher vector, so identical replicas
+        assert other == results[0]
+    check_against_reference(results[0], summary(ref), f"teacher P={P}", P)
+    plain = make_runner(dict(case, teacher=0))
+    plain.run(case["iters"], progress=False)
+    assert abs(plain.history["e_tot"].iloc[-1] - h["e_tot"].iloc[-1]) > 1e-6
 
 
 def test_gpu_pipeline_on_several_ranks_needs_a_cuda_ansatz():
