@@ -94,7 +94,10 @@ def main() -> None:
             pipeline="gpu" if dev.type == "cuda" else "baseline",
             batch_size=args.batch_size,
             compile_inference=args.compile,
+            # the pipeline's stages alike on every P: no inner steps and no teacher (whose
+            # eigensolve and inner steps over a sampled S this size are another measurement)
             inner_steps=0,
+            teacher=0,
             verbose=0,
         )
 
