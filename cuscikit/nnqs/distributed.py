@@ -12,7 +12,9 @@ shares (`source_share`), the coupled sets are de-duplicated across ranks
   and scores of all of S (for the max_space cap), in one collective (on one rank it is the
   identity on the local top-K);
 - `allreduce_gradients`: the loss gradient summed over ranks, so that every replica takes the
-  identical AdamW step.
+  identical AdamW step;
+- `all_rows`: every rank's rows of a per-source array, concatenated in rank order (S order) on
+  every rank (the selected-CI teacher's psi on S and H_SS gathers).
 
 All functions are collective: every rank calls them in the same order.
 """
@@ -40,6 +42,24 @@ def source_share(n: int, size: int, rank: int) -> tuple[int, int]:
         (0, 0)
     """
     return (rank * n) // size, ((rank + 1) * n) // size
+
+
+def all_rows(x, comm):
+    """Every rank's rows of `x` (numpy, or a torch tensor kept on its device), concatenated in
+    rank order on every rank: with the contiguous shares of `source_share`, an array over this
+    rank's sources becomes the array over all of S. On one rank (or `comm` None), `x` itself.
+
+    Example (three thread ranks, each with its share of five rows):
+        >>> from cuscikit.parallel import run_ranks
+        >>> run_ranks(3, lambda c: all_rows(np.arange(*source_share(5, 3, c.rank)), c).tolist())
+        [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
+    """
+    if comm is None or comm.size == 1:
+        return x
+    if torch.is_tensor(x):
+        parts = comm.allgather(x.detach().cpu().numpy())
+        return torch.from_numpy(np.concatenate(parts)).to(x.device)
+    return np.concatenate(comm.allgather(np.asarray(x)))
 
 
 def _digest(text: str) -> np.ndarray:
@@ -146,13 +166,13 @@ def gather_selection(
     space = np.concatenate([p[:m] for p, m in zip(parts, s_sizes, strict=True)])
     top = np.concatenate([p[m:] for p, m in zip(parts, s_sizes, strict=True)])
     all_scores = np.ascontiguousarray(top[:, 0]).view(np.float64)
-    all_rows = np.ascontiguousarray(top[:, 1]).view(np.int64)
+    rows_all = np.ascontiguousarray(top[:, 1]).view(np.int64)
     merged = RunningTopK(k)
-    merged.update(all_scores, index=all_rows)
+    merged.update(all_scores, index=rows_all)
     best = merged.indices()
     # rows are unique over ranks (disjoint slices): locate each selected row in the table
-    order = np.argsort(all_rows, kind="stable")
-    pos = order[np.searchsorted(all_rows[order], best)]
+    order = np.argsort(rows_all, kind="stable")
+    pos = order[np.searchsorted(rows_all[order], best)]
     s_rows = np.ascontiguousarray(space[:, 1]).view(np.int64)
     s_scores = np.ascontiguousarray(space[:, 0]).view(np.float64)
     return s_rows, s_scores, best, np.ascontiguousarray(top[pos, 2:]), all_scores[pos]

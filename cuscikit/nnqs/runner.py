@@ -284,8 +284,8 @@ class Runner(Solver):
             ``teacher_weight``, ``e_teacher`` (the CI energy within S; after `teacher_until`
             while S is the one last solved, else NaN), ``teacher_loss``, ``inner_steps`` (this
             iteration's) and, with `teacher_hold` > 0, ``teacher_released``. "auto" (default):
-            `DEFAULT_TEACHER`. On several ranks each solve gathers H_SS (every rank's rows) and
-            psi on S to every rank, which then solve alike; each rank pulls its own rows. The
+            `DEFAULT_TEACHER`. On several ranks every rank runs the same eigensolve from its own
+            rows of H_SS (`space_ground_state(comm=)`) and pulls its own rows. The
             pull is part of the recorded optimiser stage (`graphs`).
         teacher_until: the iteration from which the teacher's weight is 0.
         teacher_inner_steps: inner steps while the teacher's weight is above 0; with
@@ -976,16 +976,10 @@ class Runner(Solver):
             self.optimizer.step()
 
     def _all_rows(self, x):
-        """An array of this rank's rows of S (numpy, or a torch tensor kept on its device) as
-        the array of all of S on every rank: the ranks' shares concatenated in rank order,
-        which is the order of S (`source_share`); `x` itself on one rank. Entries that hold
-        row numbers (the pairs' rows) are global already. A collective: every rank calls it."""
-        if not self.distributed:
-            return x
-        if torch.is_tensor(x):
-            parts = self.comm.allgather(x.detach().cpu().numpy())
-            return torch.from_numpy(np.concatenate(parts)).to(x.device)
-        return np.concatenate(self.comm.allgather(np.asarray(x)))
+        """This rank's rows of S as all of S on every rank (`all_rows`; `x` on one rank)."""
+        from cuscikit.nnqs.distributed import all_rows
+
+        return all_rows(x, self.comm)
 
     def _mini_batch(self, n: int) -> bool:
         """Whether the inner steps over a space of n configurations draw their gradient from
@@ -1000,9 +994,8 @@ class Runner(Solver):
 
         if self._kept_ci_energy(S) is not None:
             return self._teacher_last[1], self._teacher_last[2]
-        hdiag = self._all_rows(r.hdiag)  # on several ranks every rank solves all of H_SS alike
-        pairs = tuple(self._all_rows(a) for a in r.space_pairs)
-        e_t, c = space_ground_state(hdiag, pairs, guess=self._teacher_guess(S, r))
+        guess = self._teacher_guess(S, r)  # over all of S; each rank keeps its rows of H_SS
+        e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=guess, comm=self.comm)
         self._teacher_last = (np.array(S, copy=True), e_t, c)
         return e_t, c
 

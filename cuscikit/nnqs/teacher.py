@@ -39,7 +39,7 @@ def _host(a) -> np.ndarray:
 
 
 def space_ground_state(
-    hdiag, pairs, guess=None, tol: float = 1e-10, residual_tol: float = 1e-7
+    hdiag, pairs, guess=None, tol: float = 1e-10, residual_tol: float = 1e-7, comm=None
 ) -> tuple[float, np.ndarray]:
     """The lowest eigenpair of H restricted to S, from its diagonal and off-diagonal pairs.
 
@@ -48,18 +48,26 @@ def space_ground_state(
     pairs live: for torch tensors (a GPU's) the sparse products are torch's CSR on their
     device, for numpy arrays SciPy's. The iteration's pairs never travel.
 
+    On several ranks (`comm`) each rank passes the H_SS rows of its own contiguous share of S
+    (the shares in rank order are S) and every rank returns the same solution over all of S:
+    the dense path gathers the rows; Davidson's keeps them where they are and gathers only
+    each product's rows, so every rank runs the same iteration on the same vectors.
+
     Args:
-        hdiag: <x|H|x> for the n configurations of S (numpy or torch).
+        hdiag: <x|H|x> for the n configurations of S, or of this rank's rows (numpy or torch).
         pairs: (row, column, value) of the off-diagonal entries of H_SS, every entry listed
-            from both of its rows (as the iteration's coupled pairs inside S are).
-        guess: a starting vector (e.g. the network's psi on S, or the last solution carried
-            over); complex values are reduced to a real vector of the same signs.
+            from both of its rows (as the iteration's coupled pairs inside S are); rows and
+            columns numbered in all of S.
+        guess: a starting vector over all of S (e.g. the network's psi on S, or the last
+            solution carried over); complex values are reduced to a real vector of the same
+            signs.
         tol: the iterative solver's convergence on the change of the energy (Hartree).
         residual_tol: and on the norm of the residual (c normalised).
+        comm: a `cuscikit.parallel.Comm` whose ranks each hold a share (None: one rank).
 
     Returns:
-        (energy, c) with c a real numpy vector, normalised, sign fixed so that its largest
-        entry is positive.
+        (energy, c) with c a real numpy vector over all of S, normalised, sign fixed so that
+        its largest entry is positive.
 
     Example:
         >>> import numpy as np
@@ -68,12 +76,24 @@ def space_ground_state(
         >>> round(e, 6), bool(c[0] > c[1] > 0)
         (-0.207107, True)
     """
-    n = len(hdiag)
-    if n == 0:
-        raise ValueError("the space is empty")
+    from cuscikit.nnqs.distributed import all_rows
+
     rows, cols, vals = pairs
     if not (len(rows) == len(cols) == len(vals)):
         raise ValueError("pairs must be three arrays of one length")
+    ranks = comm is not None and comm.size > 1
+    m = len(hdiag)
+    counts = [int(c[0]) for c in comm.allgather(np.array([m], np.int64))] if ranks else [m]
+    lo, n = sum(counts[: comm.rank]) if ranks else 0, sum(counts)
+    if n == 0:
+        raise ValueError("the space is empty")
+    if ranks and n <= DENSE_LIMIT:  # small: every rank solves all of it
+        full = [all_rows(a, comm) for a in (hdiag, rows, cols, vals)]
+        return space_ground_state(full[0], tuple(full[1:]), guess, tol, residual_tol)
+
+    def gathered(y):  # a product's rows from every rank, in S order
+        return all_rows(y, comm) if ranks else y
+
     if n <= DENSE_LIMIT or not torch.is_tensor(hdiag):
         import scipy.sparse as sp
 
@@ -81,38 +101,38 @@ def space_ground_state(
         h = sp.coo_matrix(
             (
                 np.asarray(_host(vals)).real.astype(np.float64),
-                (_host(rows).astype(np.int64), _host(cols).astype(np.int64)),
+                (_host(rows).astype(np.int64) - lo, _host(cols).astype(np.int64)),
             ),
-            shape=(n, n),
+            shape=(m, n),
         ).tocsr()
         if n <= DENSE_LIMIT:
             w, v = np.linalg.eigh((h + sp.diags(d)).toarray())
             return _signed(float(w[0]), v[:, 0])
 
         def matvec(x):
-            return h @ x + d[:, None] * x
+            return gathered(h @ x + d[:, None] * x[lo : lo + m])
 
-        diag = d
     else:
         dev = hdiag.device
         d = hdiag.real.to(torch.float64)
-        idx = torch.stack([torch.as_tensor(rows, device=dev), torch.as_tensor(cols, device=dev)])
+        r = torch.as_tensor(rows, device=dev).to(torch.int64) - lo
+        idx = torch.stack([r, torch.as_tensor(cols, device=dev).to(torch.int64)])
         with warnings.catch_warnings():  # torch's notices that its sparse layouts are beta
             warnings.filterwarnings("ignore", message="Sparse")
             off = torch.sparse_coo_tensor(
-                idx.to(torch.int64),
+                idx,
                 torch.as_tensor(vals, device=dev).real.to(torch.float64),
-                (n, n),
+                (m, n),
                 check_invariants=False,
             )
             off = off.coalesce().to_sparse_csr()
 
         def matvec(x):
-            return off @ x + d[:, None] * x
+            return gathered(off @ x + d[:, None] * x[lo : lo + m])
 
-        diag = d
     from cuscikit.linalg.davidson import davidson
 
+    diag = gathered(d)
     g = _real_guess(guess, diag)
     res = davidson(matvec, diag, 1, guess=g, tol=tol, residual_tol=residual_tol, max_iter=500)
     c = res.vectors[:, 0]

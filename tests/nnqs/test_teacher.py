@@ -60,6 +60,37 @@ def test_space_ground_state_is_the_dense_one(monkeypatch, dense_limit, device, s
     assert e == pytest.approx(space.exact_energy(method="dense"), abs=1e-9)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])  # numpy (SciPy's products), torch's CSR
+@pytest.mark.parametrize("dense_limit", [T.DENSE_LIMIT, 10])  # gathered dense, shared Davidson
+@pytest.mark.parametrize("P", [2, 3, 7])
+def test_space_ground_state_on_ranks_is_the_one_rank_one(monkeypatch, dense_limit, device, P):
+    """Each of P thread ranks passes its contiguous share of H_SS's rows (and the guess over all
+    of S); every rank returns the same vector, the one-rank solution to rounding."""
+    from cuscikit.nnqs.distributed import source_share
+    from cuscikit.parallel import run_ranks
+
+    monkeypatch.setattr(T, "DENSE_LIMIT", dense_limit)
+    mol = Molecule.load("H2O")
+    space = SCISpace.singles_doubles(mol)
+    diag, (rows, cols, vals), dense = _pairs(space)
+    guess = np.ones(len(diag)) + 0.1j
+    e1, c1 = T.space_ground_state(*_on(device, diag, (rows, cols, vals)), guess=guess)
+
+    def rank(comm):
+        lo, hi = source_share(len(diag), comm.size, comm.rank)
+        mine = (rows >= lo) & (rows < hi)
+        share = (diag[lo:hi], (rows[mine], cols[mine], vals[mine]))
+        return T.space_ground_state(*_on(device, *share), guess=guess, comm=comm)
+
+    got = run_ranks(P, rank)
+    for e, c in got[1:]:  # the same iteration on the same vectors: identical on every rank
+        assert e == got[0][0] and np.array_equal(c, got[0][1])
+    e, c = got[0]
+    assert e == pytest.approx(e1, abs=1e-10)
+    np.testing.assert_allclose(c, c1, atol=1e-7)
+    assert e == pytest.approx(np.linalg.eigvalsh(dense)[0], abs=1e-9)
+
+
 def test_bad_pairs_are_refused():
     with pytest.raises(ValueError, match="empty"):
         T.space_ground_state(np.zeros(0), (np.zeros(0), np.zeros(0), np.zeros(0)))
