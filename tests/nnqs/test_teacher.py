@@ -91,6 +91,32 @@ def test_space_ground_state_on_ranks_is_the_one_rank_one(monkeypatch, dense_limi
     assert e == pytest.approx(np.linalg.eigvalsh(dense)[0], abs=1e-9)
 
 
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_space_ground_state_on_more_ranks_than_rows(monkeypatch, device):
+    """Davidson's path with ranks that hold no rows (20 ranks, 15 configurations)."""
+    from cuscikit.nnqs.distributed import source_share
+    from cuscikit.parallel import run_ranks
+
+    monkeypatch.setattr(T, "DENSE_LIMIT", 10)
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(15, 15)) * (rng.random((15, 15)) < 0.4)
+    h = a + a.T + np.diag(np.arange(15.0))
+    rows, cols = np.nonzero(h - np.diag(np.diag(h)))
+    diag, vals = np.diag(h).copy(), h[rows, cols]
+
+    def rank(comm):
+        lo, hi = source_share(15, comm.size, comm.rank)
+        mine = (rows >= lo) & (rows < hi)
+        share = (diag[lo:hi], (rows[mine], cols[mine], vals[mine]))
+        return T.space_ground_state(*_on(device, *share), comm=comm)
+
+    got = run_ranks(20, rank)
+    w, v = np.linalg.eigh(h)
+    for e, c in got:
+        assert e == pytest.approx(w[0], abs=1e-9)
+        assert abs(abs(float(c @ v[:, 0])) - 1.0) < 1e-8
+
+
 def test_bad_pairs_are_refused():
     with pytest.raises(ValueError, match="empty"):
         T.space_ground_state(np.zeros(0), (np.zeros(0), np.zeros(0), np.zeros(0)))
