@@ -87,6 +87,9 @@ def space_ground_state(
     lo, n = sum(counts[: comm.rank]) if ranks else 0, sum(counts)
     if n == 0:
         raise ValueError("the space is empty")
+    if ranks:  # one dtype on every rank for the gathers (a rank without rows has its own)
+        hdiag, vals = _as(hdiag, np.float64), _as(vals, np.float64)
+        rows, cols = _as(rows, np.int64), _as(cols, np.int64)
     if ranks and n <= DENSE_LIMIT:  # small: every rank solves all of it
         full = [all_rows(a, comm) for a in (hdiag, rows, cols, vals)]
         return space_ground_state(full[0], tuple(full[1:]), guess, tol, residual_tol)
@@ -137,6 +140,13 @@ def space_ground_state(
     res = davidson(matvec, diag, 1, guess=g, tol=tol, residual_tol=residual_tol, max_iter=500)
     c = res.vectors[:, 0]
     return _signed(float(res.energies[0]), _host(c).astype(np.float64))
+
+
+def _as(a, dtype):
+    """The real part of `a` as `dtype`, a torch tensor on its device or a numpy array."""
+    if torch.is_tensor(a):
+        return (a.real if a.is_complex() else a).to(getattr(torch, np.dtype(dtype).name))
+    return np.asarray(a).real.astype(dtype, copy=False)
 
 
 def _real_guess(guess, diag):
