@@ -31,7 +31,7 @@ Example (no notebook needed: drive it from code):
     >>> dash.start(2).status, runner.iteration
     ('ok', 2)
     >>> sorted(p.name for p in dash.panels())
-    ['energy', 'memory', 'space', 'stages']
+    ['energy', 'memory', 'space', 'stages', 'teacher']
 """
 
 from __future__ import annotations

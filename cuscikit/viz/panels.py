@@ -4,10 +4,11 @@ A history is a pandas DataFrame with one row per iteration and an ``iteration`` 
 `Panel` names the columns it needs and draws itself on one axes; `available_panels` keeps the
 panels a history can feed, so the same code serves every iterative run in the package:
 
-- NNQS-SCI (`cuscikit.Runner.history`): energies of both estimators and with PT2, |S| and the
-  unique set, seconds per stage, the iteration's memory peak, and the balance of the per-rank
-  loads and of the de-dup (every history has each rank's counts; the panel is among the
-  default ones on several ranks);
+- NNQS-SCI (`cuscikit.Runner.history`): energies of both estimators and with PT2 (and the
+  selected-CI teacher's CI energy of S, the best S can hold), |S| and the unique set, seconds
+  per stage, the iteration's memory peak, the teacher's pull (its loss, weight and inner
+  steps), and the balance of the per-rank loads and of the de-dup (every history has each
+  rank's counts; the panel is among the default ones on several ranks);
 - a Davidson solve (`davidson_history` records ``callback(iteration, energies, residuals)``):
   energies and residual norms;
 - a dSB run (`ising_history` of a `cuscikit.ising.DSBResult`): the lowest replica energy and
@@ -43,6 +44,7 @@ ENERGY_COLUMNS = (
     ("e_coupled", "coupled estimator", "-"),
     ("e_variational", "variational estimator", "--"),
     ("e_tot_pt2", "variational + PT2", "-."),
+    ("e_teacher", "CI energy of S (teacher)", ":"),
     ("e_best", "best so far", "-"),
     ("e_min", "lowest replica", ":"),
 )
@@ -120,11 +122,11 @@ def _draw_energy(history: pd.DataFrame, ax, reference: float | None) -> None:
         ax.axhspan(1e-12, CHEMICAL_ACCURACY, color="tab:green", alpha=0.12, lw=0)
         ax.axhline(CHEMICAL_ACCURACY, color="tab:green", ls=":", lw=1, label="chemical accuracy")
         ax.set_ylabel("|E - E_ref| (Ha)")
+        # the axis follows the run's own energies: the teacher's CI energy of S may reach the
+        # reference exactly (S holds the whole sector) and runs off the bottom there
+        own = [c for c, *_ in energy_columns(history) if c != "e_teacher"]
         lo = np.nanmin(
-            [
-                np.abs(history[c].to_numpy(float) - reference).min()
-                for c, *_ in energy_columns(history)
-            ]
+            [np.abs(history[c].to_numpy(float) - reference).min() for c in own or ["e_teacher"]]
         )
         ax.set_ylim(bottom=max(min(lo, CHEMICAL_ACCURACY) / 3, 1e-12))
     else:
@@ -203,6 +205,34 @@ def _draw_balance(history: pd.DataFrame, ax, reference: float | None) -> None:
     ax.legend(fontsize=7, loc="best")
 
 
+def _draw_teacher(history: pd.DataFrame, ax, reference: float | None) -> None:
+    """The teacher's loss (how far the network is from the CI vector of S, log axis), its
+    weight and the iteration's inner steps (right axis), and where its hold released."""
+    it = history["iteration"].to_numpy()
+    loss = history["teacher_loss"].to_numpy(float)
+    ax.semilogy(it, np.where(loss > 0, loss, np.nan), "-", color="tab:purple", label="loss")
+    ax.set_ylabel("fidelity loss")
+    right = ax.twinx()
+    right.plot(
+        it, history["teacher_weight"].to_numpy(float), "--", color="tab:gray", label="weight"
+    )
+    if "inner_steps" in history:
+        right.step(
+            it,
+            history["inner_steps"].to_numpy(float),
+            where="mid",
+            color="tab:olive",
+            lw=0.8,
+            label="inner steps",
+        )
+    right.set_ylim(bottom=0)  # (no label: the legend names both; a label would leave the axes)
+    if "teacher_released" in history and history["teacher_released"].astype(bool).any():
+        first = it[int(np.argmax(history["teacher_released"].astype(bool).to_numpy()))]
+        ax.axvline(first, color="k", lw=0.8, ls=":", label=f"hold released ({first})")
+    lines = ax.get_lines() + right.get_lines()
+    ax.legend(lines, [x.get_label() for x in lines], fontsize=7, loc="best")
+
+
 def _draw_residual(history: pd.DataFrame, ax, reference: float | None) -> None:
     it = history["iteration"].to_numpy()
     ax.semilogy(it, np.maximum(history["residual"].to_numpy(float), 1e-16), "o-", ms=3)
@@ -240,6 +270,12 @@ PANELS: dict[str, Panel] = {
             "peak memory of each iteration",
             lambda h: _finite(h, "peak_memory_bytes"),
             _draw_memory,
+        ),
+        Panel(
+            "teacher",
+            "the selected-CI teacher",
+            lambda h: _finite(h, "teacher_loss") and "teacher_weight" in h,
+            _draw_teacher,
         ),
         Panel(
             "balance",

@@ -62,6 +62,36 @@ def test_panels_follow_the_columns():
         available_panels(pd.DataFrame({"e_tot": [1.0]}))
 
 
+def test_teacher_panel_and_the_ci_energy_of_s():
+    """With the teacher's columns: its CI energy of S joins the energy panel (NaN where it was
+    not at hand: a gap), and a panel draws its loss, weight, inner steps and the release."""
+    h = nnqs_like(n=6)
+    assert "teacher" not in [p.name for p in available_panels(h)]
+    h["e_teacher"] = [-1.3, -1.35, np.nan, -1.5, -1.6, -1.7]
+    h["teacher_loss"] = [0.5, 0.2, 0.1, 0.05, 0.02, np.nan]
+    h["teacher_weight"] = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    h["inner_steps"] = [16, 16, 16, 16, 16, 4]
+    h["teacher_released"] = [False] * 5 + [True]
+    assert [p.name for p in available_panels(h)] == [
+        "energy",
+        "space",
+        "stages",
+        "memory",
+        "teacher",
+    ]
+    assert "e_teacher" in [c for c, *_ in energy_columns(h)]
+    fig = plot_panels(h, ["energy", "teacher"])
+    energy, teacher = fig.axes[0], fig.axes[1]
+    ref = float((h["e_tot"] - h["error"]).iloc[0])
+    ci = [x for x in energy.get_lines() if x.get_label() == "CI energy of S (teacher)"][0]
+    assert np.isnan(ci.get_ydata()[2])
+    assert np.allclose(ci.get_ydata()[[0, 1, 3]], np.abs(h["e_teacher"] - ref)[[0, 1, 3]])
+    assert teacher.get_yscale() == "log"
+    labels = [t.get_text() for t in teacher.get_legend().get_texts()]
+    assert labels == ["loss", "hold released (6)", "weight", "inner steps"]
+    assert np.allclose(teacher.get_lines()[0].get_ydata()[:5], h["teacher_loss"][:5])
+
+
 def test_balance_panel_skips_ranks_that_hold_nothing():
     h = nnqs_like(ranks=2)
     h.loc[0, "sources_min"] = 0  # |S| = 1 on two ranks: one of them has no source
@@ -291,7 +321,8 @@ def test_runner_dashboard_checkpoint_resumes(tmp_path):
     dash.save_checkpoint()
     again = Runner(mol, Ansatz.for_molecule(mol, seed=1), topk=8, seed=0, verbose=0).load(path)
     assert again.iteration == 2 and np.array_equal(again.space.configs, runner.space.configs)
-    assert [p.name for p in dash.panels()] == ["energy", "space", "stages", "memory"]
+    # the default teacher's columns add its panel
+    assert [p.name for p in dash.panels()] == ["energy", "space", "stages", "memory", "teacher"]
     h = runner.history  # one rank's loads are in the history too, for the balance panel
     assert (h["n_ranks"] == 1).all() and (h["sources_r0"] == h["n_space"]).all()
     assert (h["unique_r0"] == h["n_unique"]).all() and (h["coupled_r0"] == h["n_coupled"]).all()
