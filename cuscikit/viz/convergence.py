@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from cuscikit.lib.callbacks import Callback
-
-CHEMICAL_ACCURACY = 1.6e-3  # Hartree
+from cuscikit.viz.panels import _draw_energy
 
 
 def plot_convergence(
     history: pd.DataFrame, reference: float | None = None, ax=None, title: str | None = None
 ):
-    """Plot |E - E_ref| of both estimators per iteration (log scale) with the chemical-accuracy
-    line, and |S| on a second axis. Without a reference, plots the energies instead.
+    """Plot |E - E_ref| per iteration (log scale) of both estimators, of the PT2-corrected
+    energy and of the teacher's CI energy of S where the history has them, with the band of
+    chemical accuracy (the energy panel of `cuscikit.viz.panels`), and |S| on a second axis.
+    Without a reference, plots the energies instead.
 
     Args:
         history: `Runner.history` (columns iteration, e_coupled, e_variational, n_space).
@@ -30,34 +30,19 @@ def plot_convergence(
         >>> h = pd.DataFrame({"iteration": [1, 2], "e_coupled": [-1.0, -1.1],
         ...                   "e_variational": [-0.9, -1.05], "n_space": [1, 5]})
         >>> ax = plot_convergence(h, reference=-1.101)
+        >>> [line.get_label() for line in ax.get_lines()][:2]
+        ['coupled estimator', 'variational estimator']
     """
-
     if ax is None:
         import matplotlib.pyplot as plt
 
         _, ax = plt.subplots(figsize=(7, 4.2))
-    it = history["iteration"].to_numpy()
-    if reference is None and "error" in history and history["error"].notna().any():
-        reference = float((history["e_tot"] - history["error"]).iloc[0])
-    if reference is not None:
-        for col, label, style in (
-            ("e_coupled", "coupled estimator", "-"),
-            ("e_variational", "variational estimator", "--"),
-        ):
-            err = np.abs(history[col].to_numpy() - reference)
-            ax.semilogy(it, np.maximum(err, 1e-12), style, label=label)
-        ax.axhline(CHEMICAL_ACCURACY, color="red", ls=":", lw=1.2, label="chemical accuracy")
-        ax.set_ylabel("|E - E_FCI| (Ha)")
-    else:
-        ax.plot(it, history["e_coupled"], label="coupled estimator")
-        ax.plot(it, history["e_variational"], "--", label="variational estimator")
-        ax.set_ylabel("E (Ha)")
+    _draw_energy(history, ax, reference)
     ax.set_xlabel("iteration")
     if "n_space" in history:
         ax2 = ax.twinx()
-        ax2.plot(it, history["n_space"], color="gray", alpha=0.5, lw=1)
+        ax2.plot(history["iteration"].to_numpy(), history["n_space"], color="gray", alpha=0.5, lw=1)
         ax2.set_ylabel("|S|", color="gray")
-    ax.legend(loc="lower left", fontsize=8)
     if title:
         ax.set_title(title)
     return ax
