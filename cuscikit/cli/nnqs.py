@@ -223,7 +223,8 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         matplotlib.use("Agg")
         from cuscikit.viz import plot_convergence
 
-        ax = plot_convergence(h, reference=runner.reference, title=f"NNQS-SCI on {mol.name}")
+        title = f"NNQS-SCI on {mol.name}"
+        ax = plot_convergence(h, reference=runner.reference, title=title, unit=energy_unit(mol))
         png = out_dir / "nnqs_convergence.png"
         ax.figure.savefig(png, dpi=120, bbox_inches="tight")
         report["history_csv"], report["plot_png"] = str(csv), str(png)

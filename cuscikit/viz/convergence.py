@@ -9,7 +9,11 @@ from cuscikit.viz.panels import _draw_energy
 
 
 def plot_convergence(
-    history: pd.DataFrame, reference: float | None = None, ax=None, title: str | None = None
+    history: pd.DataFrame,
+    reference: float | None = None,
+    ax=None,
+    title: str | None = None,
+    unit: str = "Ha",
 ):
     """Plot |E - E_ref| per iteration (log scale) of both estimators, of the PT2-corrected
     energy and of the teacher's CI energy of S where the history has them, with the band of
@@ -21,6 +25,8 @@ def plot_convergence(
         reference: exact energy; default: E = e_tot - error from the history if present.
         ax: matplotlib axes to draw on (default: a new figure).
         title: axes title.
+        unit: the energies' unit on the axis ("t" for a Hubbard model, whose energies are in
+            units of the hopping).
 
     Returns:
         The matplotlib axes.
@@ -38,6 +44,7 @@ def plot_convergence(
 
         _, ax = plt.subplots(figsize=(7, 4.2))
     _draw_energy(history, ax, reference)
+    ax.set_ylabel(ax.get_ylabel().replace("(Ha)", f"({unit})"))
     ax.set_xlabel("iteration")
     if "n_space" in history:
         ax2 = ax.twinx()

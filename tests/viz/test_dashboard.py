@@ -330,3 +330,23 @@ def test_runner_dashboard_checkpoint_resumes(tmp_path):
     assert "sources_r1" not in h and len(plot_panels(h, ["balance"]).axes) == 1
     assert again.history.equals(h)  # the checkpoint keeps every column
     assert (runner.history["peak_memory_bytes"] > 0).all()
+
+
+def test_convergence_plot_draws_the_energy_panel_with_its_unit():
+    """`plot_convergence` (the command line's plot) draws the energy panel's curves, the
+    PT2-corrected and the teacher's among them, in the unit it is given, with |S| beside."""
+    from cuscikit.viz import plot_convergence
+
+    h = nnqs_like(n=4)
+    h["e_teacher"] = -1.6
+    ax = plot_convergence(h, unit="t", title="ring")
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels[:4] == [
+        "coupled estimator",
+        "variational estimator",
+        "variational + PT2",
+        "CI energy of S (teacher)",
+    ]
+    assert ax.get_ylabel() == "|E - E_ref| (t)" and ax.get_title() == "ring"
+    assert plot_convergence(h).get_ylabel() == "|E - E_ref| (Ha)"
+    assert len(ax.figure.axes) == 2  # |S| on the twin axis
