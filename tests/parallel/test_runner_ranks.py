@@ -107,8 +107,8 @@ def test_thread_ranks_match_single_rank(P):
     assert (received >= history["n_unique"]).all() and f"unique_r{P}" not in history
 
 
-@pytest.mark.parametrize("P", [2, 3])
-@pytest.mark.parametrize("dense_limit", [None, 10])  # the dense solve, then Davidson's
+# 2 ranks with the dense solve; 3 (uneven shares) with Davidson's
+@pytest.mark.parametrize(("P", "dense_limit"), [(2, None), (3, 10)])
 def test_teacher_on_thread_ranks_matches_single_rank(P, dense_limit, monkeypatch):
     """The selected-CI teacher on P ranks: each solve gathers H_SS and psi from the ranks, every
     rank pulls its own rows; energies, loss and the teacher's columns equal one rank's, and the
