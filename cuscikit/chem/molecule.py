@@ -623,6 +623,18 @@ class Molecule:
         return comb(self.norb, self.nelec[0]) * comb(self.norb, self.nelec[1])
 
     @property
+    def energy_unit(self) -> str:
+        """The unit of this system's energies: "t" (the hopping) for a Hubbard model, "Ha"
+        otherwise.
+
+        Example:
+            >>> Molecule.hubbard(4, U=4.0).energy_unit, Molecule.load("LiH").energy_unit
+            ('t', 'Ha')
+        """
+        model = (self.metadata or {}).get("model") or {}
+        return "t" if model.get("kind") == "hubbard" else "Ha"
+
+    @property
     def n_electrons(self) -> int:
         """Total number of (active) electrons."""
         return self.nelec[0] + self.nelec[1]

@@ -135,8 +135,7 @@ SYSTEM_HELP = (
 def energy_unit(mol) -> str:
     """The unit of a system's energies in printed reports: "t" (the hopping) for a lattice
     model, "Ha" otherwise (the JSON reports carry it as ``energy_unit``)."""
-    model = (getattr(mol, "metadata", None) or {}).get("model") or {}
-    return "t" if model.get("kind") == "hubbard" else "Ha"
+    return mol.energy_unit
 
 
 def load_molecule(spec: str):

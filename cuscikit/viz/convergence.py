@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from cuscikit.lib.callbacks import Callback
-from cuscikit.viz.panels import _draw_energy
+from cuscikit.viz.panels import _draw_energy, in_unit
 
 
 def plot_convergence(
@@ -44,7 +44,7 @@ def plot_convergence(
 
         _, ax = plt.subplots(figsize=(7, 4.2))
     _draw_energy(history, ax, reference)
-    ax.set_ylabel(ax.get_ylabel().replace("(Ha)", f"({unit})"))
+    in_unit(ax, unit)
     ax.set_xlabel("iteration")
     if "n_space" in history:
         ax2 = ax.twinx()

@@ -186,8 +186,15 @@ class Dashboard(Callback):
         n = max(len(self.panels()) if len(self.history) else 1, 1)
         cols = min(n, 2)
         self._fig.set_size_inches(5.2 * cols, 3.2 * -(-n // cols))
+        # a Runner's molecule names its energies' unit (t for a Hubbard model)
+        unit = getattr(getattr(self.driver, "molecule", None), "energy_unit", "Ha")
         self._fig = plot_panels(
-            self.history, self.panel_names, self._reference(), fig=self._fig, title=self.title
+            self.history,
+            self.panel_names,
+            self._reference(),
+            fig=self._fig,
+            title=self.title,
+            unit=unit,
         )
         return self._fig
 

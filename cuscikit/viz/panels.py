@@ -136,6 +136,11 @@ def _draw_energy(history: pd.DataFrame, ax, reference: float | None) -> None:
     ax.legend(fontsize=7, loc="best")
 
 
+def in_unit(ax, unit: str) -> None:
+    """Relabel an axes drawn in Hartree ("(Ha)" in its y label) in `unit`."""
+    ax.set_ylabel(ax.get_ylabel().replace("(Ha)", f"({unit})"))
+
+
 def _draw_space(history: pd.DataFrame, ax, reference: float | None) -> None:
     it = history["iteration"].to_numpy()
     for col, label in (
@@ -317,6 +322,7 @@ def plot_panels(
     fig=None,
     ncols: int = 2,
     title: str | None = None,
+    unit: str = "Ha",
 ):
     """Draw the panels of `history` on one matplotlib figure (a grid, `ncols` wide).
 
@@ -329,6 +335,8 @@ def plot_panels(
             which a notebook shows like any other plot).
         ncols: panels per row.
         title: the figure's title.
+        unit: the unit of the energies on the axes ("t" for a Hubbard model;
+            `Molecule.energy_unit`).
 
     Returns:
         The figure.
@@ -361,6 +369,7 @@ def plot_panels(
     for k, panel in enumerate(chosen):
         ax = fig.add_subplot(nrows, ncols, k + 1)
         panel.draw(history, ax, reference)
+        in_unit(ax, unit)
         ax.set_title(ax.get_title() or panel.title, fontsize=9)
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -349,4 +349,19 @@ def test_convergence_plot_draws_the_energy_panel_with_its_unit():
     ]
     assert ax.get_ylabel() == "|E - E_ref| (t)" and ax.get_title() == "ring"
     assert plot_convergence(h).get_ylabel() == "|E - E_ref| (Ha)"
+    assert plot_panels(h, ["energy"], unit="t").axes[0].get_ylabel() == "|E - E_ref| (t)"
+    assert plot_panels(h.drop(columns="error"), ["energy"], unit="t").axes[0].get_ylabel() == (
+        "E (t)"
+    )
     assert len(ax.figure.axes) == 2  # |S| on the twin axis
+
+
+def test_dashboard_labels_a_hubbard_run_in_t():
+    pytest.importorskip("torch")
+    from cuscikit import Ansatz, Molecule, Runner
+
+    mol = Molecule.hubbard(4, U=4.0, pbc=True)
+    runner = Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, verbose=0)
+    dash = Dashboard(runner, widgets=False)
+    dash.start(2)
+    assert dash.figure().axes[0].get_ylabel() == "E (t)"
