@@ -907,9 +907,9 @@ class Runner(Solver):
         U: cheap next to an iteration where U is much larger than S.
 
         On P ranks, `pairs` and `hdiag` are the rows of this rank's sources S[lo:hi] (`share`):
-        every rank evaluates psi over the replicated S without a graph, its rows' local
-        energies, and the gradient of its rows; the energy and the gradients are summed over
-        the ranks, so the step equals the single-rank one to rounding. `teach`: (weight,
+        every rank evaluates psi over its rows and gathers it over the replicated S, then its
+        rows' local energies and the gradient of its rows; the energy and the gradients are
+        summed over the ranks, so the step equals the single-rank one to rounding. `teach`: (weight,
         teacher vector on all of S) adds the teacher's pull to every inner step (each rank its
         rows')."""
         dev, n, bs = self.device, len(S), self.batch_size
@@ -937,14 +937,15 @@ class Runner(Solver):
         for _ in range(self.inner_steps if n_inner is None else n_inner):
             self.optimizer.zero_grad(set_to_none=True)
             # this rank's rows keep their graph when they fit in one batch (else the loss
-            # recomputes them batch by batch); the other ranks' rows need values only
+            # recomputes them batch by batch); every rank evaluates its own rows only, and
+            # the other ranks' values arrive by one gather
             own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs and not mini else None
-            parts = [
-                *no_grad_log_psi(0, lo),
-                *([own.detach()] if own is not None else no_grad_log_psi(lo, hi)),
-                *no_grad_log_psi(hi, n),
-            ]
-            lpd = torch.cat([p.to(torch.complex128) for p in parts])
+            parts = [own.detach()] if own is not None else no_grad_log_psi(lo, hi)
+            lpd = torch.cat(
+                [p.to(torch.complex128) for p in parts]
+                or [torch.zeros(0, dtype=torch.complex128, device=dev)]
+            )
+            lpd = self._all_rows(lpd)
             psi = torch.exp(lpd - lpd.real.max())
             prob = psi.abs() ** 2
             psi_own = psi[lo:hi]
