@@ -132,12 +132,6 @@ SYSTEM_HELP = (
 )
 
 
-def energy_unit(mol) -> str:
-    """The unit of a system's energies in printed reports: "t" (the hopping) for a lattice
-    model, "Ha" otherwise (the JSON reports carry it as ``energy_unit``)."""
-    return mol.energy_unit
-
-
 def load_molecule(spec: str):
     """A Molecule from an FCIDUMP path, a bundled dataset name or a Hubbard lattice name
     (`cuscikit.chem.lattice.LATTICE_NAMES`)."""

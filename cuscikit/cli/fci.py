@@ -11,7 +11,6 @@ from cuscikit.cli.common import (
     UsageError,
     add_json,
     emit,
-    energy_unit,
     finite_float,
     load_molecule,
     positive_int,
@@ -64,7 +63,7 @@ def run(args) -> int:
         "e_hf": mol.e_hf,
         "wall_s": wall,
         "solver": "cuscikit.sci.FCI",
-        "energy_unit": energy_unit(mol),
+        "energy_unit": mol.energy_unit,
     }
     ref = (getattr(mol, "metadata", None) or {}).get("reference") or {}
     lines = [f"{mol.name}: {n_det} determinants, norb={mol.norb}, nelec={mol.nelec}"]

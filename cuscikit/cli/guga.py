@@ -16,7 +16,6 @@ from cuscikit.cli.common import (
     UsageError,
     add_json,
     emit,
-    energy_unit,
     finite_float,
     load_molecule,
     non_negative_int,
@@ -117,7 +116,7 @@ def run(args) -> int:
         "wall_s": wall,
         "solver": "cuscikit.guga.GUGASolver",
         "device": args.device,
-        "energy_unit": energy_unit(mol),
+        "energy_unit": mol.energy_unit,
     }
     lines = [f"{mol.name}: {drt.n_csf} CSFs (2S = {twos}), norb={mol.norb}, nelec={(na, nb)}"]
     lines += [f"  root {k}: E = {v:.12f} {report['energy_unit']}" for k, v in enumerate(energies)]

@@ -15,7 +15,6 @@ from cuscikit.cli.common import (
     add_json,
     communicator,
     emit,
-    energy_unit,
     finite_float,
     load_molecule,
     non_negative_int,
@@ -197,7 +196,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "reference_from": None
         if runner.reference is None
         else {"fci": "fci", None: "dataset"}.get(args.reference, "given"),
-        "energy_unit": energy_unit(mol),
+        "energy_unit": mol.energy_unit,
     }
     if runner.teacher_on:
         report["teacher"], report["teacher_until"] = runner.teacher_on, args.teacher_until
@@ -224,7 +223,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         from cuscikit.viz import plot_convergence
 
         title = f"NNQS-SCI on {mol.name}"
-        ax = plot_convergence(h, reference=runner.reference, title=title, unit=energy_unit(mol))
+        ax = plot_convergence(h, reference=runner.reference, title=title, unit=mol.energy_unit)
         png = out_dir / "nnqs_convergence.png"
         ax.figure.savefig(png, dpi=120, bbox_inches="tight")
         report["history_csv"], report["plot_png"] = str(csv), str(png)

@@ -94,9 +94,6 @@ def space_ground_state(
         full = [all_rows(a, comm) for a in (hdiag, rows, cols, vals)]
         return space_ground_state(full[0], tuple(full[1:]), guess, tol, residual_tol)
 
-    def gathered(y):  # a product's rows from every rank, in S order
-        return all_rows(y, comm) if ranks else y
-
     if n <= DENSE_LIMIT or not torch.is_tensor(hdiag):
         import scipy.sparse as sp
 
@@ -113,7 +110,7 @@ def space_ground_state(
             return _signed(float(w[0]), v[:, 0])
 
         def matvec(x):
-            return gathered(h @ x + d[:, None] * x[lo : lo + m])
+            return all_rows(h @ x + d[:, None] * x[lo : lo + m], comm)  # rows of all ranks
 
     else:
         dev = hdiag.device
@@ -131,11 +128,11 @@ def space_ground_state(
             off = off.coalesce().to_sparse_csr()
 
         def matvec(x):
-            return gathered(off @ x + d[:, None] * x[lo : lo + m])
+            return all_rows(off @ x + d[:, None] * x[lo : lo + m], comm)
 
     from cuscikit.linalg.davidson import davidson
 
-    diag = gathered(d)
+    diag = all_rows(d, comm)
     g = _real_guess(guess, diag)
     res = davidson(matvec, diag, 1, guess=g, tol=tol, residual_tol=residual_tol, max_iter=500)
     c = res.vectors[:, 0]
