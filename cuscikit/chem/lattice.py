@@ -217,11 +217,58 @@ def rhf_levels(
             e, C = np.linalg.eigh(h1 + J - 0.5 * K)
             D_new = _aufbau_density(e, C, na, scale) + _aufbau_density(e, C, nb, scale)
             if np.abs(D_new - D).max() < tol:
-                return e, C
+                return e, canonical_orbitals(e, C, scale)
             D = (1 - mix) * D_new + mix * D
     raise RuntimeError(
         f"the mean field did not converge in {max_cycle} cycles at damping {damping}, 0.8 or 0.95"
     )
+
+
+def canonical_orbitals(e: np.ndarray, C: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """The orbitals C (columns, levels e ascending) made independent of the eigensolver: an
+    eigensolver may return any orthonormal basis of a shell of degenerate levels, and either
+    sign of every orbital, and which one it returns differs between LAPACK builds. Within a
+    shell (levels within 1e-8 * scale) the orbitals become the Gram-Schmidt sequence of the
+    sites projected onto the shell, site 0 first (a site whose projection is already spanned
+    is skipped): on a ring, the standing waves with a crest or a node on site 0. Every orbital
+    then has its largest component positive (the first of those within 1e-6 of the largest). The span of every
+    shell, and so every exact energy, is unchanged; the integrals in this basis, and the
+    determinants' weights, no longer depend on the machine.
+
+    Example:
+        >>> h1, _ = hubbard_integrals(4, U=0.0, pbc=True)
+        >>> e, C = np.linalg.eigh(h1)
+        >>> (np.round(canonical_orbitals(e, C)[:, 1:3].T, 12) + 0.0).tolist()  # the shell at 0
+        [[0.707106781187, 0.0, -0.707106781187, 0.0], [0.0, 0.707106781187, 0.0, -0.707106781187]]
+    """
+    C = np.array(C, dtype=np.float64, copy=True)
+    n, tol = len(e), 1e-8 * scale
+    start = 0
+    while start < n:
+        stop = start + 1
+        while stop < n and e[stop] - e[stop - 1] <= tol:
+            stop += 1
+        if stop - start > 1:
+            V = C[:, start:stop]
+            P = V @ V.T  # the projector onto the shell
+            basis: list[np.ndarray] = []
+            for site in range(C.shape[0]):
+                v = P[:, site].copy()
+                for b in basis:
+                    v -= (b @ v) * b
+                norm = np.linalg.norm(v)
+                if norm > 1e-6:  # the site's projection adds a direction
+                    basis.append(v / norm)
+                    if len(basis) == stop - start:
+                        break
+            C[:, start:stop] = np.stack(basis, axis=1)
+        start = stop
+    for k in range(C.shape[1]):
+        mag = np.abs(C[:, k])
+        j = int(np.flatnonzero(mag >= mag.max() - 1e-6)[0])  # equal to the mean field's rounding
+        if C[j, k] < 0:
+            C[:, k] = -C[:, k]
+    return C
 
 
 def _counts(nelec) -> tuple[int, int]:

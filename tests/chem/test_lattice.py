@@ -253,3 +253,28 @@ def test_the_command_line_takes_lattice_names(capsys):
     assert abs(r["e_tot"][0] - e_patch) < 1e-10
     assert main(["fci", "Hubbard-6-U4"]) == 2
     assert "not a lattice name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape, pbc", [(8, True), (12, True), ((4, 4), True), (6, False)])
+def test_rhf_orbitals_do_not_depend_on_the_eigensolver(shape, pbc):
+    """Whatever basis of a degenerate shell, and whatever signs, an eigensolver returns, the
+    canonical orbitals are the same: random rotations within every shell and random signs
+    give back the same matrix; the shells' spans and the mean-field levels are kept."""
+    from cuscikit.chem.lattice import canonical_orbitals, rhf_levels
+
+    h1, eri = hubbard_integrals(shape, U=4.0, pbc=pbc)
+    n = h1.shape[0]
+    e, C = rhf_levels(h1, eri, n)
+    F = C @ np.diag(e) @ C.T  # the converged Fock matrix
+    rng = np.random.default_rng(0)
+    shells = np.split(np.arange(n), np.flatnonzero(np.diff(e) > 1e-8) + 1)
+    assert max(map(len, shells)) > 1 or not pbc  # the rings and the torus have shells
+    for _ in range(5):
+        mixed = C * rng.choice([-1.0, 1.0], size=n)
+        for sh in shells:
+            Q, _ = np.linalg.qr(rng.normal(size=(len(sh), len(sh))))
+            mixed[:, sh] = mixed[:, sh] @ Q
+        again = canonical_orbitals(e, mixed)
+        np.testing.assert_allclose(again, C, atol=1e-10)
+    np.testing.assert_allclose(C.T @ C, np.eye(n), atol=1e-12)
+    np.testing.assert_allclose(C.T @ F @ C, np.diag(e), atol=1e-10)
