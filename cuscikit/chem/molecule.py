@@ -623,6 +623,19 @@ class Molecule:
         return comb(self.norb, self.nelec[0]) * comb(self.norb, self.nelec[1])
 
     @property
+    def is_lattice(self) -> bool:
+        """Whether this is a lattice model (`Molecule.hubbard`, or `Molecule.load` of a lattice
+        name): solvers choose some defaults by it (`cuscikit.nnqs.Runner`'s "auto" growth and
+        teacher inner steps). An FCIDUMP carries no such mark.
+
+        Example:
+            >>> Molecule.hubbard(4, U=4.0).is_lattice, Molecule.load("LiH").is_lattice
+            (True, False)
+        """
+        model = (self.metadata or {}).get("model") or {}
+        return model.get("kind") is not None
+
+    @property
     def energy_unit(self) -> str:
         """The unit of this system's energies: "t" (the hopping) for a Hubbard model, "Ha"
         otherwise.

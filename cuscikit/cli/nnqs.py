@@ -27,6 +27,7 @@ from cuscikit.cli.common import (
 from cuscikit.nnqs.defaults import (
     DEFAULT_INNER_STEPS,
     DEFAULT_ITERATIONS,
+    DEFAULT_LATTICE_TEACHER_INNER_STEPS,
     DEFAULT_LR_DECAY_FROM,
     DEFAULT_LR_FINAL,
     DEFAULT_MAX_SPACE,
@@ -185,7 +186,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         "estimator": args.estimator,
         "n_space": int(last["n_space"]),
         "n_space_next": int(last.get("n_space_next", last["n_space"])),
-        "growth": runner.growth,
+        "growth": runner.growth_rule,
         "iterations": int(runner.iteration),
         "wall_s": wall,
         "device": str(runner.device),
@@ -320,10 +321,11 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
     )
     s.add_argument(
         "--growth",
-        choices=("count", "weight"),
-        default="count",
+        choices=("auto", "count", "weight"),
+        default="auto",
         help="count: S + top-K by |psi| up to --max-space; weight: S + the top-K by "
-        "first-order weight above --add-weight, the memory budget the only hard limit",
+        "first-order weight above --add-weight, the memory budget the only hard limit; "
+        "auto (default): weight for a lattice model, count otherwise",
     )
     s.add_argument(
         "--max-space",
@@ -396,7 +398,8 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         default="auto",
         metavar="N",
         help="inner steps of an iteration while the teacher's weight is above 0 or held "
-        f"(default auto: {DEFAULT_TEACHER_INNER_STEPS} on a GPU, --inner-steps on a CPU)",
+        f"(default auto: {DEFAULT_LATTICE_TEACHER_INNER_STEPS} for a lattice model; otherwise "
+        f"{DEFAULT_TEACHER_INNER_STEPS} on a GPU, --inner-steps on a CPU)",
     )
     s.add_argument(
         "--no-teacher-resolve",

@@ -122,7 +122,7 @@ def _settings(runner) -> dict:
         "batch_size": runner.batch_size,
         "inner_steps": runner.inner_steps,
         "inner_batch": runner.inner_batch,
-        "growth": runner.growth,
+        "growth": runner.growth_rule,
     }
 
 

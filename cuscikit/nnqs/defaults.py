@@ -19,6 +19,19 @@ FCI by both estimators, and stayed so, from iteration 32 (LiH) to 1194 (H8 chain
 slowest, from 1036 (+0.426 mHa at 1945). Before the inner steps the default was 4000 constant-rate
 iterations, and Li2O still ended at +3.60 mHa and the H8 chain at +3.02."""
 
+DEFAULT_GROWTH = "count"
+"""How S grows for a molecule (``Runner(growth="auto")``): the top-K by |psi| up to
+`DEFAULT_MAX_SPACE`, the rule the molecular defaults were chosen with. A lattice model takes
+`DEFAULT_LATTICE_GROWTH`."""
+
+DEFAULT_LATTICE_GROWTH = "weight"
+"""How S grows for a lattice model (``Runner(growth="auto")`` on a `Molecule.hubbard`): by the
+first-order weight, the memory budget the only hard limit. The ground state of a half-filled
+lattice spreads over a large part of its determinant space: on the 10-site chain at U = 4 the
+best space of the count cap (16,384 of 63,504 determinants) is 13.3 mHa above FCI, the weight
+rule's (31,748) within 0.0001 mHa; on the set's 6- and 8-site lattices both rules met the goals
+on three seeds (docs/nnqs_sci.md, "#weight-set")."""
+
 DEFAULT_MAX_SPACE = 16384
 """Cap on |S| (the configurations of smallest |psi| are dropped beyond it); None: no cap."""
 
@@ -79,6 +92,13 @@ last one) by more than `DEFAULT_TEACHER_GAP` (with `DEFAULT_TEACHER_HOLD` the te
 itself is held on that test, and the inner steps end with the weight, once); `DEFAULT_INNER_STEPS`
 otherwise. With 4 inner steps the teacher left two 6-site ring runs (of 30 on the set) worse than
 without it; with 16 none."""
+
+DEFAULT_LATTICE_TEACHER_INNER_STEPS = 32
+"""The teacher's inner steps for a lattice model (``teacher_inner_steps="auto"`` on a
+`Molecule.hubbard`, on any device). The network, not S, limits a lattice run: on the 10-site
+chain at U = 4 (weight rule, 2000-iteration schedule, H200, seed 0) 16 steps ended at 1.741 mHa
+and 32 at 0.358; on the 2-core CPU the 8-site chain at U = 4 ended 15 times above the goals
+with `DEFAULT_INNER_STEPS` (docs/nnqs_sci.md, "#inner32", "#lattice-defaults")."""
 
 DEFAULT_TEACHER_GAP = 1e-4
 """Energy (Ha, or t) by which the network may trail the CI energy of an unchanged S before the

@@ -82,7 +82,7 @@ def sync_replicas(runner, comm) -> None:
             runner.space_cap,
             runner.eps,
             type(runner.ansatz).__name__,
-            runner.growth,
+            runner.growth_rule,
         ]
     )
     mine = np.concatenate([_digest(molecule_fingerprint(runner.molecule)), _digest(settings)])

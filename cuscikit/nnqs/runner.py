@@ -27,8 +27,11 @@ from cuscikit.lib.callbacks import Callback, EarlyStopping, RunLoop, RunStatus
 from cuscikit.lib.logger import NOTE, new_logger
 from cuscikit.lib.solver import Solver
 from cuscikit.nnqs.defaults import (
+    DEFAULT_GROWTH,
     DEFAULT_INNER_STEPS,
     DEFAULT_ITERATIONS,
+    DEFAULT_LATTICE_GROWTH,
+    DEFAULT_LATTICE_TEACHER_INNER_STEPS,
     DEFAULT_LR,
     DEFAULT_LR_DECAY_FROM,
     DEFAULT_LR_FINAL,
@@ -51,7 +54,7 @@ __all__ = ["Callback", "EarlyStopping", "LearningRateDecay", "NonFiniteLossError
 ESTIMATORS = ("coupled", "variational")
 STAGES = ("generation", "dedup", "inference", "energy", "optimizer", "other")
 PIPELINES = ("auto", "gpu", "baseline")
-GROWTH = ("count", "weight")
+GROWTH = ("count", "weight", "auto")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -194,7 +197,9 @@ class Runner(Solver):
         estimator: "coupled" (sum over all of C(x), the papers' form) or "variational" (only
             x' in S: the Rayleigh quotient of psi restricted to S). Drives the loss; both are
             computed and kept in the history.
-        growth: how S grows and shrinks. "count" (default): S <- S + the top-K new
+        growth: how S grows and shrinks. "auto" (default): "weight" for a lattice model
+            (`Molecule.is_lattice`, `DEFAULT_LATTICE_GROWTH`), "count" otherwise
+            (`DEFAULT_GROWTH`); `growth_rule` is the one in force. "count": S <- S + the top-K new
             configurations by |psi|, capped at `max_space`. "weight": the new configurations
             are ranked by their first-order weight |c_a|^2 = |sum_x H_ax psi(x)|^2 /
             (E_var - H_aa)^2 (psi normalised on S; the PT2 terms the iteration already has), the
@@ -293,8 +298,9 @@ class Runner(Solver):
             the network's variational energy is above that CI energy by more than `teacher_gap`
             (`inner_steps` otherwise; with a hold, `inner_steps` once the weight is 0, so the
             count changes once a run).
-            "auto" (default): `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on
-            a CPU; None: `inner_steps`.
+            "auto" (default): `DEFAULT_LATTICE_TEACHER_INNER_STEPS` for a lattice model,
+            otherwise `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device and `inner_steps` on a
+            CPU; None: `inner_steps`.
         teacher_gap: the energy of that test and of the hold's (None: the teacher's inner
             steps end with its weight; needs `teacher_hold` = 0).
         teacher_hold: a fraction h in [0, 1] (0: off): while the network's variational energy
@@ -331,7 +337,7 @@ class Runner(Solver):
 
     topk: int = DEFAULT_TOPK
     estimator: str = "coupled"
-    growth: str = "count"
+    growth: str = "auto"
     max_space: int | None | str = "auto"
     prune_weight: float | None = None
     add_weight: float | None = None
@@ -399,6 +405,7 @@ class Runner(Solver):
         **options,
     ):
         super().__init__(**options)
+        self.molecule = molecule  # the "auto" options depend on it
         self._validate()
         check_state_symmetry(molecule)
         self.comm = comm if comm is not None else SerialComm()
@@ -467,9 +474,11 @@ class Runner(Solver):
             ):
                 raise ValueError(f"{name} must be None or in [0, 1), got {v!r}")
         positive_int("space_memory", self.space_memory, allow_none=True)
-        if self.growth == "count" and (self.add_weight, self.space_memory) != (None, None):
-            raise ValueError('add_weight and space_memory apply to growth="weight" only')
-        if self.growth == "weight" and not self.pt2:
+        rule = self.growth_rule
+        if rule == "count" and (self.add_weight, self.space_memory) != (None, None):
+            why = f' ("auto" is "count" for {self.molecule.name})' if self.growth == "auto" else ""
+            raise ValueError(f'add_weight and space_memory apply to growth="weight" only{why}')
+        if rule == "weight" and not self.pt2:
             raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
@@ -661,12 +670,25 @@ class Runner(Solver):
         return float(self.teacher)
 
     @property
+    def growth_rule(self) -> str:
+        """The growth rule in force: `growth` with "auto" resolved (`DEFAULT_LATTICE_GROWTH`
+        for a lattice model, `DEFAULT_GROWTH` otherwise)."""
+        if self.growth != "auto":
+            return self.growth
+        lattice = getattr(self.molecule, "is_lattice", False)
+        return DEFAULT_LATTICE_GROWTH if lattice else DEFAULT_GROWTH
+
+    @property
     def teacher_inner_count(self) -> int:
         """The teacher's inner steps: `teacher_inner_steps`; None: `inner_steps`; "auto":
-        `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device, `inner_steps` on a CPU (where an inner
-        step over S costs about as much as the iteration's inference)."""
+        `DEFAULT_LATTICE_TEACHER_INNER_STEPS` for a lattice model (on any device: its network,
+        not S, limits it), otherwise `DEFAULT_TEACHER_INNER_STEPS` on a CUDA device and
+        `inner_steps` on a CPU (where an inner step over S costs about as much as the
+        iteration's inference)."""
         n = self.teacher_inner_steps
         if n == "auto":
+            if getattr(self.molecule, "is_lattice", False):
+                return DEFAULT_LATTICE_TEACHER_INNER_STEPS
             return DEFAULT_TEACHER_INNER_STEPS if self.device.type == "cuda" else self.inner_steps
         return self.inner_steps if n is None else int(n)
 
@@ -745,7 +767,7 @@ class Runner(Solver):
     def space_cap(self) -> int | None:
         """The cap on |S| in force: `max_space` with "auto" resolved (None: no cap)."""
         if self.max_space == "auto":
-            return DEFAULT_MAX_SPACE if self.growth == "count" else None
+            return DEFAULT_MAX_SPACE if self.growth_rule == "count" else None
         return self.max_space
 
     @property
@@ -1175,7 +1197,7 @@ class Runner(Solver):
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|), or
         # the weight-driven rule.
         t0 = time.perf_counter()
-        if self.growth == "count":
+        if self.growth_rule == "count":
             n_new, weight_dropped, grown = self._grow_by_count(r)
         else:
             n_new, weight_dropped, grown = self._grow_by_weight(r, e_v, z, n)

@@ -191,6 +191,43 @@ def test_growth_options_are_checked_before_work():
     assert Runner(mol, Ansatz.for_molecule(mol, seed=0), growth="weight").space_cap is None
 
 
+def test_auto_growth_and_teacher_steps_follow_the_kind_of_system(tmp_path):
+    """growth="auto": the weight rule (no count cap) for a lattice model, the count rule for a
+    molecule; teacher_inner_steps="auto": 32 for a lattice on any device, `inner_steps` for a
+    molecule on a CPU. The checkpoint keeps the rule in force, so a lattice run resumes under
+    an explicit "weight" and refuses "count"."""
+    from cuscikit.nnqs.checkpoint import CheckpointError
+    from cuscikit.nnqs.defaults import DEFAULT_LATTICE_TEACHER_INNER_STEPS as LATTICE_STEPS
+
+    ring, lih = Molecule.hubbard(4, U=4.0, pbc=True), Molecule.load("LiH")
+    assert ring.is_lattice and not lih.is_lattice
+
+    def make(mol, **kw):
+        return Runner(mol, Ansatz.for_molecule(mol, seed=0), seed=0, topk=8, **kw)
+
+    lattice, molecule = make(ring), make(lih)
+    assert (lattice.growth, lattice.growth_rule, lattice.space_cap) == ("auto", "weight", None)
+    assert (molecule.growth_rule, molecule.space_cap) == ("count", 16384)
+    assert lattice.teacher_inner_count == LATTICE_STEPS == 32
+    assert molecule.teacher_inner_count == molecule.inner_steps == 4  # a CPU
+    assert make(ring, growth="count").growth_rule == "count"
+    assert make(ring, teacher_inner_steps=5).teacher_inner_count == 5
+    # a lattice that came through an FCIDUMP carries no mark: the molecular defaults
+    ring.to_fcidump(tmp_path / "ring.fcidump")
+    assert make(Molecule.from_fcidump(tmp_path / "ring.fcidump")).growth_rule == "count"
+    # the weight rule's options are refused where "auto" is the count rule, and say why
+    with pytest.raises(ValueError, match='"auto" is "count"'):
+        make(lih, add_weight=1e-6)
+    assert make(ring, add_weight=1e-6).add_weight == 1e-6
+    # the history: the weight rule's columns on the lattice only
+    row = lattice.step()
+    assert "weight_outside" in row and "weight_outside" not in molecule.step()
+    lattice.save(tmp_path / "ring.h5")
+    assert make(ring, growth="weight").load(tmp_path / "ring.h5").iteration == 1
+    with pytest.raises(CheckpointError, match="growth"):
+        make(ring, growth="count").load(tmp_path / "ring.h5")
+
+
 def test_weight_growth_on_thread_ranks_matches_one_rank():
     from cuscikit.parallel.comm import run_ranks
 
