@@ -231,9 +231,9 @@ def canonical_orbitals(e: np.ndarray, C: np.ndarray, scale: float = 1.0) -> np.n
     shell (levels within 1e-8 * scale) the orbitals become the Gram-Schmidt sequence of the
     sites projected onto the shell, site 0 first (a site whose projection is already spanned
     is skipped): on a ring, the standing waves with a crest or a node on site 0. Every orbital
-    then has its largest component positive (the first of those within 1e-6 of the largest). The span of every
-    shell, and so every exact energy, is unchanged; the integrals in this basis, and the
-    determinants' weights, no longer depend on the machine.
+    then has its largest component positive (the first of those within 1e-6 of the largest).
+    The span of every shell, and so every exact energy, is unchanged; the integrals in this
+    basis, and the determinants' weights, no longer depend on the machine.
 
     Example:
         >>> h1, _ = hubbard_integrals(4, U=0.0, pbc=True)
