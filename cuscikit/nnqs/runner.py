@@ -475,11 +475,14 @@ class Runner(Solver):
                 raise ValueError(f"{name} must be None or in [0, 1), got {v!r}")
         positive_int("space_memory", self.space_memory, allow_none=True)
         rule = self.growth_rule
+        why = f' ("auto" is "{rule}" for {self.molecule.name})' if self.growth == "auto" else ""
         if rule == "count" and (self.add_weight, self.space_memory) != (None, None):
-            why = f' ("auto" is "count" for {self.molecule.name})' if self.growth == "auto" else ""
             raise ValueError(f'add_weight and space_memory apply to growth="weight" only{why}')
         if rule == "weight" and not self.pt2:
-            raise ValueError('growth="weight" needs pt2=True (the first-order weights)')
+            raise ValueError(
+                f'growth="weight" needs pt2=True (the first-order weights){why}; with pt2=False '
+                'pass growth="count"'
+            )
         positive_int("batch_size", self.batch_size)
         positive_int("inner_steps", self.inner_steps, minimum=0)
         positive_int("inner_batch", self.inner_batch, allow_none=True)

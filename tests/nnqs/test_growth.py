@@ -219,6 +219,9 @@ def test_auto_growth_and_teacher_steps_follow_the_kind_of_system(tmp_path):
     with pytest.raises(ValueError, match='"auto" is "count"'):
         make(lih, add_weight=1e-6)
     assert make(ring, add_weight=1e-6).add_weight == 1e-6
+    with pytest.raises(ValueError, match='"auto" is "weight".*growth="count"'):
+        make(ring, pt2=False)
+    assert make(ring, pt2=False, growth="count").growth_rule == "count"
     # the history: the weight rule's columns on the lattice only
     row = lattice.step()
     assert "weight_outside" in row and "weight_outside" not in molecule.step()
