@@ -242,7 +242,7 @@ def canonical_orbitals(e: np.ndarray, C: np.ndarray, scale: float = 1.0) -> np.n
         [[0.707106781187, 0.0, -0.707106781187, 0.0], [0.0, 0.707106781187, 0.0, -0.707106781187]]
     """
     C = np.array(C, dtype=np.float64, copy=True)
-    n, tol = len(e), 1e-8 * scale
+    n, tol = len(e), _LEVEL_TOL * scale
     start = 0
     while start < n:
         stop = start + 1
@@ -278,6 +278,10 @@ def _counts(nelec) -> tuple[int, int]:
     return na, nb
 
 
+_LEVEL_TOL = 1e-8
+"""Levels within this (times the largest integral) of each other form one degenerate shell."""
+
+
 def _scale(h1: np.ndarray, eri: np.ndarray) -> float:
     return max(1.0, float(np.abs(h1).max()), float(np.abs(eri).max()))
 
@@ -287,7 +291,7 @@ def _shell(e: np.ndarray, n: int, scale: float) -> tuple[int, np.ndarray]:
     electrons in the ascending levels e."""
     if n == 0:
         return 0, np.zeros(0, dtype=np.int64)
-    tol = 1e-8 * scale
+    tol = _LEVEL_TOL * scale
     below = int((e < e[n - 1] - tol).sum())
     return below, np.flatnonzero(np.abs(e - e[n - 1]) <= tol)
 

@@ -632,8 +632,7 @@ class Molecule:
             >>> Molecule.hubbard(4, U=4.0).is_lattice, Molecule.load("LiH").is_lattice
             (True, False)
         """
-        model = (self.metadata or {}).get("model") or {}
-        return model.get("kind") is not None
+        return self._model_kind is not None
 
     @property
     def energy_unit(self) -> str:
@@ -644,8 +643,13 @@ class Molecule:
             >>> Molecule.hubbard(4, U=4.0).energy_unit, Molecule.load("LiH").energy_unit
             ('t', 'Ha')
         """
-        model = (self.metadata or {}).get("model") or {}
-        return "t" if model.get("kind") == "hubbard" else "Ha"
+        return "t" if self._model_kind == "hubbard" else "Ha"
+
+    @property
+    def _model_kind(self) -> str | None:
+        """The kind of model this is (``metadata["model"]["kind"]``: "hubbard"), None for a
+        molecule."""
+        return ((self.metadata or {}).get("model") or {}).get("kind")
 
     @property
     def n_electrons(self) -> int:

@@ -678,8 +678,13 @@ class Runner(Solver):
         for a lattice model, `DEFAULT_GROWTH` otherwise)."""
         if self.growth != "auto":
             return self.growth
-        lattice = getattr(self.molecule, "is_lattice", False)
-        return DEFAULT_LATTICE_GROWTH if lattice else DEFAULT_GROWTH
+        return DEFAULT_LATTICE_GROWTH if self._lattice else DEFAULT_GROWTH
+
+    @property
+    def _lattice(self) -> bool:
+        """Whether the molecule is a lattice model (`Molecule.is_lattice`): the "auto" options
+        resolve by it."""
+        return bool(getattr(self.molecule, "is_lattice", False))
 
     @property
     def teacher_inner_count(self) -> int:
@@ -690,7 +695,7 @@ class Runner(Solver):
         iteration's inference)."""
         n = self.teacher_inner_steps
         if n == "auto":
-            if getattr(self.molecule, "is_lattice", False):
+            if self._lattice:
                 return DEFAULT_LATTICE_TEACHER_INNER_STEPS
             return DEFAULT_TEACHER_INNER_STEPS if self.device.type == "cuda" else self.inner_steps
         return self.inner_steps if n is None else int(n)
