@@ -60,7 +60,7 @@ def test_space_ground_state_is_the_dense_one(monkeypatch, dense_limit, device, s
     assert e == pytest.approx(space.exact_energy(method="dense"), abs=1e-9)
 
 
-@pytest.mark.parametrize("device", [None, "cpu"])  # numpy (SciPy's products), torch's CSR
+@pytest.mark.parametrize("device", _DEVICES)  # numpy (SciPy's products), torch's CSR
 @pytest.mark.parametrize("dense_limit", [T.DENSE_LIMIT, 10])  # gathered dense, shared Davidson
 @pytest.mark.parametrize("P", [2, 3, 7])
 def test_space_ground_state_on_ranks_is_the_one_rank_one(monkeypatch, dense_limit, device, P):
@@ -91,7 +91,7 @@ def test_space_ground_state_on_ranks_is_the_one_rank_one(monkeypatch, dense_limi
     assert e == pytest.approx(np.linalg.eigvalsh(dense)[0], abs=1e-9)
 
 
-@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("device", _DEVICES)
 def test_space_ground_state_on_more_ranks_than_rows(monkeypatch, device):
     """Davidson's path with ranks that hold no rows (20 ranks, 15 configurations)."""
     from cuscikit.nnqs.distributed import source_share
