@@ -7,6 +7,7 @@ travels to the host for its eigendecomposition.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,12 @@ class _TorchOps(_NumpyOps):
     """The same operations on torch tensors (any device, float64)."""
 
     reuse = False
+    # torch loads its CUDA linear-algebra library on the first torch.linalg call of a process,
+    # and that loading is not thread-safe: ranks on threads of one process (ThreadComm) whose
+    # first QRs coincide fail with "lazy wrapper should be called at most once" (PyTorch issue
+    # 90613). The first CUDA call goes through this lock; later ones do not need it.
+    _linalg_lock = threading.Lock()
+    _linalg_loaded = False
 
     def __init__(self, like):
         import torch
@@ -114,6 +121,11 @@ class _TorchOps(_NumpyOps):
         if a.shape[1] == 1:
             r = self.rownorms(a.T).reshape(1, 1)
             return a / float(r[0, 0]), r
+        if a.is_cuda and not _TorchOps._linalg_loaded:
+            with _TorchOps._linalg_lock:
+                q = self.torch.linalg.qr(a)
+                _TorchOps._linalg_loaded = True
+            return q
         return self.torch.linalg.qr(a)
 
     def matmul_into(self, a, b, out):
