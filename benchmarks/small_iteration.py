@@ -21,8 +21,10 @@ A variant named twice runs twice (``--variants eager eager``: is the path reprod
 with the same variant's energies in DIR (another process, e.g. another version of the package).
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
-in one process (``--variants graph-torch-ops graph``). A run's "run s" includes the Triton
-compilation of the first use in the process (about 9 s on the H200 for the N2 shapes).
+in one process (``--variants graph-torch-ops graph``); ``graph-block`` and ``eager-block`` run
+each transformer block of the pass as one kernel each way (``fused_ops.BLOCK_ENABLED``). A
+run's "run s" includes the Triton compilation of the first use in the process (about 9 s on
+the H200 for the N2 shapes).
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -80,6 +82,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-teacher0-noreuse": {"graphs": True, "teacher": 0, "reuse_space": False},
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
+    # each transformer block of the training pass as one Triton kernel each way
+    # (``fused_ops.BLOCK_ENABLED``)
+    "graph-block": {"graphs": True, "fused_block": True},
+    "eager-block": {"graphs": False, "fused_block": True},
     "eager-compiled": {"graphs": False, "compile_inference": True},
     # the recorded stage only while S fits one batch (the eager stage above it)
     "graph-onebatch": {"graphs": True, "graph_space": 16384},
@@ -95,6 +101,7 @@ def load_system(name: str):
 def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     options = {**(extra or {}), **options}
     fused_ops.ENABLED = options.pop("fused_ops", True)
+    fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -366,6 +373,26 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     rows.append(["LayerNorm, Triton", f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
     fwd, bwd = both(lambda: torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5), (x, w, b))
     rows.append(["LayerNorm, torch", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    # a whole transformer block: one kernel each way, for several tiles, against the module's
+    # pass with the kernels above
+    blk = psi.blocks[0]
+    inputs = (x, *blk.parameters())
+    fused_ops.BLOCK_ENABLED = False
+    fwd, bwd = both(lambda: blk(x), inputs)
+    y_blk = blk(x).detach()
+    rows.append(["block, module (the kernels above)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    keep = fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS
+    fused_ops.BLOCK_ENABLED = True
+    for tile, warps in ((32, 2), (64, 2), (64, 4), (128, 4), (128, 8)):
+        fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
+        fwd, bwd = both(lambda: blk(x), inputs)
+        err = float((blk(x).detach() - y_blk).abs().max())
+        label = f"block, one kernel each way, {tile} rows, {warps} warps"
+        rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
+    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
+    fused_ops.BLOCK_ENABLED = False
+    if fused_ops._failed is not None:
+        print(f"# the Triton kernels were turned off: {fused_ops._failed}", flush=True)
     print_table(
         f"Training kernels at {mol.name}'s shapes: {n} sequences x {length} positions, d_model "
         f"{d}, {h} heads, {dtype}; microseconds per call launched from Python, CUDA events over "

@@ -150,6 +150,9 @@ class _Block(nn.Module):
         self.proj = nn.Linear(4 * d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_ops.block(x, self)  # a training pass on a GPU: one kernel each way
+        if fused is not None:
+            return fused
         x = x + self.attn(self.ln1(x))
         return x + self.proj(F.gelu(self.fc(self.ln2(x))))
 

@@ -46,7 +46,7 @@ import torch
 
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
-__all__ = ["ENABLED", "active", "causal_attention", "layer_norm"]
+__all__ = ["BLOCK_ENABLED", "ENABLED", "active", "block", "causal_attention", "layer_norm"]
 
 #: False: the Ansatz keeps torch's kernels everywhere.
 ENABLED = True
@@ -61,6 +61,11 @@ _ATTN_WARPS = 1  # warps per attention program (an H200: the N2/cc-pVDZ training
 # tools/profile_large_iteration.py time 1/2/4)
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
+#: True: a training pass runs each supported transformer block as one kernel each way
+#: (`block`) instead of the LayerNorm and attention kernels inside torch's block.
+BLOCK_ENABLED = False
+_BLOCK_ROWS = 64  # rows (sequences x padded positions) of a block kernel's program
+_BLOCK_WARPS = 4
 
 
 def active(x: torch.Tensor) -> bool:
@@ -267,6 +272,341 @@ if triton is not None:
         tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, F64), mask=mask2)
         tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
 
+    # ------------------------------------------------------------------ a whole block
+    @triton.jit
+    def _blk_ln(h, w_ptr, b_ptr, c, eps_hi, eps_lo, D: tl.constexpr, F64: tl.constexpr):
+        """LayerNorm of the rows of h (R, D): (y, xhat, rstd)."""
+        mean = tl.sum(h, 1) / D
+        xc = h - mean[:, None]
+        var = tl.sum(xc * xc, 1) / D
+        if F64:
+            rstd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
+        else:
+            rstd = 1.0 / tl.sqrt_rn(var + eps_hi)
+        xhat = xc * rstd[:, None]
+        return xhat * tl.load(w_ptr + c)[None, :] + tl.load(b_ptr + c)[None, :], xhat, rstd
+
+    @triton.jit
+    def _blk_ln_bwd(dy, xhat, rstd, w_ptr, c, D: tl.constexpr):
+        """The input gradient of `_blk_ln` for the output gradient dy."""
+        g = dy * tl.load(w_ptr + c)[None, :]
+        c1 = tl.sum(xhat * g, 1) / D
+        c2 = tl.sum(g, 1) / D
+        return (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+
+    @triton.jit
+    def _blk_wt(w_ptr, ri, co, IN: tl.constexpr):
+        """Tile (ri, co) of W^T for a torch Linear weight W (out, in) at w_ptr: W[co, ri]."""
+        return tl.load(w_ptr + co[None, :] * IN + ri[:, None])
+
+    @triton.jit
+    def _blk_gelu(u):
+        return 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
+
+    @triton.jit
+    def _blk_gelu_grad(u):
+        cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
+        return cdf + u * tl.exp(-0.5 * u * u) * 0.3989422804014327
+
+    @triton.jit
+    def _blk_rows(n, L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
+        """A program's rows: BN sequences of LP (padded) positions; their offsets (R, D) in
+        the (n, L, D) activations and the mask of the real ones."""
+        r = tl.arange(0, BN * LP)
+        seq = tl.program_id(0) * BN + r // LP
+        pos = r % LP
+        valid = (seq < n) & (pos < L)
+        c = tl.arange(0, D)
+        offs = seq.to(tl.int64)[:, None] * (L * D) + pos[:, None] * D + c[None, :]
+        return offs, valid[:, None] & (c[None, :] < D), c
+
+    @triton.jit
+    def _blk_attn_in(
+        a,
+        qkvw,
+        qkvb,
+        c,
+        sc_hi,
+        sc_lo,
+        BN: tl.constexpr,
+        LP: tl.constexpr,
+        D: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """The scaled queries, keys and values of the rows a (R, D), as (BN, LP, D)."""
+        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
+        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
+        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
+        v += tl.load(qkvb + 2 * D + c)[None, :]
+        q = _scaled(q, sc_hi, sc_lo, F64)
+        return (tl.reshape(q, (BN, LP, D)), tl.reshape(k, (BN, LP, D)), tl.reshape(v, (BN, LP, D)))
+
+    @triton.jit
+    def _blk_probs(q3, k3, hm, seen, F64: tl.constexpr):
+        """Causal softmax of one head (columns hm) for every sequence: (BN, LP, LP)."""
+        s = _mm_exact(q3 * hm[None, None, :], tl.permute(k3, (0, 2, 1)), F64)
+        s = tl.where(seen[None, :, :], s, float("-inf"))
+        p = tl.exp(s - tl.max(s, 2)[:, :, None])
+        return p / tl.sum(p, 2)[:, :, None]
+
+    @triton.jit
+    def _blk_forward(
+        h,
+        c,
+        ln1w,
+        ln1b,
+        qkvw,
+        qkvb,
+        aow,
+        aob,
+        ln2w,
+        ln2b,
+        fcw,
+        fcb,
+        prw,
+        prb,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        BN: tl.constexpr,
+        LP: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """x + attn(ln1(x)), then + mlp(ln2(.)), of the rows h (R, D); also the pieces the
+        backward pass reuses."""
+        R: tl.constexpr = BN * LP
+        HD: tl.constexpr = D // H
+        a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)
+        q3, k3, v3 = _blk_attn_in(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
+        i = tl.arange(0, LP)
+        seen = i[None, :] <= i[:, None]  # (query, key)
+        y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
+        for hh in tl.static_range(H):
+            hm = ((c // HD) == hh).to(h.dtype)
+            p = _blk_probs(q3, k3, hm, seen, F64)
+            y3 += _mm_exact(p, v3 * hm[None, None, :], F64)
+        y = tl.reshape(y3, (R, D))
+        h1 = h + _mm_exact(y, _blk_wt(aow, c, c, D), F64) + tl.load(aob + c)[None, :]
+        b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)
+        cf = tl.arange(0, FC)
+        acc = tl.zeros((R, D), dtype=h.dtype)
+        for f0 in tl.static_range(0, FF, FC):
+            u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
+            u += tl.load(fcb + f0 + cf)[None, :]
+            acc += _mm_exact(_blk_gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
+        h2 = h1 + acc + tl.load(prb + c)[None, :]
+        return h2, a, xhat1, rstd1, q3, k3, v3, y, h1, b, xhat2, rstd2
+
+    @triton.jit(do_not_specialize=["n"])
+    def _block_fwd_kernel(
+        h_ptr,
+        out_ptr,
+        n,
+        ln1w,
+        ln1b,
+        qkvw,
+        qkvb,
+        aow,
+        aob,
+        ln2w,
+        ln2b,
+        fcw,
+        fcb,
+        prw,
+        prb,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        h2 = _blk_forward(
+            h,
+            c,
+            ln1w,
+            ln1b,
+            qkvw,
+            qkvb,
+            aow,
+            aob,
+            ln2w,
+            ln2b,
+            fcw,
+            fcb,
+            prw,
+            prb,
+            eps_hi,
+            eps_lo,
+            sc_hi,
+            sc_lo,
+            BN,
+            LP,
+            D,
+            H,
+            FF,
+            FC,
+            F64,
+        )[0]
+        tl.store(out_ptr + offs, h2, mask=mask)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _block_bwd_kernel(
+        h_ptr,
+        dout_ptr,
+        dh_ptr,
+        part_ptr,
+        n,
+        ln1w,
+        ln1b,
+        qkvw,
+        qkvb,
+        aow,
+        aob,
+        ln2w,
+        ln2b,
+        fcw,
+        fcb,
+        prw,
+        prb,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """The block's forward pass again from its input, then its backward pass: the input
+        gradient, and this program's row of every parameter gradient (row pid of part, the
+        parameters flat in `_BLOCK_PARAMS` order)."""
+        R: tl.constexpr = BN * LP
+        HD: tl.constexpr = D // H
+        offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
+        _, a, xhat1, rstd1, q3, k3, v3, y, h1, b, xhat2, rstd2 = _blk_forward(
+            h,
+            c,
+            ln1w,
+            ln1b,
+            qkvw,
+            qkvb,
+            aow,
+            aob,
+            ln2w,
+            ln2b,
+            fcw,
+            fcb,
+            prw,
+            prb,
+            eps_hi,
+            eps_lo,
+            sc_hi,
+            sc_lo,
+            BN,
+            LP,
+            D,
+            H,
+            FF,
+            FC,
+            F64,
+        )
+        # flat offsets of the parameters in a row of part (the `_BLOCK_PARAMS` order)
+        o_ln1w: tl.constexpr = 0
+        o_ln1b: tl.constexpr = D
+        o_qkvw: tl.constexpr = 2 * D
+        o_qkvb: tl.constexpr = o_qkvw + 3 * D * D
+        o_aow: tl.constexpr = o_qkvb + 3 * D
+        o_aob: tl.constexpr = o_aow + D * D
+        o_ln2w: tl.constexpr = o_aob + D
+        o_ln2b: tl.constexpr = o_ln2w + D
+        o_fcw: tl.constexpr = o_ln2b + D
+        o_fcb: tl.constexpr = o_fcw + FF * D
+        o_prw: tl.constexpr = o_fcb + FF
+        o_prb: tl.constexpr = o_prw + D * FF
+        NP: tl.constexpr = o_prb + D
+        row = part_ptr + tl.program_id(0).to(tl.int64) * NP
+        # the MLP: h2 = h1 + gelu(b W1^T + b1) W2^T + b2
+        tl.store(row + o_prb + c, tl.sum(dh2, 0))
+        cf = tl.arange(0, FC)
+        db = tl.zeros((R, D), dtype=h.dtype)
+        for f0 in tl.static_range(0, FF, FC):
+            u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
+            u += tl.load(fcb + f0 + cf)[None, :]
+            g = _blk_gelu(u)
+            # dW2[:, f0 + f] = sum_r dh2[r, :] g[r, f]; dg = dh2 W2[:, chunk]
+            tl.store(
+                row + o_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(g), dh2, F64)
+            )
+            dg = _mm_exact(dh2, tl.load(prw + c[:, None] * FF + (f0 + cf)[None, :]), F64)
+            du = dg * _blk_gelu_grad(u)
+            tl.store(
+                row + o_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm_exact(tl.trans(b), du, F64)
+            )
+            tl.store(row + o_fcb + f0 + cf, tl.sum(du, 0))
+            db += _mm_exact(du, tl.load(fcw + (f0 + cf)[:, None] * D + c[None, :]), F64)
+        tl.store(row + o_ln2w + c, tl.sum(db * xhat2, 0))
+        tl.store(row + o_ln2b + c, tl.sum(db, 0))
+        dh1 = dh2 + _blk_ln_bwd(db, xhat2, rstd2, ln2w, c, D)
+        # the attention's output projection: h1 = h + y Wo^T + bo
+        tl.store(row + o_aow + c[None, :] * D + c[:, None], _mm_exact(tl.trans(y), dh1, F64))
+        tl.store(row + o_aob + c, tl.sum(dh1, 0))
+        dy3 = tl.reshape(
+            _mm_exact(dh1, tl.load(aow + c[:, None] * D + c[None, :]), F64), (BN, LP, D)
+        )
+        # causal attention, head by head (columns hm): the gradients of q (scaled), k and v
+        i = tl.arange(0, LP)
+        seen = i[None, :] <= i[:, None]
+        dq3 = tl.zeros((BN, LP, D), dtype=h.dtype)
+        dk3 = tl.zeros((BN, LP, D), dtype=h.dtype)
+        dv3 = tl.zeros((BN, LP, D), dtype=h.dtype)
+        for hh in tl.static_range(H):
+            hm = ((c // HD) == hh).to(h.dtype)
+            p = _blk_probs(q3, k3, hm, seen, F64)
+            dyh = dy3 * hm[None, None, :]
+            dv3 += _mm_exact(tl.permute(p, (0, 2, 1)), dyh, F64)
+            dp = _mm_exact(dyh, tl.permute(v3, (0, 2, 1)), F64)
+            ds = p * (dp - tl.sum(dp * p, 2)[:, :, None])
+            dq3 += _mm_exact(ds, k3 * hm[None, None, :], F64)
+            dk3 += _mm_exact(tl.permute(ds, (0, 2, 1)), q3 * hm[None, None, :], F64)
+        dq = _scaled(tl.reshape(dq3, (R, D)), sc_hi, sc_lo, F64)
+        dk = tl.reshape(dk3, (R, D))
+        dv = tl.reshape(dv3, (R, D))
+        # the qkv projection of a = ln1(h)
+        at = tl.trans(a)
+        tl.store(row + o_qkvw + c[None, :] * D + c[:, None], _mm_exact(at, dq, F64))
+        tl.store(row + o_qkvw + D * D + c[None, :] * D + c[:, None], _mm_exact(at, dk, F64))
+        tl.store(row + o_qkvw + 2 * D * D + c[None, :] * D + c[:, None], _mm_exact(at, dv, F64))
+        tl.store(row + o_qkvb + c, tl.sum(dq, 0))
+        tl.store(row + o_qkvb + D + c, tl.sum(dk, 0))
+        tl.store(row + o_qkvb + 2 * D + c, tl.sum(dv, 0))
+        wrow = c[:, None] * D + c[None, :]
+        da = _mm_exact(dq, tl.load(qkvw + wrow), F64)
+        da += _mm_exact(dk, tl.load(qkvw + D * D + wrow), F64)
+        da += _mm_exact(dv, tl.load(qkvw + 2 * D * D + wrow), F64)
+        tl.store(row + o_ln1w + c, tl.sum(da * xhat1, 0))
+        tl.store(row + o_ln1b + c, tl.sum(da, 0))
+        tl.store(dh_ptr + offs, dh1 + _blk_ln_bwd(da, xhat1, rstd1, ln1w, c, D), mask=mask)
+
 
 # ------------------------------------------------------------------------- autograd functions
 def _on(t: torch.Tensor):
@@ -361,6 +701,126 @@ class _CausalAttention(torch.autograd.Function):
                     num_warps=_ATTN_WARPS,
                 )
         return dqkv, None
+
+
+class _FusedBlock(torch.autograd.Function):
+    """A whole pre-LayerNorm block (`cuscikit.nnqs.ansatz._Block`) as one kernel each way."""
+
+    @staticmethod
+    def forward(ctx, h, eps, n_heads, *params):
+        n, length, d = h.shape
+        h = h.contiguous()
+        out = torch.empty_like(h)
+        consts = _block_consts(length, d, n_heads, params[8].shape[0], h.dtype)
+        scalars = (*_split(eps), *_split(1.0 / math.sqrt(d // n_heads)))
+        if n:
+            with _on(h):
+                _block_fwd_kernel[(triton.cdiv(n, consts[2]),)](
+                    h, out, n, *params, *scalars, *consts, num_warps=_BLOCK_WARPS
+                )
+        ctx.save_for_backward(h, *params)
+        ctx.consts, ctx.scalars = consts, scalars
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        h, *params = ctx.saved_tensors
+        n = h.shape[0]
+        programs = triton.cdiv(n, ctx.consts[2])
+        dh = torch.empty_like(h)
+        sizes = [p.numel() for p in params]
+        part = torch.empty((programs, sum(sizes)), dtype=h.dtype, device=h.device)
+        if n:
+            with _on(h):
+                _block_bwd_kernel[(programs,)](
+                    h,
+                    dout.contiguous(),
+                    dh,
+                    part,
+                    n,
+                    *params,
+                    *ctx.scalars,
+                    *ctx.consts,
+                    num_warps=_BLOCK_WARPS,
+                )
+        else:
+            part.zero_()
+        sums = part.sum(0)  # one reduction, in a fixed order
+        grads = [g.view(p.shape) for g, p in zip(sums.split(sizes), params, strict=True)]
+        return (dh, None, None, *grads)
+
+
+def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
+    """The block kernels' compile-time sizes: L, LP (positions padded), BN (sequences per
+    program), D, H, FF (hidden width), FC (its chunk), F64."""
+    lp = max(16, pow2(length))
+    return (
+        length,
+        lp,
+        max(1, _BLOCK_ROWS // lp),
+        d,
+        n_heads,
+        ff,
+        min(32, ff),
+        dtype == torch.float64,
+    )
+
+
+def _block_params(blk) -> tuple[torch.Tensor, ...]:
+    """A block's parameters in the kernels' (and the gradient rows') order."""
+    return (
+        blk.ln1.weight,
+        blk.ln1.bias,
+        blk.attn.qkv.weight,
+        blk.attn.qkv.bias,
+        blk.attn.proj.weight,
+        blk.attn.proj.bias,
+        blk.ln2.weight,
+        blk.ln2.bias,
+        blk.fc.weight,
+        blk.fc.bias,
+        blk.proj.weight,
+        blk.proj.bias,
+    )
+
+
+def block_unsupported(x: torch.Tensor, blk) -> str | None:
+    """Why `block` leaves this block to the module (None: it runs fused)."""
+    if x.dim() != 3:
+        return "activations not of shape (n, L, d)"
+    n, length, d = x.shape
+    ff = blk.fc.weight.shape[0]
+    if d not in (16, 32, 64):
+        return f"d_model {d} (the fused block runs 16, 32 and 64)"
+    if d % blk.attn.n_heads:
+        return "heads that do not divide d_model"
+    if ff != pow2(ff) or ff < 16:
+        return f"a hidden width of {ff} (not a power of two of at least 16)"
+    if length > _MAX_LENGTH:
+        return f"{length} positions (at most {_MAX_LENGTH})"
+    if blk.ln1.eps != blk.ln2.eps:
+        return "LayerNorms with different eps"
+    if any(p.dtype != x.dtype or not p.is_contiguous() for p in _block_params(blk)):
+        return "parameters of another dtype or layout"
+    if x.numel() * 4 >= _MAX_ELEMENTS:
+        return "too many rows for 32-bit offsets"
+    return None
+
+
+def block(x: torch.Tensor, blk) -> torch.Tensor | None:
+    """The Ansatz block ``blk`` on ``x`` (n, L, d) through one Triton kernel each way
+    (LayerNorms, attention, both projections, the MLP and the residual sums of a tile of
+    whole sequences in registers; the backward pass recomputes them from the block's input
+    and writes one row of partial parameter gradients per program, summed in a fixed order);
+    None when it does not apply (`BLOCK_ENABLED` off, not `active`, or `block_unsupported`),
+    so the caller runs the module's own pass."""
+    if not BLOCK_ENABLED or not active(x) or block_unsupported(x, blk) is not None:
+        return None
+    try:
+        return _FusedBlock.apply(x, float(blk.ln1.eps), int(blk.attn.n_heads), *_block_params(blk))
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+        _turn_off(exc)
+        return None
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):

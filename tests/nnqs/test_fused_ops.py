@@ -138,3 +138,98 @@ def test_ansatz_layer_norms_keep_their_state():
         "ln_f.bias",
     ]
     assert isinstance(psi.ln_f, torch.nn.LayerNorm)
+
+
+_BLOCK_INTERPRETED = textwrap.dedent(
+    """
+    import torch
+    import cuscikit.nnqs.fused_ops as fo
+    from cuscikit import Ansatz
+    from cuscikit.nnqs.ansatz import _Block
+    from cuscikit.sci.configs import all_determinants
+
+    def err(a, b):
+        return float((a - b).detach().abs().max())
+
+    g = torch.Generator().manual_seed(1)
+    fo.BLOCK_ENABLED = True
+    # sequences not a multiple of a program's, lengths padded to 16 and to 32, two widths
+    for dt, tol in ((torch.float64, 1e-12), (torch.float32, 3e-5)):
+        for n, length, d, h in ((5, 10, 32, 4), (3, 7, 16, 2), (9, 17, 16, 4)):
+            blk = _Block(d, h).to(dt)
+            with torch.no_grad():
+                for p in blk.parameters():  # LayerNorms away from (1, 0) too
+                    p.copy_(0.3 * torch.randn(p.shape, dtype=dt, generator=g))
+            x = torch.randn(n, length, d, dtype=dt, generator=g).requires_grad_()
+            gy = torch.randn(n, length, d, dtype=dt, generator=g)
+            y = fo.block(x, blk)
+            assert type(y.grad_fn).__name__ == "_FusedBlockBackward", y.grad_fn
+            grads = torch.autograd.grad((y * gy).sum(), [x, *blk.parameters()])
+            fo.BLOCK_ENABLED = fo.ENABLED = False  # torch's own kernels for the reference
+            y0 = blk(x)
+            grads0 = torch.autograd.grad((y0 * gy).sum(), [x, *blk.parameters()])
+            fo.BLOCK_ENABLED = fo.ENABLED = True
+            assert err(y, y0) < tol * max(1.0, err(y0, 0)), ("block", dt, n, length)
+            for a, c in zip(grads, grads0):
+                scale = max(1.0, float(c.abs().max()))
+                assert err(a, c) < tol * scale, ("block grad", dt, n, length, err(a, c))
+
+    # shapes it leaves to the module
+    assert "d_model 48" in fo.block_unsupported(torch.zeros(2, 5, 48), _Block(48, 6))
+    assert "33 positions" in fo.block_unsupported(torch.zeros(2, 33, 16), _Block(16, 2))
+
+    # the Ansatz takes it in a training pass, not in inference; the same gradient as torch's
+    calls = [0]
+    apply = fo._FusedBlock.apply
+    def counted(*a):
+        calls[0] += 1
+        return apply(*a)
+    fo._FusedBlock.apply = counted
+    psi = Ansatz(6, (3, 2), n_layers=2, phase_hidden=(8,), seed=0, dtype=torch.float64)
+    with torch.no_grad():
+        for p in psi.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=p.dtype, generator=g))
+    x = all_determinants(6, (3, 2))
+    grads = {}
+    for on in (True, False):
+        fo.BLOCK_ENABLED = on
+        lp = psi.log_psi(x)
+        loss = (lp.real * torch.arange(len(x))).sum() + lp.imag.sum()
+        grads[on] = torch.autograd.grad(loss, list(psi.parameters()))
+    assert calls[0] == 2, calls
+    assert fo._failed is None, fo._failed
+    worst = max(
+        err(a, b) / max(1.0, float(b.abs().max())) for a, b in zip(grads[True], grads[False])
+    )
+    assert worst < 1e-12, worst
+    fo.BLOCK_ENABLED = True
+    with torch.no_grad():
+        psi.log_psi(x)
+    assert calls[0] == 2, calls
+    print("ok", worst)
+    """
+)
+
+
+def test_fused_block_in_triton_interpreter():
+    """A whole transformer block as one kernel each way: its output and every gradient against
+    torch's block (float64 1e-12, float32 3e-5 relative), padded sequences and positions, and
+    the Ansatz's gradient through it, on the CPU."""
+    out = run_interpreted(_BLOCK_INTERPRETED, timeout=300)
+    assert "ok" in out
+
+
+def test_fused_block_stays_off_on_the_cpu():
+    """Without the interpreter a CPU pass keeps the module's block, switch on or off."""
+    if fused_ops.interpreting():
+        pytest.skip("the Triton interpreter runs the kernels on the CPU")
+    from cuscikit.nnqs.ansatz import _Block
+
+    blk = _Block(16, 2).double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    keep = fused_ops.BLOCK_ENABLED
+    try:
+        fused_ops.BLOCK_ENABLED = True
+        assert fused_ops.block(x, blk) is None
+    finally:
+        fused_ops.BLOCK_ENABLED = keep
