@@ -22,7 +22,8 @@ with the same variant's energies in DIR (another process, e.g. another version o
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
 in one process (``--variants graph-torch-ops graph``); ``graph-block`` and ``eager-block`` run
-each transformer block of the pass as one kernel each way (``fused_ops.BLOCK_ENABLED``). A
+each transformer block of the pass as one kernel each way (``fused_ops.BLOCK_ENABLED``),
+``graph-amplitude`` and ``eager-amplitude`` the whole ln|psi| (``fused_ops.AMPLITUDE_ENABLED``). A
 run's "run s" includes the Triton compilation of the first use in the process (about 9 s on
 the H200 for the N2 shapes).
 
@@ -86,6 +87,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # (``fused_ops.BLOCK_ENABLED``)
     "graph-block": {"graphs": True, "fused_block": True},
     "eager-block": {"graphs": False, "fused_block": True},
+    # ln|psi| of the training pass as one Triton kernel each way (``fused_ops.AMPLITUDE_ENABLED``)
+    "graph-amplitude": {"graphs": True, "fused_amplitude": True},
+    "eager-amplitude": {"graphs": False, "fused_amplitude": True},
     "eager-compiled": {"graphs": False, "compile_inference": True},
     # the recorded stage only while S fits one batch (the eager stage above it)
     "graph-onebatch": {"graphs": True, "graph_space": 16384},
@@ -102,6 +106,7 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     options = {**(extra or {}), **options}
     fused_ops.ENABLED = options.pop("fused_ops", True)
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
+    fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -349,10 +354,10 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / reps * 1e3
 
-    def both(forward, inputs) -> tuple[float, float]:
+    def both(forward, inputs, grad_out=gy) -> tuple[float, float]:
         y = forward()
         fwd = timed(forward)
-        bwd = timed(lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True))
+        bwd = timed(lambda: torch.autograd.grad(y, inputs, grad_out, retain_graph=True))
         return fwd, bwd
 
     rows, best = [], (float("inf"), fused_ops._ATTN_WARPS)
@@ -389,8 +394,25 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
         err = float((blk(x).detach() - y_blk).abs().max())
         label = f"block, one kernel each way, {tile} rows, {warps} warps"
         rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
-    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
     fused_ops.BLOCK_ENABLED = False
+    # the whole ln|psi| of n configurations: the module's pass (the kernels above) against one
+    # kernel each way
+    configs, _ = psi.sample(4 * n)
+    tok = psi.tokens(configs[:n])
+    amp_inputs = [p for name, p in psi.named_parameters() if not name.startswith("phase")]
+    g_amp = torch.randn(len(tok), dtype=dtype, device="cuda", generator=g)
+    fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
+    a_ref = psi.log_amplitude(tok).detach()
+    rows.append([f"ln|psi|, module, {len(tok)} configurations", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    fused_ops.AMPLITUDE_ENABLED = True
+    for tile, warps in ((32, 2), (64, 2), (64, 4), (128, 4), (128, 8)):
+        fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
+        fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
+        err = float((psi.log_amplitude(tok).detach() - a_ref).abs().max())
+        label = f"ln|psi|, one kernel each way, {tile} rows, {warps} warps"
+        rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
+    fused_ops.AMPLITUDE_ENABLED = False
+    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
     if fused_ops._failed is not None:
         print(f"# the Triton kernels were turned off: {fused_ops._failed}", flush=True)
     print_table(

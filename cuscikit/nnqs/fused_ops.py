@@ -46,7 +46,16 @@ import torch
 
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
-__all__ = ["BLOCK_ENABLED", "ENABLED", "active", "block", "causal_attention", "layer_norm"]
+__all__ = [
+    "AMPLITUDE_ENABLED",
+    "BLOCK_ENABLED",
+    "ENABLED",
+    "active",
+    "amplitude",
+    "block",
+    "causal_attention",
+    "layer_norm",
+]
 
 #: False: the Ansatz keeps torch's kernels everywhere.
 ENABLED = True
@@ -64,6 +73,9 @@ _failed: str | None = None  # why the kernels were turned off
 #: True: a training pass runs each supported transformer block as one kernel each way
 #: (`block`) instead of the LayerNorm and attention kernels inside torch's block.
 BLOCK_ENABLED = False
+#: True: a training pass runs ln|psi| (embeddings, every block, the head and the masked
+#: log-softmax) as one kernel each way (`amplitude`); it takes precedence over BLOCK_ENABLED.
+AMPLITUDE_ENABLED = False
 _BLOCK_ROWS = 64  # rows (sequences x padded positions) of a block kernel's program
 _BLOCK_WARPS = 4
 
@@ -272,7 +284,26 @@ if triton is not None:
         tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, F64), mask=mask2)
         tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
 
-    # ------------------------------------------------------------------ a whole block
+    # ------------------------------------------------------------------ whole blocks
+    # A block's parameters lie flat at one pointer, in the module's order (`_layer_ptrs`); a
+    # program takes BN whole sequences of LP (padded) positions, R = BN * LP rows in registers.
+    @triton.jit
+    def _layer_ptrs(w, D: tl.constexpr, FF: tl.constexpr):
+        """Pointers to ln1 (w, b), qkv (W, b), the attention's proj (W, b), ln2 (w, b), fc
+        (W, b) and the MLP's proj (W, b) in a flat block at w (torch Linear layout (out, in))."""
+        ln1b = w + D
+        qkvw = w + 2 * D
+        qkvb = qkvw + 3 * D * D
+        aow = qkvb + 3 * D
+        aob = aow + D * D
+        ln2w = aob + D
+        ln2b = ln2w + D
+        fcw = ln2b + D
+        fcb = fcw + FF * D
+        prw = fcb + FF
+        prb = prw + D * FF
+        return w, ln1b, qkvw, qkvb, aow, aob, ln2w, ln2b, fcw, fcb, prw, prb
+
     @triton.jit
     def _blk_ln(h, w_ptr, b_ptr, c, eps_hi, eps_lo, D: tl.constexpr, F64: tl.constexpr):
         """LayerNorm of the rows of h (R, D): (y, xhat, rstd)."""
@@ -300,6 +331,11 @@ if triton is not None:
         return tl.load(w_ptr + co[None, :] * IN + ri[:, None])
 
     @triton.jit
+    def _blk_w(w_ptr, ro, ci, IN: tl.constexpr):
+        """Tile (ro, ci) of a torch Linear weight W (out, in) at w_ptr."""
+        return tl.load(w_ptr + ro[:, None] * IN + ci[None, :])
+
+    @triton.jit
     def _blk_gelu(u):
         return 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
 
@@ -310,36 +346,15 @@ if triton is not None:
 
     @triton.jit
     def _blk_rows(n, L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
-        """A program's rows: BN sequences of LP (padded) positions; their offsets (R, D) in
-        the (n, L, D) activations and the mask of the real ones."""
+        """A program's rows: their sequences and positions, their offsets (R, D) in (n, L, D)
+        activations, the mask of the real ones and the feature columns."""
         r = tl.arange(0, BN * LP)
         seq = tl.program_id(0) * BN + r // LP
         pos = r % LP
         valid = (seq < n) & (pos < L)
         c = tl.arange(0, D)
         offs = seq.to(tl.int64)[:, None] * (L * D) + pos[:, None] * D + c[None, :]
-        return offs, valid[:, None] & (c[None, :] < D), c
-
-    @triton.jit
-    def _blk_attn_in(
-        a,
-        qkvw,
-        qkvb,
-        c,
-        sc_hi,
-        sc_lo,
-        BN: tl.constexpr,
-        LP: tl.constexpr,
-        D: tl.constexpr,
-        F64: tl.constexpr,
-    ):
-        """The scaled queries, keys and values of the rows a (R, D), as (BN, LP, D)."""
-        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
-        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
-        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
-        v += tl.load(qkvb + 2 * D + c)[None, :]
-        q = _scaled(q, sc_hi, sc_lo, F64)
-        return (tl.reshape(q, (BN, LP, D)), tl.reshape(k, (BN, LP, D)), tl.reshape(v, (BN, LP, D)))
+        return seq, pos, valid, offs, valid[:, None] & (c[None, :] < D), c
 
     @triton.jit
     def _blk_probs(q3, k3, hm, seen, F64: tl.constexpr):
@@ -353,18 +368,7 @@ if triton is not None:
     def _blk_forward(
         h,
         c,
-        ln1w,
-        ln1b,
-        qkvw,
-        qkvb,
-        aow,
-        aob,
-        ln2w,
-        ln2b,
-        fcw,
-        fcb,
-        prw,
-        prb,
+        w,
         eps_hi,
         eps_lo,
         sc_hi,
@@ -377,19 +381,25 @@ if triton is not None:
         FC: tl.constexpr,
         F64: tl.constexpr,
     ):
-        """x + attn(ln1(x)), then + mlp(ln2(.)), of the rows h (R, D); also the pieces the
-        backward pass reuses."""
+        """h + attn(ln1(h)), then + mlp(ln2(.)), of the rows h (R, D) with the block at w;
+        also the pieces the backward pass takes."""
         R: tl.constexpr = BN * LP
         HD: tl.constexpr = D // H
+        ln1w, ln1b, qkvw, qkvb, aow, aob, ln2w, ln2b, fcw, fcb, prw, prb = _layer_ptrs(w, D, FF)
         a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)
-        q3, k3, v3 = _blk_attn_in(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
+        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
+        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
+        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
+        v += tl.load(qkvb + 2 * D + c)[None, :]
+        q3 = tl.reshape(_scaled(q, sc_hi, sc_lo, F64), (BN, LP, D))
+        k3 = tl.reshape(k, (BN, LP, D))
+        v3 = tl.reshape(v, (BN, LP, D))
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]  # (query, key)
         y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         for hh in tl.static_range(H):
             hm = ((c // HD) == hh).to(h.dtype)
-            p = _blk_probs(q3, k3, hm, seen, F64)
-            y3 += _mm_exact(p, v3 * hm[None, None, :], F64)
+            y3 += _mm_exact(_blk_probs(q3, k3, hm, seen, F64), v3 * hm[None, None, :], F64)
         y = tl.reshape(y3, (R, D))
         h1 = h + _mm_exact(y, _blk_wt(aow, c, c, D), F64) + tl.load(aob + c)[None, :]
         b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)
@@ -400,180 +410,63 @@ if triton is not None:
             u += tl.load(fcb + f0 + cf)[None, :]
             acc += _mm_exact(_blk_gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
         h2 = h1 + acc + tl.load(prb + c)[None, :]
-        return h2, a, xhat1, rstd1, q3, k3, v3, y, h1, b, xhat2, rstd2
+        return h2, a, xhat1, rstd1, q3, k3, v3, y, b, xhat2, rstd2
 
-    @triton.jit(do_not_specialize=["n"])
-    def _block_fwd_kernel(
-        h_ptr,
-        out_ptr,
-        n,
-        ln1w,
-        ln1b,
-        qkvw,
-        qkvb,
-        aow,
-        aob,
-        ln2w,
-        ln2b,
-        fcw,
-        fcb,
-        prw,
-        prb,
+    @triton.jit
+    def _blk_backward(
+        h,
+        dh2,
+        c,
+        w,
+        g,
         eps_hi,
         eps_lo,
         sc_hi,
         sc_lo,
-        L: tl.constexpr,
-        LP: tl.constexpr,
         BN: tl.constexpr,
+        LP: tl.constexpr,
         D: tl.constexpr,
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
         F64: tl.constexpr,
     ):
-        offs, mask, c = _blk_rows(n, L, LP, BN, D)
-        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        h2 = _blk_forward(
-            h,
-            c,
-            ln1w,
-            ln1b,
-            qkvw,
-            qkvb,
-            aow,
-            aob,
-            ln2w,
-            ln2b,
-            fcw,
-            fcb,
-            prw,
-            prb,
-            eps_hi,
-            eps_lo,
-            sc_hi,
-            sc_lo,
-            BN,
-            LP,
-            D,
-            H,
-            FF,
-            FC,
-            F64,
-        )[0]
-        tl.store(out_ptr + offs, h2, mask=mask)
-
-    @triton.jit(do_not_specialize=["n"])
-    def _block_bwd_kernel(
-        h_ptr,
-        dout_ptr,
-        dh_ptr,
-        part_ptr,
-        n,
-        ln1w,
-        ln1b,
-        qkvw,
-        qkvb,
-        aow,
-        aob,
-        ln2w,
-        ln2b,
-        fcw,
-        fcb,
-        prw,
-        prb,
-        eps_hi,
-        eps_lo,
-        sc_hi,
-        sc_lo,
-        L: tl.constexpr,
-        LP: tl.constexpr,
-        BN: tl.constexpr,
-        D: tl.constexpr,
-        H: tl.constexpr,
-        FF: tl.constexpr,
-        FC: tl.constexpr,
-        F64: tl.constexpr,
-    ):
-        """The block's forward pass again from its input, then its backward pass: the input
-        gradient, and this program's row of every parameter gradient (row pid of part, the
-        parameters flat in `_BLOCK_PARAMS` order)."""
+        """The block at w forward again from its input rows h, then backward from the output
+        gradient dh2: returns the input gradient and stores this program's partial gradient of
+        every parameter at g (the layout of w)."""
         R: tl.constexpr = BN * LP
         HD: tl.constexpr = D // H
-        offs, mask, c = _blk_rows(n, L, LP, BN, D)
-        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
-        _, a, xhat1, rstd1, q3, k3, v3, y, h1, b, xhat2, rstd2 = _blk_forward(
-            h,
-            c,
-            ln1w,
-            ln1b,
-            qkvw,
-            qkvb,
-            aow,
-            aob,
-            ln2w,
-            ln2b,
-            fcw,
-            fcb,
-            prw,
-            prb,
-            eps_hi,
-            eps_lo,
-            sc_hi,
-            sc_lo,
-            BN,
-            LP,
-            D,
-            H,
-            FF,
-            FC,
-            F64,
+        _, a, xhat1, rstd1, q3, k3, v3, y, b, xhat2, rstd2 = _blk_forward(
+            h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
         )
-        # flat offsets of the parameters in a row of part (the `_BLOCK_PARAMS` order)
-        o_ln1w: tl.constexpr = 0
-        o_ln1b: tl.constexpr = D
-        o_qkvw: tl.constexpr = 2 * D
-        o_qkvb: tl.constexpr = o_qkvw + 3 * D * D
-        o_aow: tl.constexpr = o_qkvb + 3 * D
-        o_aob: tl.constexpr = o_aow + D * D
-        o_ln2w: tl.constexpr = o_aob + D
-        o_ln2b: tl.constexpr = o_ln2w + D
-        o_fcw: tl.constexpr = o_ln2b + D
-        o_fcb: tl.constexpr = o_fcw + FF * D
-        o_prw: tl.constexpr = o_fcb + FF
-        o_prb: tl.constexpr = o_prw + D * FF
-        NP: tl.constexpr = o_prb + D
-        row = part_ptr + tl.program_id(0).to(tl.int64) * NP
+        ln1w, _, qkvw, _, aow, _, ln2w, _, fcw, fcb, prw, _ = _layer_ptrs(w, D, FF)
+        g_ln1w, g_ln1b, g_qkvw, g_qkvb, g_aow, g_aob, g_ln2w, g_ln2b, g_fcw, g_fcb, g_prw, g_prb = (
+            _layer_ptrs(g, D, FF)
+        )
         # the MLP: h2 = h1 + gelu(b W1^T + b1) W2^T + b2
-        tl.store(row + o_prb + c, tl.sum(dh2, 0))
+        tl.store(g_prb + c, tl.sum(dh2, 0))
         cf = tl.arange(0, FC)
         db = tl.zeros((R, D), dtype=h.dtype)
         for f0 in tl.static_range(0, FF, FC):
             u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
             u += tl.load(fcb + f0 + cf)[None, :]
-            g = _blk_gelu(u)
-            # dW2[:, f0 + f] = sum_r dh2[r, :] g[r, f]; dg = dh2 W2[:, chunk]
+            gu = _blk_gelu(u)
+            # W2's columns f0.. get gu^T dh2; the chunk's input gradient dh2 W2[:, chunk]
             tl.store(
-                row + o_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(g), dh2, F64)
+                g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(gu), dh2, F64)
             )
-            dg = _mm_exact(dh2, tl.load(prw + c[:, None] * FF + (f0 + cf)[None, :]), F64)
-            du = dg * _blk_gelu_grad(u)
-            tl.store(
-                row + o_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm_exact(tl.trans(b), du, F64)
-            )
-            tl.store(row + o_fcb + f0 + cf, tl.sum(du, 0))
-            db += _mm_exact(du, tl.load(fcw + (f0 + cf)[:, None] * D + c[None, :]), F64)
-        tl.store(row + o_ln2w + c, tl.sum(db * xhat2, 0))
-        tl.store(row + o_ln2b + c, tl.sum(db, 0))
+            du = _mm_exact(dh2, _blk_w(prw + f0, c, cf, FF), F64) * _blk_gelu_grad(u)
+            tl.store(g_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm_exact(tl.trans(b), du, F64))
+            tl.store(g_fcb + f0 + cf, tl.sum(du, 0))
+            db += _mm_exact(du, _blk_w(fcw + f0 * D, cf, c, D), F64)
+        tl.store(g_ln2w + c, tl.sum(db * xhat2, 0))
+        tl.store(g_ln2b + c, tl.sum(db, 0))
         dh1 = dh2 + _blk_ln_bwd(db, xhat2, rstd2, ln2w, c, D)
         # the attention's output projection: h1 = h + y Wo^T + bo
-        tl.store(row + o_aow + c[None, :] * D + c[:, None], _mm_exact(tl.trans(y), dh1, F64))
-        tl.store(row + o_aob + c, tl.sum(dh1, 0))
-        dy3 = tl.reshape(
-            _mm_exact(dh1, tl.load(aow + c[:, None] * D + c[None, :]), F64), (BN, LP, D)
-        )
-        # causal attention, head by head (columns hm): the gradients of q (scaled), k and v
+        tl.store(g_aow + c[None, :] * D + c[:, None], _mm_exact(tl.trans(y), dh1, F64))
+        tl.store(g_aob + c, tl.sum(dh1, 0))
+        dy3 = tl.reshape(_mm_exact(dh1, _blk_w(aow, c, c, D), F64), (BN, LP, D))
+        # causal attention head by head (columns hm): the gradients of q (scaled), k and v
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]
         dq3 = tl.zeros((BN, LP, D), dtype=h.dtype)
@@ -591,21 +484,265 @@ if triton is not None:
         dq = _scaled(tl.reshape(dq3, (R, D)), sc_hi, sc_lo, F64)
         dk = tl.reshape(dk3, (R, D))
         dv = tl.reshape(dv3, (R, D))
-        # the qkv projection of a = ln1(h)
+        # the q/k/v projection of a = ln1(h)
         at = tl.trans(a)
-        tl.store(row + o_qkvw + c[None, :] * D + c[:, None], _mm_exact(at, dq, F64))
-        tl.store(row + o_qkvw + D * D + c[None, :] * D + c[:, None], _mm_exact(at, dk, F64))
-        tl.store(row + o_qkvw + 2 * D * D + c[None, :] * D + c[:, None], _mm_exact(at, dv, F64))
-        tl.store(row + o_qkvb + c, tl.sum(dq, 0))
-        tl.store(row + o_qkvb + D + c, tl.sum(dk, 0))
-        tl.store(row + o_qkvb + 2 * D + c, tl.sum(dv, 0))
-        wrow = c[:, None] * D + c[None, :]
-        da = _mm_exact(dq, tl.load(qkvw + wrow), F64)
-        da += _mm_exact(dk, tl.load(qkvw + D * D + wrow), F64)
-        da += _mm_exact(dv, tl.load(qkvw + 2 * D * D + wrow), F64)
-        tl.store(row + o_ln1w + c, tl.sum(da * xhat1, 0))
-        tl.store(row + o_ln1b + c, tl.sum(da, 0))
-        tl.store(dh_ptr + offs, dh1 + _blk_ln_bwd(da, xhat1, rstd1, ln1w, c, D), mask=mask)
+        wt = c[None, :] * D + c[:, None]
+        tl.store(g_qkvw + wt, _mm_exact(at, dq, F64))
+        tl.store(g_qkvw + D * D + wt, _mm_exact(at, dk, F64))
+        tl.store(g_qkvw + 2 * D * D + wt, _mm_exact(at, dv, F64))
+        tl.store(g_qkvb + c, tl.sum(dq, 0))
+        tl.store(g_qkvb + D + c, tl.sum(dk, 0))
+        tl.store(g_qkvb + 2 * D + c, tl.sum(dv, 0))
+        da = _mm_exact(dq, _blk_w(qkvw, c, c, D), F64)
+        da += _mm_exact(dk, _blk_w(qkvw + D * D, c, c, D), F64)
+        da += _mm_exact(dv, _blk_w(qkvw + 2 * D * D, c, c, D), F64)
+        tl.store(g_ln1w + c, tl.sum(da * xhat1, 0))
+        tl.store(g_ln1b + c, tl.sum(da, 0))
+        return dh1 + _blk_ln_bwd(da, xhat1, rstd1, ln1w, c, D)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _block_fwd_kernel(
+        h_ptr,
+        out_ptr,
+        w,
+        n,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        h2 = _blk_forward(h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+        tl.store(out_ptr + offs, h2, mask=mask)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _block_bwd_kernel(
+        h_ptr,
+        dout_ptr,
+        dh_ptr,
+        w,
+        part_ptr,
+        n,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """The input gradient, and this program's row of the parameter gradients (row pid
+        of part, the layout of w)."""
+        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
+        _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
+        g = part_ptr + tl.program_id(0).to(tl.int64) * NP
+        dh = _blk_backward(h, dh2, c, w, g, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
+        tl.store(dh_ptr + offs, dh, mask=mask)
+
+    # --------------------------------------------------------------- the whole amplitude
+    # The flat parameters of `Ansatz.log_amplitude` in the module's order: the token (5, D)
+    # and position (L, D) embeddings, NL blocks (`_layer_ptrs`), ln_f (w, b), the head (4, D)
+    # and its bias (4), the logit offsets (L, 4).
+    @triton.jit
+    def _amp_tokens(tok_ptr, seq, pos, n, L: tl.constexpr, LP: tl.constexpr):
+        """Per row: the input token (the start token 4, then the previous orbital's), the
+        target token, and the alpha and beta electrons of the orbitals before it."""
+        j = tl.arange(0, LP)
+        tk = tl.load(
+            tok_ptr + seq.to(tl.int64)[:, None] * L + j[None, :],
+            mask=(seq < n)[:, None] & (j < L)[None, :],
+            other=0,
+        ).to(tl.int32)
+        before = j[None, :] < pos[:, None]
+        used_a = tl.sum(tl.where(before, tk & 1, 0), 1)
+        used_b = tl.sum(tl.where(before, tk >> 1, 0), 1)
+        target = tl.sum(tl.where(j[None, :] == pos[:, None], tk, 0), 1)
+        prev = tl.sum(tl.where(j[None, :] == pos[:, None] - 1, tk, 0), 1)
+        return tl.where(pos == 0, 4, prev), target, used_a, used_b
+
+    @triton.jit
+    def _amp_head(
+        h,
+        c,
+        wf,
+        pos,
+        target,
+        used_a,
+        used_b,
+        eps_hi,
+        eps_lo,
+        L: tl.constexpr,
+        D: tl.constexpr,
+        NA: tl.constexpr,
+        NB: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """ln_f, the head and the masked log-softmax of the rows h, with ln_f, the head and the
+        logit offsets at wf: log p of each row's target, the probabilities of its four tokens
+        (16 columns, 0 past the fourth), whether the target is allowed, and ln_f's pieces."""
+        x, xhat, rstd = _blk_ln(h, wf, wf + D, c, eps_hi, eps_lo, D, F64)
+        c16 = tl.arange(0, 16)
+        real = c16 < 4
+        wh = tl.load(wf + 2 * D + c16[None, :] * D + c[:, None], mask=real[None, :], other=0.0)
+        bh = tl.load(wf + 6 * D + c16, mask=real, other=0.0)
+        kb = tl.minimum(pos, L - 1)
+        lb = tl.load(wf + 6 * D + 4 + kb[:, None] * 4 + c16[None, :], mask=real[None, :], other=0.0)
+        logits = _mm_exact(x, wh, F64) + bh[None, :] + lb
+        ua = used_a[:, None] + (c16[None, :] & 1)
+        ub = used_b[:, None] + (c16[None, :] >> 1)
+        rem = (L - 1 - pos)[:, None]
+        allowed = (ua <= NA) & (NA - ua <= rem) & (ub <= NB) & (NB - ub <= rem) & real
+        n_allowed = tl.sum(allowed.to(tl.int32), 1)
+        # rows with nothing allowed (behind an out-of-sector prefix) are left unmasked
+        use = allowed | (real & (n_allowed == 0)[:, None])
+        lg = tl.where(use, logits, float("-inf"))
+        mx = tl.max(lg, 1)
+        ex = tl.where(use, tl.exp(lg - mx[:, None]), 0.0)
+        se = tl.sum(ex, 1)
+        pick = c16[None, :] == target[:, None]
+        lp = tl.sum(tl.where(pick, lg, 0.0), 1) - mx - tl.log(se)
+        ok = tl.sum((pick & allowed).to(tl.int32), 1) > 0
+        return lp, ex / se[:, None], ok, pick, x, xhat, rstd, wh
+
+    @triton.jit(do_not_specialize=["n"])
+    def _amp_fwd_kernel(
+        tok_ptr,
+        w,
+        hs_ptr,
+        amp_ptr,
+        n,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        NL: tl.constexpr,
+        NA: tl.constexpr,
+        NB: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """ln|psi| of BN configurations per program; the input of every block goes to hs
+        (NL, n, L, D) for the backward pass."""
+        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
+        seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
+        h = tl.load(w + inp[:, None] * D + c[None, :])
+        h += tl.load(w + 5 * D + tl.minimum(pos, L - 1)[:, None] * D + c[None, :])
+        for layer in tl.static_range(NL):
+            tl.store(hs_ptr + layer * n * L * D + offs, h, mask=mask)
+            lw = w + (5 + L) * D + layer * NP
+            h = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+        wf = w + (5 + L) * D + NL * NP
+        lp, _, ok, _, _, _, _, _ = _amp_head(
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
+        )
+        lp = tl.where(valid, lp, 0.0)
+        bad = (valid & ~ok).to(tl.int32)
+        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, LP)), 1)
+        amp = tl.where(tl.sum(tl.reshape(bad, (BN, LP)), 1) > 0, float("-inf"), amp)
+        ob = tl.program_id(0) * BN + tl.arange(0, BN)
+        tl.store(amp_ptr + ob, amp, mask=ob < n)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _amp_bwd_kernel(
+        tok_ptr,
+        w,
+        hs_ptr,
+        damp_ptr,
+        part_ptr,
+        n,
+        eps_hi,
+        eps_lo,
+        sc_hi,
+        sc_lo,
+        L: tl.constexpr,
+        LP: tl.constexpr,
+        BN: tl.constexpr,
+        D: tl.constexpr,
+        H: tl.constexpr,
+        FF: tl.constexpr,
+        FC: tl.constexpr,
+        NL: tl.constexpr,
+        NA: tl.constexpr,
+        NB: tl.constexpr,
+        NW: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """This program's row (NW numbers, the layout of w) of the gradient of
+        sum_x damp(x) ln|psi(x)|: the head again from the last block's output (recomputed
+        from hs), then every block backward, then the embeddings."""
+        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
+        seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
+        g = part_ptr + tl.program_id(0).to(tl.int64) * NW
+        h = tl.load(hs_ptr + (NL - 1) * n * L * D + offs, mask=mask, other=0.0)
+        wl = w + (5 + L) * D + (NL - 1) * NP
+        h = _blk_forward(h, c, wl, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+        wf = w + (5 + L) * D + NL * NP
+        _, prob, ok, pick, x, xhat, rstd, wh = _amp_head(
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
+        )
+        # d ln|psi| / d logits = (onehot(target) - p) / 2 on the rows that count
+        gr = 0.5 * tl.load(damp_ptr + seq, mask=seq < n, other=0.0)
+        gr = tl.where(valid & ok, gr, 0.0)
+        dl = gr[:, None] * (pick.to(h.dtype) - prob)
+        c16 = tl.arange(0, 16)
+        real = c16 < 4
+        gf = g + (5 + L) * D + NL * NP
+        tl.store(
+            gf + 2 * D + c16[:, None] * D + c[None, :],
+            _mm_exact(tl.trans(dl), x, F64),
+            mask=real[:, None],
+        )
+        tl.store(gf + 6 * D + c16, tl.sum(dl, 0), mask=real)
+        i = tl.arange(0, LP)
+        tl.store(
+            gf + 6 * D + 4 + i[:, None] * 4 + c16[None, :],
+            tl.sum(tl.reshape(dl, (BN, LP, 16)), 0),
+            mask=(i < L)[:, None] & real[None, :],
+        )
+        dx = _mm_exact(dl, tl.trans(wh), F64)
+        tl.store(gf + c, tl.sum(dx * xhat, 0))
+        tl.store(gf + D + c, tl.sum(dx, 0))
+        dh = _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
+        for back in tl.static_range(NL):
+            layer: tl.constexpr = NL - 1 - back
+            h = tl.load(hs_ptr + layer * n * L * D + offs, mask=mask, other=0.0)
+            lw = w + (5 + L) * D + layer * NP
+            lg = g + (5 + L) * D + layer * NP
+            dh = _blk_backward(
+                h, dh, c, lw, lg, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
+            )
+        dh = tl.where(mask, dh, 0.0)
+        for t in tl.static_range(5):
+            tl.store(g + t * D + c, tl.sum(tl.where((inp == t)[:, None], dh, 0.0), 0))
+        tl.store(
+            g + 5 * D + i[:, None] * D + c[None, :],
+            tl.sum(tl.reshape(dh, (BN, LP, D)), 0),
+            mask=(i < L)[:, None],
+        )
 
 
 # ------------------------------------------------------------------------- autograd functions
@@ -704,70 +841,112 @@ class _CausalAttention(torch.autograd.Function):
 
 
 class _FusedBlock(torch.autograd.Function):
-    """A whole pre-LayerNorm block (`cuscikit.nnqs.ansatz._Block`) as one kernel each way."""
+    """A whole pre-LayerNorm block (`cuscikit.nnqs.ansatz._Block`) as one kernel each way;
+    its parameters flat in ``w`` (`_block_params` order)."""
 
     @staticmethod
-    def forward(ctx, h, eps, n_heads, *params):
-        n, length, d = h.shape
+    def forward(ctx, h, w, consts, scalars):
+        n = h.shape[0]
         h = h.contiguous()
         out = torch.empty_like(h)
-        consts = _block_consts(length, d, n_heads, params[8].shape[0], h.dtype)
-        scalars = (*_split(eps), *_split(1.0 / math.sqrt(d // n_heads)))
         if n:
             with _on(h):
                 _block_fwd_kernel[(triton.cdiv(n, consts[2]),)](
-                    h, out, n, *params, *scalars, *consts, num_warps=_BLOCK_WARPS
+                    h, out, w, n, *scalars, *consts, num_warps=_BLOCK_WARPS
                 )
-        ctx.save_for_backward(h, *params)
+        ctx.save_for_backward(h, w)
         ctx.consts, ctx.scalars = consts, scalars
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        h, *params = ctx.saved_tensors
+        h, w = ctx.saved_tensors
         n = h.shape[0]
         programs = triton.cdiv(n, ctx.consts[2])
         dh = torch.empty_like(h)
-        sizes = [p.numel() for p in params]
-        part = torch.empty((programs, sum(sizes)), dtype=h.dtype, device=h.device)
+        part = torch.zeros((max(programs, 1), w.numel()), dtype=h.dtype, device=h.device)
         if n:
             with _on(h):
                 _block_bwd_kernel[(programs,)](
                     h,
                     dout.contiguous(),
                     dh,
+                    w,
                     part,
                     n,
-                    *params,
                     *ctx.scalars,
                     *ctx.consts,
                     num_warps=_BLOCK_WARPS,
                 )
-        else:
-            part.zero_()
-        sums = part.sum(0)  # one reduction, in a fixed order
-        grads = [g.view(p.shape) for g, p in zip(sums.split(sizes), params, strict=True)]
-        return (dh, None, None, *grads)
+        return dh, part.sum(0), None, None  # one reduction, in a fixed order
+
+
+class _FusedAmplitude(torch.autograd.Function):
+    """`Ansatz.log_amplitude` as one kernel each way; its parameters flat in ``w`` (the
+    module's order), the input of every block kept for the backward pass."""
+
+    @staticmethod
+    def forward(ctx, tokens, w, consts, scalars, nl, nelec):
+        n, length = tokens.shape
+        d = consts[3]
+        amp = torch.empty(n, dtype=w.dtype, device=w.device)
+        hs = torch.empty((nl, n, length, d), dtype=w.dtype, device=w.device)
+        if n:
+            with _on(w):
+                _amp_fwd_kernel[(triton.cdiv(n, consts[2]),)](
+                    tokens,
+                    w,
+                    hs,
+                    amp,
+                    n,
+                    *scalars,
+                    *consts[:7],
+                    nl,
+                    *nelec,
+                    consts[7],
+                    num_warps=_BLOCK_WARPS,
+                )
+        ctx.save_for_backward(tokens, w, hs)
+        ctx.consts, ctx.scalars, ctx.nl, ctx.nelec = consts, scalars, nl, nelec
+        return amp
+
+    @staticmethod
+    def backward(ctx, damp):
+        tokens, w, hs = ctx.saved_tensors
+        n = tokens.shape[0]
+        consts = ctx.consts
+        programs = triton.cdiv(n, consts[2])
+        part = torch.zeros((max(programs, 1), w.numel()), dtype=w.dtype, device=w.device)
+        if n:
+            with _on(w):
+                _amp_bwd_kernel[(programs,)](
+                    tokens,
+                    w,
+                    hs,
+                    damp.contiguous(),
+                    part,
+                    n,
+                    *ctx.scalars,
+                    *consts[:7],
+                    ctx.nl,
+                    *ctx.nelec,
+                    w.numel(),
+                    consts[7],
+                    num_warps=_BLOCK_WARPS,
+                )
+        return None, part.sum(0), None, None, None, None  # one reduction, in a fixed order
 
 
 def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
-    """The block kernels' compile-time sizes: L, LP (positions padded), BN (sequences per
-    program), D, H, FF (hidden width), FC (its chunk), F64."""
+    """The kernels' compile-time sizes: L, LP (positions padded), BN (sequences per program),
+    D, H, FF (hidden width), FC (its chunk), F64."""
     lp = max(16, pow2(length))
-    return (
-        length,
-        lp,
-        max(1, _BLOCK_ROWS // lp),
-        d,
-        n_heads,
-        ff,
-        min(32, ff),
-        dtype == torch.float64,
-    )
+    bn = max(1, _BLOCK_ROWS // lp)
+    return (length, lp, bn, d, n_heads, ff, min(32, ff), dtype == torch.float64)
 
 
 def _block_params(blk) -> tuple[torch.Tensor, ...]:
-    """A block's parameters in the kernels' (and the gradient rows') order."""
+    """A block's parameters in the kernels' order (the module's)."""
     return (
         blk.ln1.weight,
         blk.ln1.bias,
@@ -782,6 +961,10 @@ def _block_params(blk) -> tuple[torch.Tensor, ...]:
         blk.proj.weight,
         blk.proj.bias,
     )
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.reshape(-1) for p in params])
 
 
 def block_unsupported(x: torch.Tensor, blk) -> str | None:
@@ -800,11 +983,15 @@ def block_unsupported(x: torch.Tensor, blk) -> str | None:
         return f"{length} positions (at most {_MAX_LENGTH})"
     if blk.ln1.eps != blk.ln2.eps:
         return "LayerNorms with different eps"
-    if any(p.dtype != x.dtype or not p.is_contiguous() for p in _block_params(blk)):
-        return "parameters of another dtype or layout"
+    if any(p.dtype != x.dtype for p in _block_params(blk)):
+        return "parameters of another dtype"
     if x.numel() * 4 >= _MAX_ELEMENTS:
         return "too many rows for 32-bit offsets"
     return None
+
+
+def _scalars(eps: float, head_width: int) -> tuple[float, float, float, float]:
+    return (*_split(eps), *_split(1.0 / math.sqrt(head_width)))
 
 
 def block(x: torch.Tensor, blk) -> torch.Tensor | None:
@@ -816,8 +1003,70 @@ def block(x: torch.Tensor, blk) -> torch.Tensor | None:
     so the caller runs the module's own pass."""
     if not BLOCK_ENABLED or not active(x) or block_unsupported(x, blk) is not None:
         return None
+    n, length, d = x.shape
+    h = blk.attn.n_heads
+    consts = _block_consts(length, d, h, blk.fc.weight.shape[0], x.dtype)
     try:
-        return _FusedBlock.apply(x, float(blk.ln1.eps), int(blk.attn.n_heads), *_block_params(blk))
+        w = _flat(_block_params(blk))
+        return _FusedBlock.apply(x, w, consts, _scalars(float(blk.ln1.eps), d // h))
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+        _turn_off(exc)
+        return None
+
+
+def amplitude_unsupported(ansatz, tokens: torch.Tensor) -> str | None:
+    """Why `amplitude` leaves this pass to the module (None: it runs fused)."""
+    if tokens.dim() != 2 or tokens.shape[1] != ansatz.norb:
+        return "tokens not of shape (n, norb)"
+    for blk in ansatz.blocks:
+        why = block_unsupported(
+            torch.empty((0, ansatz.norb, ansatz.d_model), dtype=ansatz.dtype), blk
+        )
+        if why is not None:
+            return why
+    eps = {m.eps for m in ansatz.modules() if isinstance(m, torch.nn.LayerNorm)}
+    if len(eps) != 1:
+        return "LayerNorms with different eps"
+    if tokens.shape[0] * ansatz.norb * ansatz.d_model * ansatz.n_layers >= _MAX_ELEMENTS:
+        return "too many rows for 32-bit offsets"
+    return None
+
+
+def _amplitude_params(ansatz) -> list[torch.Tensor]:
+    """The parameters of ln|psi| in the kernels' order (the module's)."""
+    params = [ansatz.token_embedding.weight, ansatz.position_embedding.weight]
+    for blk in ansatz.blocks:
+        params += _block_params(blk)
+    return params + [
+        ansatz.ln_f.weight,
+        ansatz.ln_f.bias,
+        ansatz.head.weight,
+        ansatz.head.bias,
+        ansatz.logit_bias,
+    ]
+
+
+def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
+    """``Ansatz.log_amplitude(tokens)`` through one Triton kernel each way: a program takes
+    whole configurations through the embeddings, every block, ln_f, the head and the masked
+    log-softmax in registers; the backward pass recomputes each block from its input (kept
+    from the forward pass) and writes one row of partial gradients of all parameters per
+    program, summed in a fixed order. None when it does not apply (`AMPLITUDE_ENABLED` off,
+    not `active`, or `amplitude_unsupported`), so the caller runs the module's pass."""
+    head = ansatz.head.weight
+    if not AMPLITUDE_ENABLED or not active(head) or not head.requires_grad:
+        return None
+    if amplitude_unsupported(ansatz, tokens) is not None:
+        return None
+    blk = ansatz.blocks[0]
+    d, h = ansatz.d_model, ansatz.n_heads
+    consts = _block_consts(ansatz.norb, d, h, blk.fc.weight.shape[0], head.dtype)
+    try:
+        w = _flat(_amplitude_params(ansatz))
+        scalars = _scalars(float(blk.ln1.eps), d // h)
+        return _FusedAmplitude.apply(
+            tokens.contiguous(), w, consts, scalars, ansatz.n_layers, tuple(ansatz.nelec)
+        )
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
         _turn_off(exc)
         return None

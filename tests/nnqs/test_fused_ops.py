@@ -206,15 +206,51 @@ _BLOCK_INTERPRETED = textwrap.dedent(
     with torch.no_grad():
         psi.log_psi(x)
     assert calls[0] == 2, calls
+    fo.BLOCK_ENABLED = False
+
+    # the whole ln|psi| as one kernel each way: values and the gradient of every parameter
+    # of the amplitude against torch's kernels (two and three blocks, widths 32 and 16)
+    for dt, tol in ((torch.float64, 1e-12), (torch.float32, 3e-5)):
+        for norb, nelec, d, h, nl in ((6, (3, 2), 32, 4, 2), (7, (3, 3), 16, 2, 3)):
+            psi = Ansatz(norb, nelec, d_model=d, n_heads=h, n_layers=nl, phase_hidden=(8,),
+                         seed=0, dtype=dt)
+            with torch.no_grad():
+                for p in psi.parameters():
+                    p.add_(0.2 * torch.randn(p.shape, dtype=dt, generator=g))
+            tok = psi.tokens(all_determinants(norb, nelec)[::7])
+            wts = torch.randn(len(tok), dtype=dt, generator=g)
+            params = [p for name, p in psi.named_parameters() if not name.startswith("phase")]
+            fo.AMPLITUDE_ENABLED = True
+            amp = psi.log_amplitude(tok)
+            assert type(amp.grad_fn).__name__ == "_FusedAmplitudeBackward", amp.grad_fn
+            grads = torch.autograd.grad((amp * wts).sum(), params)
+            fo.AMPLITUDE_ENABLED = fo.ENABLED = False
+            amp0 = psi.log_amplitude(tok)
+            grads0 = torch.autograd.grad((amp0 * wts).sum(), params)
+            fo.ENABLED = True
+            assert err(amp, amp0) < tol * max(1.0, err(amp0, 0)), ("amp", dt, norb)
+            for a, c in zip(grads, grads0):
+                assert err(a, c) < tol * max(1.0, err(c, 0)), ("amp grad", dt, norb, err(a, c))
+            # outside the sector: -inf, as the module gives
+            fo.AMPLITUDE_ENABLED = True
+            out = tok[:3].clone()
+            out[:, 0] = 3 - out[:, 0]  # the first orbital's occupation flipped: another sector
+            with torch.enable_grad():
+                bad = psi.log_amplitude(out)
+            fo.AMPLITUDE_ENABLED = False
+            ref = psi.log_amplitude(out)
+            assert bool(torch.isneginf(ref).all()) and bool(torch.isneginf(bad).all()), bad
+    assert fo._failed is None, fo._failed
     print("ok", worst)
     """
 )
 
 
 def test_fused_block_in_triton_interpreter():
-    """A whole transformer block as one kernel each way: its output and every gradient against
-    torch's block (float64 1e-12, float32 3e-5 relative), padded sequences and positions, and
-    the Ansatz's gradient through it, on the CPU."""
+    """A whole transformer block, and the whole ln|psi|, as one kernel each way: outputs and
+    every gradient against torch's (float64 1e-12, float32 3e-5 relative), padded sequences
+    and positions, configurations outside the sector, and the Ansatz's gradient through the
+    block, on the CPU."""
     out = run_interpreted(_BLOCK_INTERPRETED, timeout=300)
     assert "ok" in out
 
