@@ -78,6 +78,7 @@ BLOCK_ENABLED = False
 AMPLITUDE_ENABLED = False
 _BLOCK_ROWS = 64  # rows (sequences x padded positions) of a block kernel's program
 _BLOCK_WARPS = 4
+_POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
 
 
 def active(x: torch.Tensor) -> bool:
@@ -517,6 +518,7 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
+        NP: tl.constexpr,
         F64: tl.constexpr,
     ):
         _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
@@ -543,11 +545,11 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
+        NP: tl.constexpr,
         F64: tl.constexpr,
     ):
         """The input gradient, and this program's row of the parameter gradients (row pid
         of part, the layout of w)."""
-        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
         _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0)
         dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
@@ -638,6 +640,7 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
+        NP: tl.constexpr,
         NL: tl.constexpr,
         NA: tl.constexpr,
         NB: tl.constexpr,
@@ -645,12 +648,11 @@ if triton is not None:
     ):
         """ln|psi| of BN configurations per program; the input of every block goes to hs
         (NL, n, L, D) for the backward pass."""
-        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
         seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
         h = tl.load(w + inp[:, None] * D + c[None, :])
         h += tl.load(w + 5 * D + tl.minimum(pos, L - 1)[:, None] * D + c[None, :])
-        for layer in tl.static_range(NL):
+        for layer in range(NL):  # a loop, not unrolled: one block's code
             tl.store(hs_ptr + layer * n * L * D + offs, h, mask=mask)
             lw = w + (5 + L) * D + layer * NP
             h = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
@@ -684,6 +686,7 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
+        NP: tl.constexpr,
         NL: tl.constexpr,
         NA: tl.constexpr,
         NB: tl.constexpr,
@@ -693,7 +696,6 @@ if triton is not None:
         """This program's row (NW numbers, the layout of w) of the gradient of
         sum_x damp(x) ln|psi(x)|: the head again from the last block's output (recomputed
         from hs), then every block backward, then the embeddings."""
-        NP: tl.constexpr = 4 * D * D + 2 * D * FF + 9 * D + FF
         seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
         g = part_ptr + tl.program_id(0).to(tl.int64) * NW
@@ -727,8 +729,8 @@ if triton is not None:
         tl.store(gf + c, tl.sum(dx * xhat, 0))
         tl.store(gf + D + c, tl.sum(dx, 0))
         dh = _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
-        for back in tl.static_range(NL):
-            layer: tl.constexpr = NL - 1 - back
+        for back in range(NL):
+            layer = NL - 1 - back
             h = tl.load(hs_ptr + layer * n * L * D + offs, mask=mask, other=0.0)
             lw = w + (5 + L) * D + layer * NP
             lg = g + (5 + L) * D + layer * NP
@@ -864,7 +866,7 @@ class _FusedBlock(torch.autograd.Function):
         n = h.shape[0]
         programs = triton.cdiv(n, ctx.consts[2])
         dh = torch.empty_like(h)
-        part = torch.zeros((max(programs, 1), w.numel()), dtype=h.dtype, device=h.device)
+        part = _part_rows(programs, w, n)
         if n:
             with _on(h):
                 _block_bwd_kernel[(programs,)](
@@ -900,10 +902,10 @@ class _FusedAmplitude(torch.autograd.Function):
                     amp,
                     n,
                     *scalars,
-                    *consts[:7],
+                    *consts[:8],
                     nl,
                     *nelec,
-                    consts[7],
+                    consts[8],
                     num_warps=_BLOCK_WARPS,
                 )
         ctx.save_for_backward(tokens, w, hs)
@@ -916,7 +918,7 @@ class _FusedAmplitude(torch.autograd.Function):
         n = tokens.shape[0]
         consts = ctx.consts
         programs = triton.cdiv(n, consts[2])
-        part = torch.zeros((max(programs, 1), w.numel()), dtype=w.dtype, device=w.device)
+        part = _part_rows(programs, w, n)
         if n:
             with _on(w):
                 _amp_bwd_kernel[(programs,)](
@@ -927,22 +929,47 @@ class _FusedAmplitude(torch.autograd.Function):
                     part,
                     n,
                     *ctx.scalars,
-                    *consts[:7],
+                    *consts[:8],
                     ctx.nl,
                     *ctx.nelec,
                     w.numel(),
-                    consts[7],
+                    consts[8],
                     num_warps=_BLOCK_WARPS,
                 )
         return None, part.sum(0), None, None, None, None  # one reduction, in a fixed order
 
 
+def _part_rows(programs: int, w: torch.Tensor, n: int) -> torch.Tensor:
+    """The rows of partial gradients, one per program: every entry is written by its program,
+    so the buffer is not cleared (zeros for an empty batch; NaN under `_POISON`, which the
+    tests set so that an entry no program writes shows)."""
+    shape = (max(programs, 1), w.numel())
+    if _POISON:
+        return torch.full(shape, float("nan"), dtype=w.dtype, device=w.device)
+    return (torch.empty if n else torch.zeros)(shape, dtype=w.dtype, device=w.device)
+
+
+def _layer_floats(d: int, ff: int) -> int:
+    """Numbers in a block's flat parameters (`_layer_ptrs`): ln1, qkv, proj, ln2, fc, proj."""
+    return 4 * d * d + 2 * d * ff + 9 * d + ff
+
+
 def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
     """The kernels' compile-time sizes: L, LP (positions padded), BN (sequences per program),
-    D, H, FF (hidden width), FC (its chunk), F64."""
+    D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), F64."""
     lp = max(16, pow2(length))
     bn = max(1, _BLOCK_ROWS // lp)
-    return (length, lp, bn, d, n_heads, ff, min(32, ff), dtype == torch.float64)
+    return (
+        length,
+        lp,
+        bn,
+        d,
+        n_heads,
+        ff,
+        min(32, ff),
+        _layer_floats(d, ff),
+        dtype == torch.float64,
+    )
 
 
 def _block_params(blk) -> tuple[torch.Tensor, ...]:
@@ -1061,8 +1088,14 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
     blk = ansatz.blocks[0]
     d, h = ansatz.d_model, ansatz.n_heads
     consts = _block_consts(ansatz.norb, d, h, blk.fc.weight.shape[0], head.dtype)
+    length, ff = ansatz.norb, blk.fc.weight.shape[0]
     try:
         w = _flat(_amplitude_params(ansatz))
+        # the layout `_amp_fwd_kernel` reads: embeddings, blocks, ln_f, head, logit offsets
+        floats = (
+            (5 + length) * d + ansatz.n_layers * _layer_floats(d, ff) + 6 * d + 4 * (1 + length)
+        )
+        assert w.numel() == floats, (w.numel(), floats)
         scalars = _scalars(float(blk.ln1.eps), d // h)
         return _FusedAmplitude.apply(
             tokens.contiguous(), w, consts, scalars, ansatz.n_layers, tuple(ansatz.nelec)

@@ -152,6 +152,7 @@ _BLOCK_INTERPRETED = textwrap.dedent(
         return float((a - b).detach().abs().max())
 
     g = torch.Generator().manual_seed(1)
+    fo._POISON = True  # a gradient entry that no program writes stays NaN
     fo.BLOCK_ENABLED = True
     # sequences not a multiple of a program's, lengths padded to 16 and to 32, two widths
     for dt, tol in ((torch.float64, 1e-12), (torch.float32, 3e-5)):
