@@ -88,8 +88,9 @@ class _TorchOps(_NumpyOps):
     reuse = False
     # torch loads its CUDA linear-algebra library on the first torch.linalg call of a process,
     # and that loading is not thread-safe: ranks on threads of one process (ThreadComm) whose
-    # first QRs coincide fail with "lazy wrapper should be called at most once" (PyTorch issue
-    # 90613). The first CUDA call goes through this lock; later ones do not need it.
+    # first QRs coincide fail with "lazy wrapper should be called at most once"
+    # (github.com/pytorch/pytorch/issues/90613). The first CUDA call goes through this lock;
+    # later ones do not need it.
     _linalg_lock = threading.Lock()
     _linalg_loaded = False
 

@@ -150,7 +150,7 @@ class _Block(nn.Module):
         self.proj = nn.Linear(4 * d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = fused_ops.block(x, self)  # a training pass on a GPU: one kernel each way
+        fused = fused_ops.block(x, self)  # when switched on: one kernel each way
         if fused is not None:
             return fused
         x = x + self.attn(self.ln1(x))
@@ -453,7 +453,7 @@ class Ansatz(nn.Module):
         Returns:
             real tensor (n,); -inf for configurations outside the (N_alpha, N_beta) sector.
         """
-        fused = fused_ops.amplitude(self, tokens)  # a training pass on a GPU: one kernel each way
+        fused = fused_ops.amplitude(self, tokens)  # when switched on: one kernel each way
         if fused is not None:
             return fused
         logp = self.log_conditionals(tokens).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
