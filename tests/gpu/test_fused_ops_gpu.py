@@ -70,6 +70,22 @@ def test_kernels_match_torch(dtype, tol, n, length, d, h):
     assert _err(gq, gq0) < tol * max(1.0, float(gq0.abs().max()))
 
 
+def _assert_replays(fn, expected):
+    """fn() recorded in a CUDA graph (after a warm-up on a side stream) and replayed gives
+    ``expected`` to 1e-12."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert max(_err(a, b) for a, b in zip(out, expected, strict=True)) < 1e-12
+
+
 def test_long_sequences_keep_torch_attention():
     qkv = torch.zeros(3, 33, 24, device="cuda", requires_grad=True)
     assert fused_ops.causal_attention(qkv, 2) is None
@@ -97,17 +113,7 @@ def test_ansatz_gradient_and_recorded_pass():
     fused_ops.ENABLED = True
     got = grads()
     assert max(_err(a, b) for a, b in zip(got, ref, strict=True)) < 1e-10
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        grads()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = grads()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert max(_err(a, b) for a, b in zip(out, got, strict=True)) < 1e-12
+    _assert_replays(grads, got)
 
 
 @pytest.fixture
@@ -146,14 +152,4 @@ def test_coarse_paths_match_torch(_coarse_paths_off, path, dtype, tol, system):
     assert fused_ops._failed is None, fused_ops._failed
     for a, b in zip(got, ref, strict=True):
         assert _err(a, b) < tol * max(1.0, float(b.abs().max()))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        grads()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = grads()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert max(_err(a, b) for a, b in zip(out, got, strict=True)) < 1e-12
+    _assert_replays(grads, got)
