@@ -389,7 +389,7 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     rows.append(["block, module (the kernels above)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     keep = fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS
     fused_ops.BLOCK_ENABLED = True
-    for tile, warps in ((32, 2), (64, 4), (128, 4)):
+    for tile, warps in ((32, 4), (64, 8), (128, 8)):
         fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
         fwd, bwd = both(lambda: blk(x), inputs)
         err = float((blk(x).detach() - y_blk).abs().max())
@@ -406,7 +406,7 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     a_ref = psi.log_amplitude(tok).detach()
     rows.append([f"ln|psi|, module, {len(tok)} configurations", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     fused_ops.AMPLITUDE_ENABLED = True
-    for tile, warps in ((32, 2), (64, 4), (128, 4)):
+    for tile, warps in ((32, 4), (64, 8), (128, 8)):
         fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
         fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
         err = float((psi.log_amplitude(tok).detach() - a_ref).abs().max())

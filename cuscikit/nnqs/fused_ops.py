@@ -77,7 +77,12 @@ BLOCK_ENABLED = False
 #: log-softmax) as one kernel each way (`amplitude`); it takes precedence over BLOCK_ENABLED.
 AMPLITUDE_ENABLED = False
 _BLOCK_ROWS = 64  # rows (sequences x padded positions) of a block kernel's program
-_BLOCK_WARPS = 4
+# Compiled for sm_90 (tools/fused_kernel_resources.py, d_model 32, 10 positions, float32): at
+# 64 rows the backward kernels spill about 1 KB a thread with 4 warps and 16-24 bytes with 8
+_BLOCK_WARPS = 8
+# one pipeline stage: the layer loops' loads are not multi-buffered (three stages put the
+# whole-amplitude backward kernel over the shared memory of an H100/H200 block)
+_LAUNCH_STAGES = 1
 _POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
 
 
@@ -366,6 +371,27 @@ if triton is not None:
         return p / tl.sum(p, 2)[:, :, None]
 
     @triton.jit
+    def _blk_qkv(
+        a,
+        qkvw,
+        qkvb,
+        c,
+        sc_hi,
+        sc_lo,
+        BN: tl.constexpr,
+        LP: tl.constexpr,
+        D: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """The scaled queries, the keys and the values of the rows a (R, D), as (BN, LP, D)."""
+        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
+        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
+        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
+        v += tl.load(qkvb + 2 * D + c)[None, :]
+        q3 = tl.reshape(_scaled(q, sc_hi, sc_lo, F64), (BN, LP, D))
+        return q3, tl.reshape(k, (BN, LP, D)), tl.reshape(v, (BN, LP, D))
+
+    @triton.jit
     def _blk_forward(
         h,
         c,
@@ -382,40 +408,34 @@ if triton is not None:
         FC: tl.constexpr,
         F64: tl.constexpr,
     ):
-        """h + attn(ln1(h)), then + mlp(ln2(.)), of the rows h (R, D) with the block at w;
-        also the pieces the backward pass takes."""
+        """The block at w on the rows h (R, D): h1 = h + attn(ln1(h)), then h1 + mlp(ln2(h1));
+        returns both (the backward pass starts from h and h1)."""
         R: tl.constexpr = BN * LP
         HD: tl.constexpr = D // H
         ln1w, ln1b, qkvw, qkvb, aow, aob, ln2w, ln2b, fcw, fcb, prw, prb = _layer_ptrs(w, D, FF)
-        a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)
-        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
-        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
-        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
-        v += tl.load(qkvb + 2 * D + c)[None, :]
-        q3 = tl.reshape(_scaled(q, sc_hi, sc_lo, F64), (BN, LP, D))
-        k3 = tl.reshape(k, (BN, LP, D))
-        v3 = tl.reshape(v, (BN, LP, D))
+        a = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)[0]
+        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]  # (query, key)
         y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
-        for hh in tl.static_range(H):
+        for hh in range(H):
             hm = ((c // HD) == hh).to(h.dtype)
             y3 += _mm_exact(_blk_probs(q3, k3, hm, seen, F64), v3 * hm[None, None, :], F64)
         y = tl.reshape(y3, (R, D))
         h1 = h + _mm_exact(y, _blk_wt(aow, c, c, D), F64) + tl.load(aob + c)[None, :]
-        b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)
+        b = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)[0]
         cf = tl.arange(0, FC)
         acc = tl.zeros((R, D), dtype=h.dtype)
-        for f0 in tl.static_range(0, FF, FC):
+        for f0 in range(0, FF, FC):
             u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
             u += tl.load(fcb + f0 + cf)[None, :]
             acc += _mm_exact(_blk_gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
-        h2 = h1 + acc + tl.load(prb + c)[None, :]
-        return h2, a, xhat1, rstd1, q3, k3, v3, y, b, xhat2, rstd2
+        return h1 + acc + tl.load(prb + c)[None, :], h1
 
     @triton.jit
     def _blk_backward(
         h,
+        h1,
         dh2,
         c,
         w,
@@ -432,27 +452,26 @@ if triton is not None:
         FC: tl.constexpr,
         F64: tl.constexpr,
     ):
-        """The block at w forward again from its input rows h, then backward from the output
-        gradient dh2: returns the input gradient and stores this program's partial gradient of
-        every parameter at g (the layout of w)."""
+        """The backward pass of the block at w from its input rows h, its midpoint h1 (after
+        the attention) and the output gradient dh2; each half recomputes what it needs from
+        h1 or h. Returns the input gradient and stores this program's partial gradient of every
+        parameter at g (the layout of w)."""
         R: tl.constexpr = BN * LP
         HD: tl.constexpr = D // H
-        _, a, xhat1, rstd1, q3, k3, v3, y, b, xhat2, rstd2 = _blk_forward(
-            h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
-        )
-        ln1w, _, qkvw, _, aow, _, ln2w, _, fcw, fcb, prw, _ = _layer_ptrs(w, D, FF)
+        ln1w, ln1b, qkvw, qkvb, aow, _, ln2w, ln2b, fcw, fcb, prw, _ = _layer_ptrs(w, D, FF)
         g_ln1w, g_ln1b, g_qkvw, g_qkvb, g_aow, g_aob, g_ln2w, g_ln2b, g_fcw, g_fcb, g_prw, g_prb = (
             _layer_ptrs(g, D, FF)
         )
-        # the MLP: h2 = h1 + gelu(b W1^T + b1) W2^T + b2
+        # the MLP from h1: h2 = h1 + gelu(b W1^T + b1) W2^T + b2, b = ln2(h1)
+        b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)
         tl.store(g_prb + c, tl.sum(dh2, 0))
         cf = tl.arange(0, FC)
         db = tl.zeros((R, D), dtype=h.dtype)
-        for f0 in tl.static_range(0, FF, FC):
+        for f0 in range(0, FF, FC):
             u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
             u += tl.load(fcb + f0 + cf)[None, :]
             gu = _blk_gelu(u)
-            # W2's columns f0.. get gu^T dh2; the chunk's input gradient dh2 W2[:, chunk]
+            # W2's columns f0.. get gu^T dh2; the chunk's input gradient is dh2 W2[:, chunk]
             tl.store(
                 g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(gu), dh2, F64)
             )
@@ -463,25 +482,31 @@ if triton is not None:
         tl.store(g_ln2w + c, tl.sum(db * xhat2, 0))
         tl.store(g_ln2b + c, tl.sum(db, 0))
         dh1 = dh2 + _blk_ln_bwd(db, xhat2, rstd2, ln2w, c, D)
-        # the attention's output projection: h1 = h + y Wo^T + bo
-        tl.store(g_aow + c[None, :] * D + c[:, None], _mm_exact(tl.trans(y), dh1, F64))
-        tl.store(g_aob + c, tl.sum(dh1, 0))
+        # the attention from h: h1 = h + y Wo^T + bo, y = attn(q, k, v), (q, k, v) from ln1(h)
+        a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)
+        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
         dy3 = tl.reshape(_mm_exact(dh1, _blk_w(aow, c, c, D), F64), (BN, LP, D))
-        # causal attention head by head (columns hm): the gradients of q (scaled), k and v
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]
+        y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         dq3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         dk3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         dv3 = tl.zeros((BN, LP, D), dtype=h.dtype)
-        for hh in tl.static_range(H):
+        for hh in range(H):  # head by head (columns hm)
             hm = ((c // HD) == hh).to(h.dtype)
             p = _blk_probs(q3, k3, hm, seen, F64)
+            y3 += _mm_exact(p, v3 * hm[None, None, :], F64)
             dyh = dy3 * hm[None, None, :]
             dv3 += _mm_exact(tl.permute(p, (0, 2, 1)), dyh, F64)
             dp = _mm_exact(dyh, tl.permute(v3, (0, 2, 1)), F64)
             ds = p * (dp - tl.sum(dp * p, 2)[:, :, None])
             dq3 += _mm_exact(ds, k3 * hm[None, None, :], F64)
             dk3 += _mm_exact(tl.permute(ds, (0, 2, 1)), q3 * hm[None, None, :], F64)
+        tl.store(
+            g_aow + c[None, :] * D + c[:, None],
+            _mm_exact(tl.trans(tl.reshape(y3, (R, D))), dh1, F64),
+        )
+        tl.store(g_aob + c, tl.sum(dh1, 0))
         dq = _scaled(tl.reshape(dq3, (R, D)), sc_hi, sc_lo, F64)
         dk = tl.reshape(dk3, (R, D))
         dv = tl.reshape(dv3, (R, D))
@@ -505,6 +530,7 @@ if triton is not None:
     def _block_fwd_kernel(
         h_ptr,
         out_ptr,
+        mid_ptr,
         w,
         n,
         eps_hi,
@@ -521,14 +547,17 @@ if triton is not None:
         NP: tl.constexpr,
         F64: tl.constexpr,
     ):
+        """The block's output, and its midpoint h1 (for the backward pass) at mid."""
         _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        h2 = _blk_forward(h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+        h2, h1 = _blk_forward(h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
         tl.store(out_ptr + offs, h2, mask=mask)
+        tl.store(mid_ptr + offs, h1, mask=mask)
 
     @triton.jit(do_not_specialize=["n"])
     def _block_bwd_kernel(
         h_ptr,
+        mid_ptr,
         dout_ptr,
         dh_ptr,
         w,
@@ -552,9 +581,12 @@ if triton is not None:
         of part, the layout of w)."""
         _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        h1 = tl.load(mid_ptr + offs, mask=mask, other=0.0)
         dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
         g = part_ptr + tl.program_id(0).to(tl.int64) * NP
-        dh = _blk_backward(h, dh2, c, w, g, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
+        dh = _blk_backward(
+            h, h1, dh2, c, w, g, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
+        )
         tl.store(dh_ptr + offs, dh, mask=mask)
 
     # --------------------------------------------------------------- the whole amplitude
@@ -646,16 +678,19 @@ if triton is not None:
         NB: tl.constexpr,
         F64: tl.constexpr,
     ):
-        """ln|psi| of BN configurations per program; the input of every block goes to hs
-        (NL, n, L, D) for the backward pass."""
+        """ln|psi| of BN configurations per program; for the backward pass, hs (2 NL + 1, n,
+        L, D) gets every block's input and midpoint (after its attention), then the last
+        block's output."""
         seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
         h = tl.load(w + inp[:, None] * D + c[None, :])
         h += tl.load(w + 5 * D + tl.minimum(pos, L - 1)[:, None] * D + c[None, :])
         for layer in range(NL):  # a loop, not unrolled: one block's code
-            tl.store(hs_ptr + layer * n * L * D + offs, h, mask=mask)
+            tl.store(hs_ptr + 2 * layer * n * L * D + offs, h, mask=mask)
             lw = w + (5 + L) * D + layer * NP
-            h = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+            h, h1 = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
+            tl.store(hs_ptr + (2 * layer + 1) * n * L * D + offs, h1, mask=mask)
+        tl.store(hs_ptr + 2 * NL * n * L * D + offs, h, mask=mask)
         wf = w + (5 + L) * D + NL * NP
         lp, _, ok, _, _, _, _, _ = _amp_head(
             h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
@@ -694,14 +729,12 @@ if triton is not None:
         F64: tl.constexpr,
     ):
         """This program's row (NW numbers, the layout of w) of the gradient of
-        sum_x damp(x) ln|psi(x)|: the head again from the last block's output (recomputed
-        from hs), then every block backward, then the embeddings."""
+        sum_x damp(x) ln|psi(x)|: the head again from the last block's output (kept in hs),
+        then every block backward from its input and midpoint, then the embeddings."""
         seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         inp, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
         g = part_ptr + tl.program_id(0).to(tl.int64) * NW
-        h = tl.load(hs_ptr + (NL - 1) * n * L * D + offs, mask=mask, other=0.0)
-        wl = w + (5 + L) * D + (NL - 1) * NP
-        h = _blk_forward(h, c, wl, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)[0]
+        h = tl.load(hs_ptr + 2 * NL * n * L * D + offs, mask=mask, other=0.0)
         wf = w + (5 + L) * D + NL * NP
         _, prob, ok, pick, x, xhat, rstd, wh = _amp_head(
             h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
@@ -731,11 +764,12 @@ if triton is not None:
         dh = _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
         for back in range(NL):
             layer = NL - 1 - back
-            h = tl.load(hs_ptr + layer * n * L * D + offs, mask=mask, other=0.0)
+            h = tl.load(hs_ptr + 2 * layer * n * L * D + offs, mask=mask, other=0.0)
+            h1 = tl.load(hs_ptr + (2 * layer + 1) * n * L * D + offs, mask=mask, other=0.0)
             lw = w + (5 + L) * D + layer * NP
             lg = g + (5 + L) * D + layer * NP
             dh = _blk_backward(
-                h, dh, c, lw, lg, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
+                h, h1, dh, c, lw, lg, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
             )
         dh = tl.where(mask, dh, 0.0)
         for t in tl.static_range(5):
@@ -851,18 +885,27 @@ class _FusedBlock(torch.autograd.Function):
         n = h.shape[0]
         h = h.contiguous()
         out = torch.empty_like(h)
+        mid = torch.empty_like(h)  # after the attention: where the backward pass starts
         if n:
             with _on(h):
                 _block_fwd_kernel[(triton.cdiv(n, consts[2]),)](
-                    h, out, w, n, *scalars, *consts, num_warps=_BLOCK_WARPS
+                    h,
+                    out,
+                    mid,
+                    w,
+                    n,
+                    *scalars,
+                    *consts,
+                    num_warps=_BLOCK_WARPS,
+                    num_stages=_LAUNCH_STAGES,
                 )
-        ctx.save_for_backward(h, w)
+        ctx.save_for_backward(h, mid, w)
         ctx.consts, ctx.scalars = consts, scalars
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        h, w = ctx.saved_tensors
+        h, mid, w = ctx.saved_tensors
         n = h.shape[0]
         programs = triton.cdiv(n, ctx.consts[2])
         dh = torch.empty_like(h)
@@ -871,6 +914,7 @@ class _FusedBlock(torch.autograd.Function):
             with _on(h):
                 _block_bwd_kernel[(programs,)](
                     h,
+                    mid,
                     dout.contiguous(),
                     dh,
                     w,
@@ -879,20 +923,21 @@ class _FusedBlock(torch.autograd.Function):
                     *ctx.scalars,
                     *ctx.consts,
                     num_warps=_BLOCK_WARPS,
+                    num_stages=_LAUNCH_STAGES,
                 )
         return dh, part.sum(0), None, None  # one reduction, in a fixed order
 
 
 class _FusedAmplitude(torch.autograd.Function):
     """`Ansatz.log_amplitude` as one kernel each way; its parameters flat in ``w`` (the
-    module's order), the input of every block kept for the backward pass."""
+    module's order), every block's input and midpoint kept for the backward pass."""
 
     @staticmethod
     def forward(ctx, tokens, w, consts, scalars, nl, nelec):
         n, length = tokens.shape
         d = consts[3]
         amp = torch.empty(n, dtype=w.dtype, device=w.device)
-        hs = torch.empty((nl, n, length, d), dtype=w.dtype, device=w.device)
+        hs = torch.empty((2 * nl + 1, n, length, d), dtype=w.dtype, device=w.device)
         if n:
             with _on(w):
                 _amp_fwd_kernel[(triton.cdiv(n, consts[2]),)](
@@ -907,6 +952,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     *nelec,
                     consts[8],
                     num_warps=_BLOCK_WARPS,
+                    num_stages=_LAUNCH_STAGES,
                 )
         ctx.save_for_backward(tokens, w, hs)
         ctx.consts, ctx.scalars, ctx.nl, ctx.nelec = consts, scalars, nl, nelec
@@ -935,6 +981,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     w.numel(),
                     consts[8],
                     num_warps=_BLOCK_WARPS,
+                    num_stages=_LAUNCH_STAGES,
                 )
         return None, part.sum(0), None, None, None, None  # one reduction, in a fixed order
 
