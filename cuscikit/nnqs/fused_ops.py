@@ -26,6 +26,10 @@ pass keeps an autograd graph on a CUDA device with Triton installed (`active`); 
 (no gradient) keeps torch's kernels. ``ENABLED = False`` turns them off (benchmarks compare
 both); a kernel that fails to build turns them off with a warning.
 
+Two coarser paths, off by default until measured on a GPU, take a whole block (`block`,
+``BLOCK_ENABLED``) or the whole ln|psi| (`amplitude`, ``AMPLITUDE_ENABLED``) as one kernel each
+way, for the pass whose cost is its number of kernels (docs/performance.md, "#fused-block").
+
 Example (needs a CUDA GPU and Triton):
     >>> import torch
     >>> x = torch.randn(100, 32, device="cuda", requires_grad=True)     # doctest: +SKIP
@@ -1071,8 +1075,9 @@ def _scalars(eps: float, head_width: int) -> tuple[float, float, float, float]:
 def block(x: torch.Tensor, blk) -> torch.Tensor | None:
     """The Ansatz block ``blk`` on ``x`` (n, L, d) through one Triton kernel each way
     (LayerNorms, attention, both projections, the MLP and the residual sums of a tile of
-    whole sequences in registers; the backward pass recomputes them from the block's input
-    and writes one row of partial parameter gradients per program, summed in a fixed order);
+    whole sequences in registers; the backward pass recomputes what it needs from the block's
+    input and midpoint, kept by the forward pass, and writes one row of partial parameter
+    gradients per program, summed in a fixed order);
     None when it does not apply (`BLOCK_ENABLED` off, not `active`, or `block_unsupported`),
     so the caller runs the module's own pass."""
     if not BLOCK_ENABLED or not active(x) or block_unsupported(x, blk) is not None:
@@ -1123,10 +1128,11 @@ def _amplitude_params(ansatz) -> list[torch.Tensor]:
 def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
     """``Ansatz.log_amplitude(tokens)`` through one Triton kernel each way: a program takes
     whole configurations through the embeddings, every block, ln_f, the head and the masked
-    log-softmax in registers; the backward pass recomputes each block from its input (kept
-    from the forward pass) and writes one row of partial gradients of all parameters per
-    program, summed in a fixed order. None when it does not apply (`AMPLITUDE_ENABLED` off,
-    not `active`, or `amplitude_unsupported`), so the caller runs the module's pass."""
+    log-softmax in registers; the backward pass recomputes what it needs of each block from its
+    input and midpoint (kept by the forward pass) and writes one row of partial gradients of all
+    parameters per program, summed in a fixed order. None when it does not apply
+    (`AMPLITUDE_ENABLED` off, not `active`, or `amplitude_unsupported`), so the caller runs the
+    module's pass."""
     head = ansatz.head.weight
     if not AMPLITUDE_ENABLED or not active(head) or not head.requires_grad:
         return None
