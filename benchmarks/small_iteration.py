@@ -116,6 +116,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
+    for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
+        if why is not None:  # the run (and any after it) took the module's pass instead
+            print(f"# the {what} training kernels were turned off: {why}", flush=True)
     return runner, time.perf_counter() - t0
 
 
@@ -414,8 +417,9 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
         rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
     fused_ops.AMPLITUDE_ENABLED = False
     fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
-    if fused_ops._failed is not None:
-        print(f"# the Triton kernels were turned off: {fused_ops._failed}", flush=True)
+    for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
+        if why is not None:
+            print(f"# the {what} training kernels were turned off: {why}", flush=True)
     print_table(
         f"Training kernels at {mol.name}'s shapes: {n} sequences x {length} positions, d_model "
         f"{d}, {h} heads, {dtype}; microseconds per call launched from Python, CUDA events over "

@@ -74,6 +74,7 @@ _ATTN_WARPS = 1  # warps per attention program (an H200: the N2/cc-pVDZ training
 # tools/profile_large_iteration.py time 1/2/4)
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
+_coarse_failed: str | None = None  # why `block` and `amplitude` were turned off
 #: True: a training pass runs each supported transformer block as one kernel each way
 #: (`block`) instead of the LayerNorm and attention kernels inside torch's block.
 BLOCK_ENABLED = False
@@ -106,6 +107,18 @@ def active(x: torch.Tensor) -> bool:
     if not (x.is_cuda or interpreting()):
         return False
     return not torch.compiler.is_compiling()
+
+
+def _turn_off_coarse(exc: Exception) -> None:
+    """A block or amplitude kernel failed: those two paths go off, the kernels of `layer_norm`
+    and `causal_attention` stay."""
+    global _coarse_failed
+    _coarse_failed = f"{type(exc).__name__}: {exc}"
+    warnings.warn(
+        f"the fused block/amplitude kernels failed ({_coarse_failed}); using the module's pass",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _turn_off(exc: Exception) -> None:
@@ -1080,7 +1093,9 @@ def block(x: torch.Tensor, blk) -> torch.Tensor | None:
     gradients per program, summed in a fixed order);
     None when it does not apply (`BLOCK_ENABLED` off, not `active`, or `block_unsupported`),
     so the caller runs the module's own pass."""
-    if not BLOCK_ENABLED or not active(x) or block_unsupported(x, blk) is not None:
+    if not BLOCK_ENABLED or _coarse_failed is not None or not active(x):
+        return None
+    if block_unsupported(x, blk) is not None:
         return None
     n, length, d = x.shape
     h = blk.attn.n_heads
@@ -1088,8 +1103,8 @@ def block(x: torch.Tensor, blk) -> torch.Tensor | None:
     try:
         w = _flat(_block_params(blk))
         return _FusedBlock.apply(x, w, consts, _scalars(float(blk.ln1.eps), d // h))
-    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-        _turn_off(exc)
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
+        _turn_off_coarse(exc)
         return None
 
 
@@ -1134,7 +1149,9 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
     (`AMPLITUDE_ENABLED` off, not `active`, or `amplitude_unsupported`), so the caller runs the
     module's pass."""
     head = ansatz.head.weight
-    if not AMPLITUDE_ENABLED or not active(head) or not head.requires_grad:
+    if not AMPLITUDE_ENABLED or _coarse_failed is not None or not active(head):
+        return None
+    if not head.requires_grad:
         return None
     if amplitude_unsupported(ansatz, tokens) is not None:
         return None
@@ -1153,8 +1170,8 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
         return _FusedAmplitude.apply(
             tokens.contiguous(), w, consts, scalars, ansatz.n_layers, tuple(ansatz.nelec)
         )
-    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-        _turn_off(exc)
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
+        _turn_off_coarse(exc)
         return None
 
 

@@ -241,7 +241,7 @@ _BLOCK_INTERPRETED = textwrap.dedent(
             fo.AMPLITUDE_ENABLED = False
             ref = psi.log_amplitude(out)
             assert bool(torch.isneginf(ref).all()) and bool(torch.isneginf(bad).all()), bad
-    assert fo._failed is None, fo._failed
+    assert fo._failed is None and fo._coarse_failed is None, (fo._failed, fo._coarse_failed)
     print("ok", worst)
     """
 )
