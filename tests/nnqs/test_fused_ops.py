@@ -242,6 +242,25 @@ _BLOCK_INTERPRETED = textwrap.dedent(
             ref = psi.log_amplitude(out)
             assert bool(torch.isneginf(ref).all()) and bool(torch.isneginf(bad).all()), bad
     assert fo._failed is None and fo._coarse_failed is None, (fo._failed, fo._coarse_failed)
+
+    # a coarse kernel that fails turns off the coarse paths only, with a warning
+    import warnings
+    def broken(*a):
+        raise RuntimeError("no build")
+    fo._FusedBlock.apply = broken
+    fo.BLOCK_ENABLED = True
+    blk = _Block(16, 2).double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64, generator=g).requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fo.block(x, blk) is None
+    assert "no build" in fo._coarse_failed and fo._failed is None
+    assert any("fused block/amplitude" in str(w.message) for w in caught)
+    fo.AMPLITUDE_ENABLED = True  # it would apply (the loop above), but is off now
+    assert fo.amplitude(psi, psi.tokens(all_determinants(7, (3, 3))[:4])) is None
+    w1, b1 = torch.ones(16, dtype=torch.float64), torch.zeros(16, dtype=torch.float64)
+    y = fo.layer_norm(x, w1, b1, 1e-5)
+    assert type(y.grad_fn).__name__ == "_LayerNormBackward", y.grad_fn
     print("ok", worst)
     """
 )
