@@ -12,7 +12,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
     tl = None
 
-__all__ = ["interpreting", "pow2", "tl", "triton"]
+__all__ = ["gelu", "interpreting", "pow2", "tl", "triton"]
 
 
 def pow2(n: int) -> int:
@@ -28,3 +28,13 @@ def pow2(n: int) -> int:
 def interpreting() -> bool:
     """Whether Triton runs its kernels in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+if triton is not None:
+
+    @triton.jit
+    def gelu(x):
+        """GELU with the error function, as `torch.nn.functional.gelu`'s default."""
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+else:  # pragma: no cover - depends on the installation
+    gelu = None

@@ -94,7 +94,7 @@ import math
 import torch
 
 from cuscikit.backends import cuda
-from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
+from cuscikit.nnqs._triton import gelu, interpreting, pow2, tl, triton
 
 __all__ = [
     "FusedInference",
@@ -139,10 +139,6 @@ def unsupported_reason(ansatz) -> str | None:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _gelu(x):
-        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
 
     @triton.jit
     def _layer_norm(h, w_ptr, b_ptr, c, colmask, D: tl.constexpr):
@@ -398,7 +394,7 @@ if triton is not None:
             for f0 in range(0, FP, FC):
                 bf = tl.load(b1 + layer * FP + f0 + cf)
                 a = _mm(x, w1 + layer * DP * FP + f0, FP, cf, 0, 1, PREC, KC) + bf[None, :]
-                acc += _mm(_gelu(a), w2 + (layer * FP + f0) * DP, DP, c, 0, 1, PREC, KC)
+                acc += _mm(gelu(a), w2 + (layer * FP + f0) * DP, DP, c, 0, 1, PREC, KC)
             h += acc + tl.load(b2 + sv + c)[None, :]
 
         # the last LayerNorm in float64: a rounding of its row scale would scale all four

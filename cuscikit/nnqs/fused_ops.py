@@ -48,7 +48,7 @@ import warnings
 
 import torch
 
-from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
+from cuscikit.nnqs._triton import gelu, interpreting, pow2, tl, triton
 
 __all__ = [
     "AMPLITUDE_ENABLED",
@@ -109,26 +109,18 @@ def active(x: torch.Tensor) -> bool:
     return not torch.compiler.is_compiling()
 
 
-def _turn_off_coarse(exc: Exception) -> None:
-    """A block or amplitude kernel failed: those two paths go off, the kernels of `layer_norm`
-    and `causal_attention` stay."""
-    global _coarse_failed
-    _coarse_failed = f"{type(exc).__name__}: {exc}"
-    warnings.warn(
-        f"the fused block/amplitude kernels failed ({_coarse_failed}); using the module's pass",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-def _turn_off(exc: Exception) -> None:
-    global _failed
-    _failed = f"{type(exc).__name__}: {exc}"
-    warnings.warn(
-        f"the Triton training kernels failed ({_failed}); using torch's kernels",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+def _turn_off(exc: Exception, coarse: bool = False) -> None:
+    """A kernel failed to build or run: with ``coarse`` (a `block` or `amplitude` kernel) those
+    two paths go off and the LayerNorm and attention kernels stay; otherwise all go off."""
+    global _failed, _coarse_failed
+    why = f"{type(exc).__name__}: {exc}"
+    if coarse:
+        _coarse_failed = why
+        what = "the fused block/amplitude kernels failed ({}); using the module's pass"
+    else:
+        _failed = why
+        what = "the Triton training kernels failed ({}); using torch's kernels"
+    warnings.warn(what.format(why), RuntimeWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------- kernels
@@ -359,10 +351,6 @@ if triton is not None:
         return tl.load(w_ptr + ro[:, None] * IN + ci[None, :])
 
     @triton.jit
-    def _blk_gelu(u):
-        return 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
-
-    @triton.jit
     def _blk_gelu_grad(u):
         cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
         return cdf + u * tl.exp(-0.5 * u * u) * 0.3989422804014327
@@ -446,7 +434,7 @@ if triton is not None:
         for f0 in range(0, FF, FC):
             u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
             u += tl.load(fcb + f0 + cf)[None, :]
-            acc += _mm_exact(_blk_gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
+            acc += _mm_exact(gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
         return h1 + acc + tl.load(prb + c)[None, :], h1
 
     @triton.jit
@@ -487,7 +475,7 @@ if triton is not None:
         for f0 in range(0, FF, FC):
             u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
             u += tl.load(fcb + f0 + cf)[None, :]
-            gu = _blk_gelu(u)
+            gu = gelu(u)
             # W2's columns f0.. get gu^T dh2; the chunk's input gradient is dh2 W2[:, chunk]
             tl.store(
                 g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(gu), dh2, F64)
@@ -1063,6 +1051,13 @@ def block_unsupported(x: torch.Tensor, blk) -> str | None:
     if x.dim() != 3:
         return "activations not of shape (n, L, d)"
     n, length, d = x.shape
+    # x, the output, the midpoint and the input gradient: four tensors of that size
+    return _block_unsupported(n, length, d, x.dtype, blk, slots=4)
+
+
+def _block_unsupported(n: int, length: int, d: int, dtype, blk, slots: int) -> str | None:
+    """Why the fused kernels cannot take ``blk`` on n sequences of ``length`` positions of
+    width ``d`` with ``slots`` activation tensors of that size indexed by one offset."""
     ff = blk.fc.weight.shape[0]
     if d not in (16, 32, 64):
         return f"d_model {d} (the fused block runs 16, 32 and 64)"
@@ -1074,9 +1069,9 @@ def block_unsupported(x: torch.Tensor, blk) -> str | None:
         return f"{length} positions (at most {_MAX_LENGTH})"
     if blk.ln1.eps != blk.ln2.eps:
         return "LayerNorms with different eps"
-    if any(p.dtype != x.dtype for p in _block_params(blk)):
+    if any(p.dtype != dtype for p in _block_params(blk)):
         return "parameters of another dtype"
-    if x.numel() * 4 >= _MAX_ELEMENTS:
+    if slots * n * length * d >= _MAX_ELEMENTS:
         return "too many rows for 32-bit offsets"
     return None
 
@@ -1104,7 +1099,7 @@ def block(x: torch.Tensor, blk) -> torch.Tensor | None:
         w = _flat(_block_params(blk))
         return _FusedBlock.apply(x, w, consts, _scalars(float(blk.ln1.eps), d // h))
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
-        _turn_off_coarse(exc)
+        _turn_off(exc, coarse=True)
         return None
 
 
@@ -1112,17 +1107,14 @@ def amplitude_unsupported(ansatz, tokens: torch.Tensor) -> str | None:
     """Why `amplitude` leaves this pass to the module (None: it runs fused)."""
     if tokens.dim() != 2 or tokens.shape[1] != ansatz.norb:
         return "tokens not of shape (n, norb)"
+    n, length, d = tokens.shape[0], ansatz.norb, ansatz.d_model
+    slots = 2 * ansatz.n_layers + 1  # every block's input and midpoint, the last output
     for blk in ansatz.blocks:
-        why = block_unsupported(
-            torch.empty((0, ansatz.norb, ansatz.d_model), dtype=ansatz.dtype), blk
-        )
+        why = _block_unsupported(n, length, d, ansatz.dtype, blk, slots)
         if why is not None:
             return why
-    eps = {m.eps for m in ansatz.modules() if isinstance(m, torch.nn.LayerNorm)}
-    if len(eps) != 1:
+    if len({ansatz.ln_f.eps} | {blk.ln1.eps for blk in ansatz.blocks}) != 1:
         return "LayerNorms with different eps"
-    if tokens.shape[0] * ansatz.norb * ansatz.d_model * ansatz.n_layers >= _MAX_ELEMENTS:
-        return "too many rows for 32-bit offsets"
     return None
 
 
@@ -1171,7 +1163,7 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
             tokens.contiguous(), w, consts, scalars, ansatz.n_layers, tuple(ansatz.nelec)
         )
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
-        _turn_off_coarse(exc)
+        _turn_off(exc, coarse=True)
         return None
 
 
