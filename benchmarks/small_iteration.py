@@ -70,6 +70,7 @@ from _common import machine, print_table, write_json
 from cuscikit import Ansatz, Molecule, Runner
 from cuscikit.nnqs import fused_ops
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
+from cuscikit.sci.configs import all_determinants
 
 VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
@@ -90,10 +91,28 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # ln|psi| of the training pass as one Triton kernel each way (``fused_ops.AMPLITUDE_ENABLED``)
     "graph-amplitude": {"graphs": True, "fused_amplitude": True},
     "eager-amplitude": {"graphs": False, "fused_amplitude": True},
+    # the same with their float32 products as three TF32 products on the tensor cores
+    # (``fused_ops.COARSE_PRODUCTS = "tf32x3"``), programs of 32 rows and 4 warps (the tile
+    # that spills least with them: tools/fused_kernel_resources.py)
+    "graph-block-tc": {
+        "graphs": True,
+        "fused_block": True,
+        "coarse_products": "tf32x3",
+        "coarse_tile": (32, 4),
+    },
+    "graph-amplitude-tc": {
+        "graphs": True,
+        "fused_amplitude": True,
+        "coarse_products": "tf32x3",
+        "coarse_tile": (32, 4),
+    },
     "eager-compiled": {"graphs": False, "compile_inference": True},
     # the recorded stage only while S fits one batch (the eager stage above it)
     "graph-onebatch": {"graphs": True, "graph_space": 16384},
 }
+
+
+_DEFAULT_TILE = (fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS)
 
 
 def load_system(name: str):
@@ -107,6 +126,8 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.ENABLED = options.pop("fused_ops", True)
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
+    fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
+    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = options.pop("coarse_tile", _DEFAULT_TILE)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -324,11 +345,23 @@ def _phase_aside(ansatz):
     return log_psi
 
 
+# the block and amplitude kernels' launch settings in `kernel_times`: rows of a program,
+# warps, float32 products (`fused_ops.COARSE_PRODUCTS`)
+TILES = (
+    (32, 4, "ieee"),
+    (64, 8, "ieee"),
+    (128, 8, "ieee"),
+    (32, 4, "tf32x3"),
+    (64, 8, "tf32x3"),
+)
+
+
 def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     """--kernels: microseconds per call of the training kernels at the model's shapes (n
     sequences), forward and backward, the attention for 1, 2 and 4 warps per program, against
     torch's written-out attention and LayerNorm, and a block and the whole ln|psi| as one kernel
-    each way for three tiles against the module's pass; returns the fastest attention warps."""
+    each way for the launch settings of TILES against the module's pass; returns the fastest
+    attention warps."""
     psi = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     length, d, h = psi.norb, psi.d_model, psi.n_heads
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -392,31 +425,36 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     rows.append(["block, module (the kernels above)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     keep = fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS
     fused_ops.BLOCK_ENABLED = True
-    for tile, warps in ((32, 4), (64, 8), (128, 8)):
+    for tile, warps, products in TILES:
         fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
+        fused_ops.COARSE_PRODUCTS = products
         fwd, bwd = both(lambda: blk(x), inputs)
         err = float((blk(x).detach() - y_blk).abs().max())
-        label = f"block, one kernel each way, {tile} rows, {warps} warps"
+        label = f"block, one kernel each way, {tile} rows, {warps} warps, {products}"
         rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
     fused_ops.BLOCK_ENABLED = False
     # the whole ln|psi| of n configurations: the module's pass (the kernels above) against one
     # kernel each way
-    configs, _ = psi.sample(4 * n)
-    tok = psi.tokens(configs[:n])
+    # n configurations of the sector, spread over it (the untrained model's samples repeat)
+    every = all_determinants(psi.norb, psi.nelec)
+    pick = np.linspace(0, len(every) - 1, min(n, len(every))).astype(np.int64)
+    tok = psi.tokens(torch.as_tensor(every[pick].view(np.int64), device="cuda"))
     amp_inputs = [p for name, p in psi.named_parameters() if not name.startswith("phase")]
     g_amp = torch.randn(len(tok), dtype=dtype, device="cuda", generator=g)
     fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
     a_ref = psi.log_amplitude(tok).detach()
     rows.append([f"ln|psi|, module, {len(tok)} configurations", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     fused_ops.AMPLITUDE_ENABLED = True
-    for tile, warps in ((32, 4), (64, 8), (128, 8)):
+    for tile, warps, products in TILES:
         fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
+        fused_ops.COARSE_PRODUCTS = products
         fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
         err = float((psi.log_amplitude(tok).detach() - a_ref).abs().max())
-        label = f"ln|psi|, one kernel each way, {tile} rows, {warps} warps"
+        label = f"ln|psi|, one kernel each way, {tile} rows, {warps} warps, {products}"
         rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
     fused_ops.AMPLITUDE_ENABLED = False
     fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
+    fused_ops.COARSE_PRODUCTS = "ieee"
     for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
         if why is not None:
             print(f"# the {what} training kernels were turned off: {why}", flush=True)

@@ -5,7 +5,7 @@ more shared memory than a block gets (227 KiB on sm_90), shows here before any d
 spent. Needs Triton with its bundled ptxas and cuobjdump.
 
     python tools/fused_kernel_resources.py [--arch 90] [--norb 10] [--d-model 32] [--heads 4]
-        [--layers 4] [--float64] [--stages 1] [--tiles 32:4 64:8 128:8]
+        [--layers 4] [--float64 | --products tf32x3] [--stages 1] [--tiles 32:4 64:8 128:8]
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--float64", action="store_true")
+    ap.add_argument(
+        "--products",
+        choices=("ieee", "tf32x3"),
+        default="ieee",
+        help="float32 products (fused_ops.COARSE_PRODUCTS)",
+    )
     ap.add_argument("--stages", type=int, default=fo._LAUNCH_STAGES)
     ap.add_argument("--tiles", nargs="+", default=["32:4", "64:8", "128:8"], help="rows:warps")
     args = ap.parse_args()
@@ -80,7 +86,8 @@ def main() -> None:
     na = nb = args.norb // 2
     print(
         f"sm_{args.arch}, {length} positions, d_model {d}, {args.heads} heads, {args.layers} "
-        f"blocks, {'float64' if args.float64 else 'float32'}, {args.stages} stage(s)"
+        f"blocks, {'float64' if args.float64 else 'float32 ' + args.products}, "
+        f"{args.stages} stage(s)"
     )
     print(
         f"{'kernel':<16} {'rows':>5} {'warps':>5} {'regs':>4} {'stack':>6} {'shared B':>9} "
@@ -119,7 +126,8 @@ def main() -> None:
         for label, kernel, names, consts in runs:
             pointers = {name: ptr for name in names}
             pointers["tok_ptr"] = "*i64"
-            consts = dict(consts, F64=args.float64)
+            code = 1 if args.float64 else 2 if args.products == "tf32x3" else 0
+            consts = dict(consts, F64=code)
             got = resources(kernel, pointers, consts, target, warps, args.stages)
             print(f"{label:<16} {rows:>5} {warps:>5} {got}", flush=True)
 

@@ -12,7 +12,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
     tl = None
 
-__all__ = ["gelu", "interpreting", "pow2", "tl", "triton"]
+__all__ = ["gelu", "interpreting", "pow2", "tf32", "tf32x3", "tl", "triton"]
 
 
 def pow2(n: int) -> int:
@@ -36,5 +36,22 @@ if triton is not None:
     def gelu(x):
         """GELU with the error function, as `torch.nn.functional.gelu`'s default."""
         return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+
+    @triton.jit
+    def tf32(x):
+        """x rounded to the nearest TF32 value (10 mantissa bits; ties away from zero)."""
+        bits = x.to(tl.int32, bitcast=True)
+        return ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def tf32x3(a, b):
+        """a @ b from three TF32 products in one accumulator: each operand split into a TF32
+        part rounded to nearest and the TF32-rounded remainder (exact for the tensor cores), the
+        two small cross products first (low*high + high*low), then high*high."""
+        ah = tf32(a)
+        bh = tf32(b)
+        acc = tl.dot(tf32(a - ah), bh, input_precision="tf32")
+        acc = tl.dot(ah, tf32(b - bh), acc, input_precision="tf32")
+        return tl.dot(ah, bh, acc, input_precision="tf32")
 else:  # pragma: no cover - depends on the installation
-    gelu = None
+    gelu = tf32 = tf32x3 = None

@@ -94,7 +94,7 @@ import math
 import torch
 
 from cuscikit.backends import cuda
-from cuscikit.nnqs._triton import gelu, interpreting, pow2, tl, triton
+from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
 
 __all__ = [
     "FusedInference",
@@ -156,28 +156,11 @@ if triton is not None:
         return xc * rstd[:, None] * w[None, :] + b[None, :]
 
     @triton.jit
-    def _tf32(x):
-        """x rounded to the nearest TF32 value (10 mantissa bits; ties away from zero)."""
-        bits = x.to(tl.int32, bitcast=True)
-        return ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _tf32x3(a, b):
-        """a @ b from three TF32 products in one accumulator: each operand split into a TF32
-        part rounded to nearest and the TF32-rounded remainder (exact for the tensor cores), the
-        two small cross products first (low*high + high*low), then high*high."""
-        ah = _tf32(a)
-        bh = _tf32(b)
-        acc = tl.dot(_tf32(a - ah), bh, input_precision="tf32")
-        acc = tl.dot(ah, _tf32(b - bh), acc, input_precision="tf32")
-        return tl.dot(ah, bh, acc, input_precision="tf32")
-
-    @triton.jit
     def _dot(a, b, PREC: tl.constexpr):
         """a @ b in the precision PREC ("tf32x3", and "fp64" for the attention products:
-        `_tf32x3`, all of K in one accumulator)."""
+        `tf32x3`, all of K in one accumulator)."""
         if PREC == "tf32x3" or PREC == "fp64":
-            return _tf32x3(a, b)
+            return tf32x3(a, b)
         else:
             return tl.dot(a, b, input_precision=PREC)
 

@@ -48,7 +48,7 @@ import warnings
 
 import torch
 
-from cuscikit.nnqs._triton import gelu, interpreting, pow2, tl, triton
+from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
 
 __all__ = [
     "AMPLITUDE_ENABLED",
@@ -88,6 +88,10 @@ _BLOCK_WARPS = 8
 # one pipeline stage: the layer loops' loads are not multi-buffered (three stages put the
 # whole-amplitude backward kernel over the shared memory of an H100/H200 block)
 _LAUNCH_STAGES = 1
+#: The float32 products of the `block` and `amplitude` kernels: "ieee" (FMAs, as torch's
+#: float32 products) or "tf32x3" (each operand split into two TF32 parts, three products on
+#: the tensor cores; float32-like accuracy, not torch's rounding). Float64 is unaffected.
+COARSE_PRODUCTS = "ieee"
 _POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
 
 
@@ -201,7 +205,7 @@ if triton is not None:
     @triton.jit
     def _scaled(x, hi, lo, F64: tl.constexpr):
         """x times a scale given as float32 parts (see `_split`)."""
-        if F64:
+        if F64 == 1:
             return x * hi + x * lo
         else:
             return x * hi
@@ -229,10 +233,14 @@ if triton is not None:
 
     @triton.jit
     def _mm_exact(a, b, F64: tl.constexpr):
-        """a @ b in a's precision: float64 products (rounded to nearest), or float32 FMAs
-        (no TF32)."""
-        if F64:
+        """a @ b in a's precision. F64 (a product code; False/True in the LayerNorm and
+        attention kernels): 1, float64 products (rounded to nearest); 0, float32 FMAs (no
+        TF32); 2 (float32 in the block and amplitude kernels under ``COARSE_PRODUCTS =
+        "tf32x3"``), three TF32 products on the tensor cores (`tf32x3`)."""
+        if F64 == 1:
             return tl.dot(a, b)
+        elif F64 == 2:
+            return tf32x3(a, b)
         else:
             return tl.dot(a, b, input_precision="ieee")
 
@@ -325,7 +333,7 @@ if triton is not None:
         mean = tl.sum(h, 1) / D
         xc = h - mean[:, None]
         var = tl.sum(xc * xc, 1) / D
-        if F64:
+        if F64 == 1:
             rstd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
         else:
             rstd = 1.0 / tl.sqrt_rn(var + eps_hi)
@@ -1008,7 +1016,10 @@ def _layer_floats(d: int, ff: int) -> int:
 
 def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
     """The kernels' compile-time sizes: L, LP (positions padded), BN (sequences per program),
-    D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), F64."""
+    D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), F64 (the product code
+    of `_mm_exact`: 1 float64; float32 0, or 2 under ``COARSE_PRODUCTS = "tf32x3"``)."""
+    if COARSE_PRODUCTS not in ("ieee", "tf32x3"):
+        raise ValueError(f"COARSE_PRODUCTS must be 'ieee' or 'tf32x3', got {COARSE_PRODUCTS!r}")
     lp = max(16, pow2(length))
     bn = max(1, _BLOCK_ROWS // lp)
     return (
@@ -1020,7 +1031,7 @@ def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype
         ff,
         min(32, ff),
         _layer_floats(d, ff),
-        dtype == torch.float64,
+        1 if dtype == torch.float64 else 2 if COARSE_PRODUCTS == "tf32x3" else 0,
     )
 
 

@@ -121,15 +121,25 @@ def _coarse_paths_off():
     fused_ops._POISON = True  # a gradient entry that no program writes stays NaN
     yield
     fused_ops.BLOCK_ENABLED = fused_ops.AMPLITUDE_ENABLED = fused_ops._POISON = False
+    fused_ops.COARSE_PRODUCTS = "ieee"
 
 
 @pytest.mark.parametrize("path", ["block", "amplitude"])
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 3e-5)])
+@pytest.mark.parametrize(
+    "dtype,tol,products",
+    [
+        (torch.float64, 1e-12, "ieee"),
+        (torch.float32, 3e-5, "ieee"),
+        (torch.float32, 3e-5, "tf32x3"),
+    ],
+)
 @pytest.mark.parametrize("system", ["N2", "Hubbard-10-chain-U4"])
-def test_coarse_paths_match_torch(_coarse_paths_off, path, dtype, tol, system):
+def test_coarse_paths_match_torch(_coarse_paths_off, path, dtype, tol, products, system):
     """A block, or the whole ln|psi|, as one kernel each way at the shapes of N2/STO-3G and
-    the 10-site chain (trained-looking weights): ln psi and every gradient against torch's
-    kernels (relative to each gradient's largest entry), and a recorded pass replays it."""
+    the 10-site chain (trained-looking weights), float32 products as FMAs or as three TF32
+    products on the tensor cores: ln psi and every gradient against torch's kernels (relative
+    to each gradient's largest entry), and a recorded pass replays it."""
+    fused_ops.COARSE_PRODUCTS = products
     mol = Molecule.load(system)
     psi = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     with torch.no_grad():

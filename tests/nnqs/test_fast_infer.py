@@ -255,7 +255,8 @@ _SPLIT = textwrap.dedent(
     import torch
     import triton
     import triton.language as tl
-    from cuscikit.nnqs.fast_infer import _dot, _tf32
+    from cuscikit.nnqs._triton import tf32 as _tf32
+    from cuscikit.nnqs.fast_infer import _dot
 
     @triton.jit
     def kernel(a_ptr, b_ptr, r_ptr, o_ptr, M: tl.constexpr):
