@@ -92,19 +92,19 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-amplitude": {"graphs": True, "fused_amplitude": True},
     "eager-amplitude": {"graphs": False, "fused_amplitude": True},
     # the same with their float32 products as three TF32 products on the tensor cores
-    # (``fused_ops.COARSE_PRODUCTS = "tf32x3"``), programs of 32 rows and 4 warps (the tile
-    # that spills least with them: tools/fused_kernel_resources.py)
+    # (``fused_ops.COARSE_PRODUCTS = "tf32x3"``), programs of one sequence (16 rows) and 4
+    # warps (the tile that does not spill with them: tools/fused_kernel_resources.py)
     "graph-block-tc": {
         "graphs": True,
         "fused_block": True,
         "coarse_products": "tf32x3",
-        "coarse_tile": (32, 4),
+        "coarse_tile": (16, 4),
     },
     "graph-amplitude-tc": {
         "graphs": True,
         "fused_amplitude": True,
         "coarse_products": "tf32x3",
-        "coarse_tile": (32, 4),
+        "coarse_tile": (16, 4),
     },
     "eager-compiled": {"graphs": False, "compile_inference": True},
     # the recorded stage only while S fits one batch (the eager stage above it)
@@ -348,11 +348,12 @@ def _phase_aside(ansatz):
 # the block and amplitude kernels' launch settings in `kernel_times`: rows of a program,
 # warps, float32 products (`fused_ops.COARSE_PRODUCTS`)
 TILES = (
+    (16, 4, "ieee"),
     (32, 4, "ieee"),
     (64, 8, "ieee"),
     (128, 8, "ieee"),
+    (16, 4, "tf32x3"),
     (32, 4, "tf32x3"),
-    (64, 8, "tf32x3"),
 )
 
 
