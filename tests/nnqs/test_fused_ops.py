@@ -212,11 +212,13 @@ _BLOCK_INTERPRETED = textwrap.dedent(
     # the whole ln|psi| as one kernel each way: values and the gradient of every parameter
     # of the amplitude against torch's kernels (two and three blocks, widths 32 and 16), the
     # float32 products as FMAs and as three TF32 products (here the interpreter's float32
-    # products: the split and its sum, not the tensor cores)
-    cases = ((torch.float64, 1e-12, "ieee"), (torch.float32, 3e-5, "ieee"),
-             (torch.float32, 3e-5, "tf32x3"))
-    for dt, tol, products in cases:
-        fo.COARSE_PRODUCTS = products
+    # products: the split and its sum, not the tensor cores), the last in programs of one
+    # sequence
+    rows0 = fo._BLOCK_ROWS
+    cases = ((torch.float64, 1e-12, "ieee", rows0), (torch.float32, 3e-5, "ieee", rows0),
+             (torch.float32, 3e-5, "tf32x3", 16))
+    for dt, tol, products, rows in cases:
+        fo.COARSE_PRODUCTS, fo._BLOCK_ROWS = products, rows
         for norb, nelec, d, h, nl in ((6, (3, 2), 32, 4, 2), (7, (3, 3), 16, 2, 3)):
             psi = Ansatz(norb, nelec, d_model=d, n_heads=h, n_layers=nl, phase_hidden=(8,),
                          seed=0, dtype=dt)
@@ -246,7 +248,7 @@ _BLOCK_INTERPRETED = textwrap.dedent(
             fo.AMPLITUDE_ENABLED = False
             ref = psi.log_amplitude(out)
             assert bool(torch.isneginf(ref).all()) and bool(torch.isneginf(bad).all()), bad
-    fo.COARSE_PRODUCTS = "ieee"
+    fo.COARSE_PRODUCTS, fo._BLOCK_ROWS = "ieee", rows0
     assert fo._failed is None and fo._coarse_failed is None, (fo._failed, fo._coarse_failed)
 
     # a coarse kernel that fails turns off the coarse paths only, with a warning
