@@ -26,9 +26,11 @@ pass keeps an autograd graph on a CUDA device with Triton installed (`active`); 
 (no gradient) keeps torch's kernels. ``ENABLED = False`` turns them off (benchmarks compare
 both); a kernel that fails to build turns them off with a warning.
 
-Two coarser paths, off by default until measured on a GPU, take a whole block (`block`,
-``BLOCK_ENABLED``) or the whole ln|psi| (`amplitude`, ``AMPLITUDE_ENABLED``) as one kernel each
-way, for the pass whose cost is its number of kernels (docs/performance.md, "#fused-block").
+Two coarser paths take a whole block (`block`, ``BLOCK_ENABLED``) or the whole ln|psi|
+(`amplitude`, ``AMPLITUDE_ENABLED``) as one kernel each way, for a pass whose cost would be its
+number of kernels. They are off by default: on an H100 they cut the kernels of a pass from 368
+to 233 and 141 and made it slower (docs/performance.md, "#fused-block-gpu").
+``COARSE_PRODUCTS = "tf32x3"`` runs their float32 products on the tensor cores.
 
 Example (needs a CUDA GPU and Triton):
     >>> import torch
@@ -53,6 +55,7 @@ from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
 __all__ = [
     "AMPLITUDE_ENABLED",
     "BLOCK_ENABLED",
+    "COARSE_PRODUCTS",
     "ENABLED",
     "active",
     "amplitude",
