@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import time
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -81,6 +82,8 @@ def main() -> None:
     ap.add_argument("--tiles", nargs="+", default=["32:4", "64:8", "128:8"], help="rows:warps")
     args = ap.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
+    fo.COARSE_PRODUCTS = args.products
+    prec = fo._prec(torch.float64 if args.float64 else torch.float32, coarse=True)
     length, d, ff = args.norb, args.d_model, 4 * args.d_model
     ptr = "*fp64" if args.float64 else "*fp32"
     na = nb = args.norb // 2
@@ -126,8 +129,7 @@ def main() -> None:
         for label, kernel, names, consts in runs:
             pointers = {name: ptr for name in names}
             pointers["tok_ptr"] = "*i64"
-            code = 1 if args.float64 else 2 if args.products == "tf32x3" else 0
-            consts = dict(consts, F64=code)
+            consts = dict(consts, PREC=prec)
             got = resources(kernel, pointers, consts, target, warps, args.stages)
             print(f"{label:<16} {rows:>5} {warps:>5} {got}", flush=True)
 

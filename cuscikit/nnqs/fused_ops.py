@@ -147,7 +147,7 @@ if triton is not None:
         D: tl.constexpr,
         DP: tl.constexpr,
         BLOCK: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, DP)
@@ -159,7 +159,7 @@ if triton is not None:
         mean = tl.sum(x, 1) / D
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.sum(xc * xc, 1) / D
-        if F64:  # float64 plus the two float32 parts of eps
+        if PREC == 1:  # float64 plus the two float32 parts of eps
             rstd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
         else:
             rstd = 1.0 / tl.sqrt_rn(var + eps_hi)  # IEEE rounding, as torch's float32 kernel
@@ -206,9 +206,9 @@ if triton is not None:
         tl.store(part_ptr + pid * 2 * DP + DP + cols, tl.sum(dy, 0))
 
     @triton.jit
-    def _scaled(x, hi, lo, F64: tl.constexpr):
+    def _scaled(x, hi, lo, PREC: tl.constexpr):
         """x times a scale given as float32 parts (see `_split`)."""
-        if F64 == 1:
+        if PREC == 1:
             return x * hi + x * lo
         else:
             return x * hi
@@ -235,14 +235,14 @@ if triton is not None:
         return mask2, pmask, q_at, y_at, lse_at, seen
 
     @triton.jit
-    def _mm_exact(a, b, F64: tl.constexpr):
-        """a @ b in a's precision. F64 (a product code; False/True in the LayerNorm and
-        attention kernels): 1, float64 products (rounded to nearest); 0, float32 FMAs (no
-        TF32); 2 (float32 in the block and amplitude kernels under ``COARSE_PRODUCTS =
-        "tf32x3"``), three TF32 products on the tensor cores (`tf32x3`)."""
-        if F64 == 1:
+    def _mm(a, b, PREC: tl.constexpr):
+        """a @ b in the kernels' product code PREC (`_prec`): 1, float64 products (rounded to
+        nearest); 0, float32 FMAs (no TF32); 2, float32 as three TF32 products on the tensor
+        cores (`tf32x3`; the block and amplitude kernels under ``COARSE_PRODUCTS =
+        "tf32x3"``)."""
+        if PREC == 1:
             return tl.dot(a, b)
-        elif F64 == 2:
+        elif PREC == 2:
             return tf32x3(a, b)
         else:
             return tl.dot(a, b, input_precision="ieee")
@@ -259,19 +259,19 @@ if triton is not None:
         H: tl.constexpr,
         HD: tl.constexpr,
         HDP: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         d = H * HD
         mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
-        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask2, other=0.0), scale_hi, scale_lo, F64)
+        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask2, other=0.0), scale_hi, scale_lo, PREC)
         k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
         v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
-        s = tl.where(seen, _mm_exact(q, tl.trans(k), F64), float("-inf"))
+        s = tl.where(seen, _mm(q, tl.trans(k), PREC), float("-inf"))
         s = tl.where(pmask[:, None], s, 0.0)  # padded query rows: finite, never stored
         m = tl.max(s, 1)
         p = tl.exp(s - m[:, None])
         l_sum = tl.sum(p, 1)
-        y = _mm_exact(p, v, F64) / l_sum[:, None]
+        y = _mm(p, v, PREC) / l_sum[:, None]
         tl.store(y_ptr + y_at, y, mask=mask2)
         tl.store(lse_ptr + lse_at, m + tl.log(l_sum), mask=pmask)
 
@@ -289,7 +289,7 @@ if triton is not None:
         H: tl.constexpr,
         HD: tl.constexpr,
         HDP: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         d = H * HD
         mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
@@ -300,14 +300,14 @@ if triton is not None:
         y = tl.load(y_ptr + y_at, mask=mask2, other=0.0)
         lse = tl.load(lse_ptr + lse_at, mask=pmask, other=0.0)
         delta = tl.sum(dy * y, 1)  # sum_j p_ij dp_ij = dy_i . y_i
-        s = _mm_exact(_scaled(q, scale_hi, scale_lo, F64), tl.trans(k), F64)
+        s = _mm(_scaled(q, scale_hi, scale_lo, PREC), tl.trans(k), PREC)
         p = tl.where(seen, tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (_mm_exact(dy, tl.trans(v), F64) - delta[:, None])
-        dq = _mm_exact(ds, k, F64)
-        dk = _mm_exact(tl.trans(ds), q, F64)
-        dv = _mm_exact(tl.trans(p), dy, F64)
-        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, F64), mask=mask2)
-        tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, F64), mask=mask2)
+        ds = p * (_mm(dy, tl.trans(v), PREC) - delta[:, None])
+        dq = _mm(ds, k, PREC)
+        dk = _mm(tl.trans(ds), q, PREC)
+        dv = _mm(tl.trans(p), dy, PREC)
+        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, PREC), mask=mask2)
+        tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, PREC), mask=mask2)
         tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
 
     # ------------------------------------------------------------------ whole blocks
@@ -331,12 +331,12 @@ if triton is not None:
         return w, ln1b, qkvw, qkvb, aow, aob, ln2w, ln2b, fcw, fcb, prw, prb
 
     @triton.jit
-    def _blk_ln(h, w_ptr, b_ptr, c, eps_hi, eps_lo, D: tl.constexpr, F64: tl.constexpr):
+    def _blk_ln(h, w_ptr, b_ptr, c, eps_hi, eps_lo, D: tl.constexpr, PREC: tl.constexpr):
         """LayerNorm of the rows of h (R, D): (y, xhat, rstd)."""
         mean = tl.sum(h, 1) / D
         xc = h - mean[:, None]
         var = tl.sum(xc * xc, 1) / D
-        if F64 == 1:
+        if PREC == 1:
             rstd = 1.0 / tl.sqrt(var + eps_hi + eps_lo)
         else:
             rstd = 1.0 / tl.sqrt_rn(var + eps_hi)
@@ -379,9 +379,9 @@ if triton is not None:
         return seq, pos, valid, offs, valid[:, None] & (c[None, :] < D), c
 
     @triton.jit
-    def _blk_probs(q3, k3, hm, seen, F64: tl.constexpr):
+    def _blk_probs(q3, k3, hm, seen, PREC: tl.constexpr):
         """Causal softmax of one head (columns hm) for every sequence: (BN, LP, LP)."""
-        s = _mm_exact(q3 * hm[None, None, :], tl.permute(k3, (0, 2, 1)), F64)
+        s = _mm(q3 * hm[None, None, :], tl.permute(k3, (0, 2, 1)), PREC)
         s = tl.where(seen[None, :, :], s, float("-inf"))
         p = tl.exp(s - tl.max(s, 2)[:, :, None])
         return p / tl.sum(p, 2)[:, :, None]
@@ -397,14 +397,14 @@ if triton is not None:
         BN: tl.constexpr,
         LP: tl.constexpr,
         D: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """The scaled queries, the keys and the values of the rows a (R, D), as (BN, LP, D)."""
-        q = _mm_exact(a, _blk_wt(qkvw, c, c, D), F64) + tl.load(qkvb + c)[None, :]
-        k = _mm_exact(a, _blk_wt(qkvw + D * D, c, c, D), F64) + tl.load(qkvb + D + c)[None, :]
-        v = _mm_exact(a, _blk_wt(qkvw + 2 * D * D, c, c, D), F64)
+        q = _mm(a, _blk_wt(qkvw, c, c, D), PREC) + tl.load(qkvb + c)[None, :]
+        k = _mm(a, _blk_wt(qkvw + D * D, c, c, D), PREC) + tl.load(qkvb + D + c)[None, :]
+        v = _mm(a, _blk_wt(qkvw + 2 * D * D, c, c, D), PREC)
         v += tl.load(qkvb + 2 * D + c)[None, :]
-        q3 = tl.reshape(_scaled(q, sc_hi, sc_lo, F64), (BN, LP, D))
+        q3 = tl.reshape(_scaled(q, sc_hi, sc_lo, PREC), (BN, LP, D))
         return q3, tl.reshape(k, (BN, LP, D)), tl.reshape(v, (BN, LP, D))
 
     @triton.jit
@@ -422,30 +422,30 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """The block at w on the rows h (R, D): h1 = h + attn(ln1(h)), then h1 + mlp(ln2(h1));
         returns both (the backward pass starts from h and h1)."""
         R: tl.constexpr = BN * LP
         HD: tl.constexpr = D // H
         ln1w, ln1b, qkvw, qkvb, aow, aob, ln2w, ln2b, fcw, fcb, prw, prb = _layer_ptrs(w, D, FF)
-        a = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)[0]
-        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
+        a = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, PREC)[0]
+        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, PREC)
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]  # (query, key)
         y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         for hh in range(H):
             hm = ((c // HD) == hh).to(h.dtype)
-            y3 += _mm_exact(_blk_probs(q3, k3, hm, seen, F64), v3 * hm[None, None, :], F64)
+            y3 += _mm(_blk_probs(q3, k3, hm, seen, PREC), v3 * hm[None, None, :], PREC)
         y = tl.reshape(y3, (R, D))
-        h1 = h + _mm_exact(y, _blk_wt(aow, c, c, D), F64) + tl.load(aob + c)[None, :]
-        b = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)[0]
+        h1 = h + _mm(y, _blk_wt(aow, c, c, D), PREC) + tl.load(aob + c)[None, :]
+        b = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, PREC)[0]
         cf = tl.arange(0, FC)
         acc = tl.zeros((R, D), dtype=h.dtype)
         for f0 in range(0, FF, FC):
-            u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
+            u = _mm(b, _blk_wt(fcw + f0 * D, c, cf, D), PREC)
             u += tl.load(fcb + f0 + cf)[None, :]
-            acc += _mm_exact(gelu(u), _blk_wt(prw + f0, cf, c, FF), F64)
+            acc += _mm(gelu(u), _blk_wt(prw + f0, cf, c, FF), PREC)
         return h1 + acc + tl.load(prb + c)[None, :], h1
 
     @triton.jit
@@ -466,7 +466,7 @@ if triton is not None:
         H: tl.constexpr,
         FF: tl.constexpr,
         FC: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """The backward pass of the block at w from its input rows h, its midpoint h1 (after
         the attention) and the output gradient dh2; each half recomputes what it needs from
@@ -479,29 +479,27 @@ if triton is not None:
             _layer_ptrs(g, D, FF)
         )
         # the MLP from h1: h2 = h1 + gelu(b W1^T + b1) W2^T + b2, b = ln2(h1)
-        b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, F64)
+        b, xhat2, rstd2 = _blk_ln(h1, ln2w, ln2b, c, eps_hi, eps_lo, D, PREC)
         tl.store(g_prb + c, tl.sum(dh2, 0))
         cf = tl.arange(0, FC)
         db = tl.zeros((R, D), dtype=h.dtype)
         for f0 in range(0, FF, FC):
-            u = _mm_exact(b, _blk_wt(fcw + f0 * D, c, cf, D), F64)
+            u = _mm(b, _blk_wt(fcw + f0 * D, c, cf, D), PREC)
             u += tl.load(fcb + f0 + cf)[None, :]
             gu = gelu(u)
             # W2's columns f0.. get gu^T dh2; the chunk's input gradient is dh2 W2[:, chunk]
-            tl.store(
-                g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm_exact(tl.trans(gu), dh2, F64)
-            )
-            du = _mm_exact(dh2, _blk_w(prw + f0, c, cf, FF), F64) * _blk_gelu_grad(u)
-            tl.store(g_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm_exact(tl.trans(b), du, F64))
+            tl.store(g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm(tl.trans(gu), dh2, PREC))
+            du = _mm(dh2, _blk_w(prw + f0, c, cf, FF), PREC) * _blk_gelu_grad(u)
+            tl.store(g_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm(tl.trans(b), du, PREC))
             tl.store(g_fcb + f0 + cf, tl.sum(du, 0))
-            db += _mm_exact(du, _blk_w(fcw + f0 * D, cf, c, D), F64)
+            db += _mm(du, _blk_w(fcw + f0 * D, cf, c, D), PREC)
         tl.store(g_ln2w + c, tl.sum(db * xhat2, 0))
         tl.store(g_ln2b + c, tl.sum(db, 0))
         dh1 = dh2 + _blk_ln_bwd(db, xhat2, rstd2, ln2w, c, D)
         # the attention from h: h1 = h + y Wo^T + bo, y = attn(q, k, v), (q, k, v) from ln1(h)
-        a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, F64)
-        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, F64)
-        dy3 = tl.reshape(_mm_exact(dh1, _blk_w(aow, c, c, D), F64), (BN, LP, D))
+        a, xhat1, rstd1 = _blk_ln(h, ln1w, ln1b, c, eps_hi, eps_lo, D, PREC)
+        q3, k3, v3 = _blk_qkv(a, qkvw, qkvb, c, sc_hi, sc_lo, BN, LP, D, PREC)
+        dy3 = tl.reshape(_mm(dh1, _blk_w(aow, c, c, D), PREC), (BN, LP, D))
         i = tl.arange(0, LP)
         seen = i[None, :] <= i[:, None]
         y3 = tl.zeros((BN, LP, D), dtype=h.dtype)
@@ -510,34 +508,34 @@ if triton is not None:
         dv3 = tl.zeros((BN, LP, D), dtype=h.dtype)
         for hh in range(H):  # head by head (columns hm)
             hm = ((c // HD) == hh).to(h.dtype)
-            p = _blk_probs(q3, k3, hm, seen, F64)
-            y3 += _mm_exact(p, v3 * hm[None, None, :], F64)
+            p = _blk_probs(q3, k3, hm, seen, PREC)
+            y3 += _mm(p, v3 * hm[None, None, :], PREC)
             dyh = dy3 * hm[None, None, :]
-            dv3 += _mm_exact(tl.permute(p, (0, 2, 1)), dyh, F64)
-            dp = _mm_exact(dyh, tl.permute(v3, (0, 2, 1)), F64)
+            dv3 += _mm(tl.permute(p, (0, 2, 1)), dyh, PREC)
+            dp = _mm(dyh, tl.permute(v3, (0, 2, 1)), PREC)
             ds = p * (dp - tl.sum(dp * p, 2)[:, :, None])
-            dq3 += _mm_exact(ds, k3 * hm[None, None, :], F64)
-            dk3 += _mm_exact(tl.permute(ds, (0, 2, 1)), q3 * hm[None, None, :], F64)
+            dq3 += _mm(ds, k3 * hm[None, None, :], PREC)
+            dk3 += _mm(tl.permute(ds, (0, 2, 1)), q3 * hm[None, None, :], PREC)
         tl.store(
             g_aow + c[None, :] * D + c[:, None],
-            _mm_exact(tl.trans(tl.reshape(y3, (R, D))), dh1, F64),
+            _mm(tl.trans(tl.reshape(y3, (R, D))), dh1, PREC),
         )
         tl.store(g_aob + c, tl.sum(dh1, 0))
-        dq = _scaled(tl.reshape(dq3, (R, D)), sc_hi, sc_lo, F64)
+        dq = _scaled(tl.reshape(dq3, (R, D)), sc_hi, sc_lo, PREC)
         dk = tl.reshape(dk3, (R, D))
         dv = tl.reshape(dv3, (R, D))
         # the q/k/v projection of a = ln1(h)
         at = tl.trans(a)
         wt = c[None, :] * D + c[:, None]
-        tl.store(g_qkvw + wt, _mm_exact(at, dq, F64))
-        tl.store(g_qkvw + D * D + wt, _mm_exact(at, dk, F64))
-        tl.store(g_qkvw + 2 * D * D + wt, _mm_exact(at, dv, F64))
+        tl.store(g_qkvw + wt, _mm(at, dq, PREC))
+        tl.store(g_qkvw + D * D + wt, _mm(at, dk, PREC))
+        tl.store(g_qkvw + 2 * D * D + wt, _mm(at, dv, PREC))
         tl.store(g_qkvb + c, tl.sum(dq, 0))
         tl.store(g_qkvb + D + c, tl.sum(dk, 0))
         tl.store(g_qkvb + 2 * D + c, tl.sum(dv, 0))
-        da = _mm_exact(dq, _blk_w(qkvw, c, c, D), F64)
-        da += _mm_exact(dk, _blk_w(qkvw + D * D, c, c, D), F64)
-        da += _mm_exact(dv, _blk_w(qkvw + 2 * D * D, c, c, D), F64)
+        da = _mm(dq, _blk_w(qkvw, c, c, D), PREC)
+        da += _mm(dk, _blk_w(qkvw + D * D, c, c, D), PREC)
+        da += _mm(dv, _blk_w(qkvw + 2 * D * D, c, c, D), PREC)
         tl.store(g_ln1w + c, tl.sum(da * xhat1, 0))
         tl.store(g_ln1b + c, tl.sum(da, 0))
         return dh1 + _blk_ln_bwd(da, xhat1, rstd1, ln1w, c, D)
@@ -561,12 +559,12 @@ if triton is not None:
         FF: tl.constexpr,
         FC: tl.constexpr,
         NP: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """The block's output, and its midpoint h1 (for the backward pass) at mid."""
         _, _, _, offs, mask, c = _blk_rows(n, L, LP, BN, D)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        h2, h1 = _blk_forward(h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
+        h2, h1 = _blk_forward(h, c, w, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, PREC)
         tl.store(out_ptr + offs, h2, mask=mask)
         tl.store(mid_ptr + offs, h1, mask=mask)
 
@@ -591,7 +589,7 @@ if triton is not None:
         FF: tl.constexpr,
         FC: tl.constexpr,
         NP: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """The input gradient, and this program's row of the parameter gradients (row pid
         of part, the layout of w)."""
@@ -601,7 +599,7 @@ if triton is not None:
         dh2 = tl.load(dout_ptr + offs, mask=mask, other=0.0)
         g = part_ptr + tl.program_id(0).to(tl.int64) * NP
         dh = _blk_backward(
-            h, h1, dh2, c, w, g, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
+            h, h1, dh2, c, w, g, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, PREC
         )
         tl.store(dh_ptr + offs, dh, mask=mask)
 
@@ -641,19 +639,19 @@ if triton is not None:
         D: tl.constexpr,
         NA: tl.constexpr,
         NB: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """ln_f, the head and the masked log-softmax of the rows h, with ln_f, the head and the
         logit offsets at wf: log p of each row's target, the probabilities of its four tokens
         (16 columns, 0 past the fourth), whether the target is allowed, and ln_f's pieces."""
-        x, xhat, rstd = _blk_ln(h, wf, wf + D, c, eps_hi, eps_lo, D, F64)
+        x, xhat, rstd = _blk_ln(h, wf, wf + D, c, eps_hi, eps_lo, D, PREC)
         c16 = tl.arange(0, 16)
         real = c16 < 4
         wh = tl.load(wf + 2 * D + c16[None, :] * D + c[:, None], mask=real[None, :], other=0.0)
         bh = tl.load(wf + 6 * D + c16, mask=real, other=0.0)
         kb = tl.minimum(pos, L - 1)
         lb = tl.load(wf + 6 * D + 4 + kb[:, None] * 4 + c16[None, :], mask=real[None, :], other=0.0)
-        logits = _mm_exact(x, wh, F64) + bh[None, :] + lb
+        logits = _mm(x, wh, PREC) + bh[None, :] + lb
         ua = used_a[:, None] + (c16[None, :] & 1)
         ub = used_b[:, None] + (c16[None, :] >> 1)
         rem = (L - 1 - pos)[:, None]
@@ -692,7 +690,7 @@ if triton is not None:
         NL: tl.constexpr,
         NA: tl.constexpr,
         NB: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """ln|psi| of BN configurations per program; for the backward pass, hs (2 NL + 1, n,
         L, D) gets every block's input and midpoint (after its attention), then the last
@@ -704,12 +702,12 @@ if triton is not None:
         for layer in range(NL):  # a loop, not unrolled: one block's code
             tl.store(hs_ptr + 2 * layer * n * L * D + offs, h, mask=mask)
             lw = w + (5 + L) * D + layer * NP
-            h, h1 = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64)
+            h, h1 = _blk_forward(h, c, lw, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, PREC)
             tl.store(hs_ptr + (2 * layer + 1) * n * L * D + offs, h1, mask=mask)
         tl.store(hs_ptr + 2 * NL * n * L * D + offs, h, mask=mask)
         wf = w + (5 + L) * D + NL * NP
         lp, _, ok, _, _, _, _, _ = _amp_head(
-            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
         )
         lp = tl.where(valid, lp, 0.0)
         bad = (valid & ~ok).to(tl.int32)
@@ -742,7 +740,7 @@ if triton is not None:
         NA: tl.constexpr,
         NB: tl.constexpr,
         NW: tl.constexpr,
-        F64: tl.constexpr,
+        PREC: tl.constexpr,
     ):
         """This program's row (NW numbers, the layout of w) of the gradient of
         sum_x damp(x) ln|psi(x)|: the head again from the last block's output (kept in hs),
@@ -753,7 +751,7 @@ if triton is not None:
         h = tl.load(hs_ptr + 2 * NL * n * L * D + offs, mask=mask, other=0.0)
         wf = w + (5 + L) * D + NL * NP
         _, prob, ok, pick, x, xhat, rstd, wh = _amp_head(
-            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, F64
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
         )
         # d ln|psi| / d logits = (onehot(target) - p) / 2 on the rows that count
         gr = 0.5 * tl.load(damp_ptr + seq, mask=seq < n, other=0.0)
@@ -764,7 +762,7 @@ if triton is not None:
         gf = g + (5 + L) * D + NL * NP
         tl.store(
             gf + 2 * D + c16[:, None] * D + c[None, :],
-            _mm_exact(tl.trans(dl), x, F64),
+            _mm(tl.trans(dl), x, PREC),
             mask=real[:, None],
         )
         tl.store(gf + 6 * D + c16, tl.sum(dl, 0), mask=real)
@@ -774,7 +772,7 @@ if triton is not None:
             tl.sum(tl.reshape(dl, (BN, LP, 16)), 0),
             mask=(i < L)[:, None] & real[None, :],
         )
-        dx = _mm_exact(dl, tl.trans(wh), F64)
+        dx = _mm(dl, tl.trans(wh), PREC)
         tl.store(gf + c, tl.sum(dx * xhat, 0))
         tl.store(gf + D + c, tl.sum(dx, 0))
         dh = _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
@@ -785,7 +783,7 @@ if triton is not None:
             lw = w + (5 + L) * D + layer * NP
             lg = g + (5 + L) * D + layer * NP
             dh = _blk_backward(
-                h, h1, dh, c, lw, lg, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, F64
+                h, h1, dh, c, lw, lg, eps_hi, eps_lo, sc_hi, sc_lo, BN, LP, D, H, FF, FC, PREC
             )
         dh = tl.where(mask, dh, 0.0)
         for t in tl.static_range(5):
@@ -811,6 +809,17 @@ def _split(v: float) -> tuple[float, float]:
     return hi, v - hi
 
 
+def _prec(dtype: torch.dtype, coarse: bool = False) -> int:
+    """The kernels' product code PREC (`_mm`): 1 for float64; for float32 0 (FMAs), or 2 (three
+    TF32 products) in the block and amplitude kernels (``coarse``) under ``COARSE_PRODUCTS =
+    "tf32x3"``."""
+    if COARSE_PRODUCTS not in ("ieee", "tf32x3"):
+        raise ValueError(f"COARSE_PRODUCTS must be 'ieee' or 'tf32x3', got {COARSE_PRODUCTS!r}")
+    if dtype == torch.float64:
+        return 1
+    return 2 if coarse and COARSE_PRODUCTS == "tf32x3" else 0
+
+
 def _row_tile(dp: int) -> int:
     return max(1, _ROW_TILE // dp)
 
@@ -827,10 +836,10 @@ class _LayerNorm(torch.autograd.Function):
         rstd = torch.empty_like(mean)
         if m:
             grid = (triton.cdiv(m, block),)
-            f64 = x.dtype == torch.float64
             hi, lo = _split(eps)
+            prec = _prec(x.dtype)
             with _on(x):
-                _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, f64)
+                _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, prec)
         ctx.save_for_backward(x2, weight, mean, rstd)
         ctx.shape = x.shape
         return y.view(x.shape)
@@ -861,8 +870,7 @@ class _CausalAttention(torch.autograd.Function):
         y = torch.empty((n, length, d), dtype=qkv.dtype, device=qkv.device)
         lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
         scale = _split(1.0 / math.sqrt(hd))
-        f64 = qkv.dtype == torch.float64
-        consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), f64)
+        consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), _prec(qkv.dtype))
         if n:
             grid = (n, n_heads)
             with _on(qkv):
@@ -1019,10 +1027,7 @@ def _layer_floats(d: int, ff: int) -> int:
 
 def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
     """The kernels' compile-time sizes: L, LP (positions padded), BN (sequences per program),
-    D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), F64 (the product code
-    of `_mm_exact`: 1 float64; float32 0, or 2 under ``COARSE_PRODUCTS = "tf32x3"``)."""
-    if COARSE_PRODUCTS not in ("ieee", "tf32x3"):
-        raise ValueError(f"COARSE_PRODUCTS must be 'ieee' or 'tf32x3', got {COARSE_PRODUCTS!r}")
+    D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), PREC (`_prec`)."""
     lp = max(16, pow2(length))
     bn = max(1, _BLOCK_ROWS // lp)
     return (
@@ -1034,7 +1039,7 @@ def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype
         ff,
         min(32, ff),
         _layer_floats(d, ff),
-        1 if dtype == torch.float64 else 2 if COARSE_PRODUCTS == "tf32x3" else 0,
+        _prec(dtype, coarse=True),
     )
 
 
@@ -1162,9 +1167,8 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
     if amplitude_unsupported(ansatz, tokens) is not None:
         return None
     blk = ansatz.blocks[0]
-    d, h = ansatz.d_model, ansatz.n_heads
-    consts = _block_consts(ansatz.norb, d, h, blk.fc.weight.shape[0], head.dtype)
-    length, ff = ansatz.norb, blk.fc.weight.shape[0]
+    length, d, h, ff = ansatz.norb, ansatz.d_model, ansatz.n_heads, blk.fc.weight.shape[0]
+    consts = _block_consts(length, d, h, ff, head.dtype)
     try:
         w = _flat(_amplitude_params(ansatz))
         # the layout `_amp_fwd_kernel` reads: embeddings, blocks, ln_f, head, logit offsets

@@ -38,7 +38,9 @@ def test_float64_scalars_survive_the_float32_arguments():
         assert abs(hi32 - v) > 1e-12 * v or lo == 0.0  # the remainder matters
 
 
-_INTERPRETED = textwrap.dedent(
+# the interpreted scripts' common start: imports, the largest difference, and the gradient of
+# a weighted ln psi of x (every parameter) with one of fused_ops' switches on or off
+_SCRIPT_HEAD = textwrap.dedent(
     """
     import math, torch
     import cuscikit.nnqs.fused_ops as fo
@@ -47,6 +49,17 @@ _INTERPRETED = textwrap.dedent(
 
     def err(a, b):
         return float((a - b).detach().abs().max())
+
+    def log_psi_grads(psi, x, switch, on):
+        setattr(fo, switch, on)
+        lp = psi.log_psi(x)
+        loss = (lp.real * torch.arange(len(x))).sum() + lp.imag.sum()
+        return torch.autograd.grad(loss, list(psi.parameters()))
+    """
+)
+
+_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
+    """
 
     g = torch.Generator().manual_seed(0)
     for dt, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
@@ -99,12 +112,7 @@ _INTERPRETED = textwrap.dedent(
     psi = Ansatz(4, (2, 1), d_model=8, n_heads=2, n_layers=1, phase_hidden=(4,), seed=0,
                  dtype=torch.float64)
     x = all_determinants(4, (2, 1))
-    grads = {}
-    for on in (True, False):
-        fo.ENABLED = on
-        lp = psi.log_psi(x)
-        loss = (lp.real * torch.arange(len(x))).sum() + lp.imag.sum()
-        grads[on] = torch.autograd.grad(loss, list(psi.parameters()))
+    grads = {on: log_psi_grads(psi, x, "ENABLED", on) for on in (True, False)}
     assert calls == {"ln": 3, "attn": 1}, calls
     assert fo._failed is None
     worst = max(err(a, b) for a, b in zip(grads[True], grads[False]))
@@ -140,16 +148,9 @@ def test_ansatz_layer_norms_keep_their_state():
     assert isinstance(psi.ln_f, torch.nn.LayerNorm)
 
 
-_BLOCK_INTERPRETED = textwrap.dedent(
+_BLOCK_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
     """
-    import torch
-    import cuscikit.nnqs.fused_ops as fo
-    from cuscikit import Ansatz
     from cuscikit.nnqs.ansatz import _Block
-    from cuscikit.sci.configs import all_determinants
-
-    def err(a, b):
-        return float((a - b).detach().abs().max())
 
     g = torch.Generator().manual_seed(1)
     fo._POISON = True  # a gradient entry that no program writes stays NaN
@@ -191,12 +192,7 @@ _BLOCK_INTERPRETED = textwrap.dedent(
         for p in psi.parameters():
             p.add_(0.1 * torch.randn(p.shape, dtype=p.dtype, generator=g))
     x = all_determinants(6, (3, 2))
-    grads = {}
-    for on in (True, False):
-        fo.BLOCK_ENABLED = on
-        lp = psi.log_psi(x)
-        loss = (lp.real * torch.arange(len(x))).sum() + lp.imag.sum()
-        grads[on] = torch.autograd.grad(loss, list(psi.parameters()))
+    grads = {on: log_psi_grads(psi, x, "BLOCK_ENABLED", on) for on in (True, False)}
     assert calls[0] == 2, calls
     assert fo._failed is None, fo._failed
     worst = max(
