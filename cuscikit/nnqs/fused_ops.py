@@ -813,7 +813,7 @@ def _prec(dtype: torch.dtype, coarse: bool = False) -> int:
     """The kernels' product code PREC (`_mm`): 1 for float64; for float32 0 (FMAs), or 2 (three
     TF32 products) in the block and amplitude kernels (``coarse``) under ``COARSE_PRODUCTS =
     "tf32x3"``."""
-    if COARSE_PRODUCTS not in ("ieee", "tf32x3"):
+    if coarse and COARSE_PRODUCTS not in ("ieee", "tf32x3"):
         raise ValueError(f"COARSE_PRODUCTS must be 'ieee' or 'tf32x3', got {COARSE_PRODUCTS!r}")
     if dtype == torch.float64:
         return 1
