@@ -92,27 +92,13 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-amplitude": {"graphs": True, "fused_amplitude": True},
     "eager-amplitude": {"graphs": False, "fused_amplitude": True},
     # the same with their float32 products as three TF32 products on the tensor cores
-    # (``fused_ops.COARSE_PRODUCTS = "tf32x3"``), programs of one sequence (16 rows) and 4
-    # warps (the tile that does not spill with them: tools/fused_kernel_resources.py)
-    "graph-block-tc": {
-        "graphs": True,
-        "fused_block": True,
-        "coarse_products": "tf32x3",
-        "coarse_tile": (16, 4),
-    },
-    "graph-amplitude-tc": {
-        "graphs": True,
-        "fused_amplitude": True,
-        "coarse_products": "tf32x3",
-        "coarse_tile": (16, 4),
-    },
+    # (``fused_ops.COARSE_PRODUCTS = "tf32x3"``; programs of one sequence, 16 rows, 4 warps)
+    "graph-block-tc": {"graphs": True, "fused_block": True, "coarse_products": "tf32x3"},
+    "graph-amplitude-tc": {"graphs": True, "fused_amplitude": True, "coarse_products": "tf32x3"},
     "eager-compiled": {"graphs": False, "compile_inference": True},
     # the recorded stage only while S fits one batch (the eager stage above it)
     "graph-onebatch": {"graphs": True, "graph_space": 16384},
 }
-
-
-_DEFAULT_TILE = (fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS)
 
 
 def load_system(name: str):
@@ -127,7 +113,6 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
-    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = options.pop("coarse_tile", _DEFAULT_TILE)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -424,11 +409,15 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     fwd, bwd = both(lambda: blk(x), inputs)
     y_blk = blk(x).detach()
     rows.append(["block, module (the kernels above)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
-    keep = fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS
+    keep = dict(fused_ops._TILES)
+
+    def launch_with(tile: int, warps: int, products: str) -> None:
+        fused_ops.COARSE_PRODUCTS = products
+        fused_ops._TILES[fused_ops._prec(dtype, coarse=True)] = (tile, warps)
+
     fused_ops.BLOCK_ENABLED = True
     for tile, warps, products in TILES:
-        fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
-        fused_ops.COARSE_PRODUCTS = products
+        launch_with(tile, warps, products)
         fwd, bwd = both(lambda: blk(x), inputs)
         err = float((blk(x).detach() - y_blk).abs().max())
         label = f"block, one kernel each way, {tile} rows, {warps} warps, {products}"
@@ -447,14 +436,13 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     rows.append([f"ln|psi|, module, {len(tok)} configurations", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
     fused_ops.AMPLITUDE_ENABLED = True
     for tile, warps, products in TILES:
-        fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = tile, warps
-        fused_ops.COARSE_PRODUCTS = products
+        launch_with(tile, warps, products)
         fwd, bwd = both(lambda: psi.log_amplitude(tok), amp_inputs, g_amp)
         err = float((psi.log_amplitude(tok).detach() - a_ref).abs().max())
         label = f"ln|psi|, one kernel each way, {tile} rows, {warps} warps, {products}"
         rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
     fused_ops.AMPLITUDE_ENABLED = False
-    fused_ops._BLOCK_ROWS, fused_ops._BLOCK_WARPS = keep
+    fused_ops._TILES.update(keep)
     fused_ops.COARSE_PRODUCTS = "ieee"
     for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
         if why is not None:

@@ -84,10 +84,13 @@ BLOCK_ENABLED = False
 #: True: a training pass runs ln|psi| (embeddings, every block, the head and the masked
 #: log-softmax) as one kernel each way (`amplitude`); it takes precedence over BLOCK_ENABLED.
 AMPLITUDE_ENABLED = False
-_BLOCK_ROWS = 64  # rows (sequences x padded positions) of a block kernel's program
-# Compiled for sm_90 (tools/fused_kernel_resources.py, d_model 32, 10 positions, float32): at
-# 64 rows the backward kernels spill about 1 KB a thread with 4 warps and 16-24 bytes with 8
-_BLOCK_WARPS = 8
+# Rows (sequences x padded positions) and warps of a block or amplitude kernel's program, by
+# product code (`_prec`). Compiled for sm_90 (tools/fused_kernel_resources.py, d_model 32, 10
+# positions, float32): at 64 rows the FMA backward kernels spill about 1 KB a thread with 4
+# warps and 16-24 bytes with 8. The three-TF32 products run programs of one sequence: they
+# spill nothing at 16 rows and 4 warps, and on an H100 (Triton of torch 2.11) the amplitude
+# kernels with them at 64 rows and 8 warps stopped with an illegal memory access.
+_TILES = {0: (64, 8), 1: (64, 8), 2: (16, 4)}
 # one pipeline stage: the layer loops' loads are not multi-buffered (three stages put the
 # whole-amplitude backward kernel over the shared memory of an H100/H200 block)
 _LAUNCH_STAGES = 1
@@ -920,7 +923,7 @@ class _FusedBlock(torch.autograd.Function):
                     n,
                     *scalars,
                     *consts,
-                    num_warps=_BLOCK_WARPS,
+                    num_warps=_TILES[consts[8]][1],
                     num_stages=_LAUNCH_STAGES,
                 )
         ctx.save_for_backward(h, mid, w)
@@ -946,7 +949,7 @@ class _FusedBlock(torch.autograd.Function):
                     n,
                     *ctx.scalars,
                     *ctx.consts,
-                    num_warps=_BLOCK_WARPS,
+                    num_warps=_TILES[ctx.consts[8]][1],
                     num_stages=_LAUNCH_STAGES,
                 )
         return dh, part.sum(0), None, None  # one reduction, in a fixed order
@@ -975,7 +978,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     nl,
                     *nelec,
                     consts[8],
-                    num_warps=_BLOCK_WARPS,
+                    num_warps=_TILES[consts[8]][1],
                     num_stages=_LAUNCH_STAGES,
                 )
         ctx.save_for_backward(tokens, w, hs)
@@ -1004,7 +1007,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     *ctx.nelec,
                     w.numel(),
                     consts[8],
-                    num_warps=_BLOCK_WARPS,
+                    num_warps=_TILES[consts[8]][1],
                     num_stages=_LAUNCH_STAGES,
                 )
         return None, part.sum(0), None, None, None, None  # one reduction, in a fixed order
@@ -1029,7 +1032,8 @@ def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype
     """The kernels' compile-time sizes: L, LP (positions padded), BN (sequences per program),
     D, H, FF (hidden width), FC (its chunk), NP (a block's parameters), PREC (`_prec`)."""
     lp = max(16, pow2(length))
-    bn = max(1, _BLOCK_ROWS // lp)
+    prec = _prec(dtype, coarse=True)
+    bn = max(1, _TILES[prec][0] // lp)
     return (
         length,
         lp,
@@ -1039,7 +1043,7 @@ def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype
         ff,
         min(32, ff),
         _layer_floats(d, ff),
-        _prec(dtype, coarse=True),
+        prec,
     )
 
 

@@ -210,11 +210,10 @@ _BLOCK_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
     # float32 products as FMAs and as three TF32 products (here the interpreter's float32
     # products: the split and its sum, not the tensor cores), the last in programs of one
     # sequence
-    rows0 = fo._BLOCK_ROWS
-    cases = ((torch.float64, 1e-12, "ieee", rows0), (torch.float32, 3e-5, "ieee", rows0),
-             (torch.float32, 3e-5, "tf32x3", 16))
-    for dt, tol, products, rows in cases:
-        fo.COARSE_PRODUCTS, fo._BLOCK_ROWS = products, rows
+    cases = ((torch.float64, 1e-12, "ieee"), (torch.float32, 3e-5, "ieee"),
+             (torch.float32, 3e-5, "tf32x3"))
+    for dt, tol, products in cases:
+        fo.COARSE_PRODUCTS = products
         for norb, nelec, d, h, nl in ((6, (3, 2), 32, 4, 2), (7, (3, 3), 16, 2, 3)):
             psi = Ansatz(norb, nelec, d_model=d, n_heads=h, n_layers=nl, phase_hidden=(8,),
                          seed=0, dtype=dt)
@@ -244,7 +243,7 @@ _BLOCK_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
             fo.AMPLITUDE_ENABLED = False
             ref = psi.log_amplitude(out)
             assert bool(torch.isneginf(ref).all()) and bool(torch.isneginf(bad).all()), bad
-    fo.COARSE_PRODUCTS, fo._BLOCK_ROWS = "ieee", rows0
+    fo.COARSE_PRODUCTS = "ieee"
     assert fo._failed is None and fo._coarse_failed is None, (fo._failed, fo._coarse_failed)
 
     # a coarse kernel that fails turns off the coarse paths only, with a warning
@@ -281,14 +280,18 @@ def test_fused_block_in_triton_interpreter():
 
 def test_coarse_products_are_checked():
     """The block and amplitude kernels' product code: 1 float64, float32 0 (FMAs) or 2 (three
-    TF32 products); another COARSE_PRODUCTS is refused before any kernel runs."""
+    TF32 products, in programs of one sequence of up to 16 positions: the tile they were run at
+    on a GPU); another COARSE_PRODUCTS is refused before any kernel runs."""
     keep = fused_ops.COARSE_PRODUCTS
     try:
         assert fused_ops._block_consts(10, 32, 4, 128, torch.float64)[-1] == 1
         assert fused_ops._block_consts(10, 32, 4, 128, torch.float32)[-1] == 0
         fused_ops.COARSE_PRODUCTS = "tf32x3"
         assert fused_ops._block_consts(10, 32, 4, 128, torch.float32)[-1] == 2
+        assert fused_ops._block_consts(10, 32, 4, 128, torch.float32)[2] == 1  # sequences
+        assert fused_ops._TILES[2] == (16, 4)
         assert fused_ops._block_consts(10, 32, 4, 128, torch.float64)[-1] == 1
+        assert fused_ops._block_consts(10, 32, 4, 128, torch.float64)[2] == 4
         fused_ops.COARSE_PRODUCTS = "tf32"
         with pytest.raises(ValueError, match="COARSE_PRODUCTS"):
             fused_ops._block_consts(10, 32, 4, 128, torch.float32)
