@@ -14,7 +14,8 @@ a flat AdamW step over all parameters. `--tf32` repeats the whole ln psi with TF
 training kernels (`cuscikit.nnqs.fused_ops`), e.g. the attention's warps per program.
 
     python tools/profile_training_pass.py [--system N2] [--n 1920] [--float64] [--top 20]
-        [--tf32] [--variants warps2:_ATTN_WARPS=2 warps4:_ATTN_WARPS=4 ...]
+        [--tf32] [--variants warps2:_ATTN_WARPS=2
+                  amp-tc:AMPLITUDE_ENABLED=1,COARSE_PRODUCTS=tf32x3 ...]
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def main() -> None:
         "--variants",
         nargs="*",
         default=[],
-        help="NAME:ATTR=INT,... settings of cuscikit.nnqs.fused_ops to time the whole ln psi, "
-        "a block and its attention sublayer with, e.g. warps2:_ATTN_WARPS=2",
+        help="NAME:ATTR=VALUE,... settings of cuscikit.nnqs.fused_ops (integers, or words) to "
+        "time the whole ln psi, a block and its attention sublayer with, e.g. "
+        "warps2:_ATTN_WARPS=2 or amp-tc:AMPLITUDE_ENABLED=1,COARSE_PRODUCTS=tf32x3",
     )
     args = ap.parse_args()
 
@@ -187,7 +189,7 @@ def main() -> None:
         for item in filter(None, settings.split(",")):
             key, value = item.split("=")
             saved[key] = getattr(fused_ops, key)
-            setattr(fused_ops, key, int(value))
+            setattr(fused_ops, key, int(value) if value.lstrip("-").isdigit() else value)
         for part, fn in (
             ("whole ln psi", whole),
             ("one block", one_block),
@@ -204,6 +206,8 @@ def main() -> None:
         print(f"| whole ln psi, TF32 matmuls | {wall:.1f} | {k} | {busy:.1f} | {span:.1f} |")
     if fused_ops._failed is not None:
         print(f"# the training kernels were turned off: {fused_ops._failed}")
+    if fused_ops._coarse_failed is not None:
+        print(f"# the block and amplitude kernels were turned off: {fused_ops._coarse_failed}")
     for name in ("whole ln psi", "one block"):
         print(f"# {name}: costliest kernels of one replay (summed time, count, name)")
         print("\n".join(_top(profiles[name], args.top)), flush=True)
