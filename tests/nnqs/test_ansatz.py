@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cuscikit.nnqs import Ansatz
-from cuscikit.nnqs.ansatz import allowed_tokens
+from cuscikit.nnqs.ansatz import allowed_tokens, prefix_tree
 from cuscikit.sci.configs import (
     all_determinants,
     check_configurations,
@@ -365,3 +365,86 @@ def test_short_sequence_attention_matches_fused_kernel():
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     ref = att.proj(ref.transpose(1, 2).reshape(n, length, d))
     torch.testing.assert_close(att(x), ref, rtol=1e-12, atol=1e-12)
+
+
+def _prefix_twin(tokens: torch.Tensor) -> tuple[list, list]:
+    """Brute force: every (position, prefix) pair in order of first appearance per position,
+    and for each the flat index of its first occurrence."""
+    rows = tokens.tolist()
+    n, length = tokens.shape
+    first = {}
+    for p in range(length):
+        for i in range(n):
+            first.setdefault((p, tuple(rows[i][:p])), i * length + p)
+    return rows, first
+
+
+def test_prefix_tree_against_brute_force():
+    """`prefix_tree`: one row per distinct (position, prefix), shared exactly by the sequences
+    with that prefix, numbered position by position, and the flat index of its first
+    occurrence; an empty batch has no rows."""
+    gen = torch.Generator().manual_seed(3)
+    for n, length in ((1, 4), (40, 6), (300, 7)):
+        tok = torch.randint(0, 4, (n, length), generator=gen)
+        tok[n // 2 :] = tok[: n - n // 2]  # repeated sequences as well
+        tree = prefix_tree(tok)
+        rows, first = _prefix_twin(tok)
+        assert tree.node.shape == (n, length) and len(tree.first) == len(first)
+        for (p, prefix), flat in first.items():
+            i = flat // length
+            v = int(tree.node[i, p])
+            assert int(tree.first[v]) == flat
+            same = [tuple(r[:p]) == prefix for r in rows]
+            assert (tree.node[:, p] == v).tolist() == same
+        depth = (tree.first % length).tolist()
+        assert depth == sorted(depth) and depth[0] == 0  # position-major, row 0 the empty one
+    empty = prefix_tree(torch.zeros((0, 5), dtype=torch.long))
+    assert empty.node.shape == (0, 5) and len(empty.first) == 0
+    for bad in (
+        torch.tensor([[0, 4]]),
+        torch.tensor([[-1, 0]]),
+        torch.zeros(3, dtype=torch.long),
+        torch.zeros((2, 2)),
+    ):
+        with pytest.raises(ValueError, match="tokens"):
+            prefix_tree(bad)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+def test_amplitude_over_shared_prefixes_equals_the_module(dtype, tol):
+    """ln|psi| and the gradient of every parameter with ``tree=prefix_tree(tokens)`` equal the
+    plain pass: shuffled, repeated and out-of-sector configurations (-inf in both), perturbed
+    weights, three blocks, and an empty batch."""
+    norb, nelec = 7, (3, 3)
+    psi = Ansatz(
+        norb, nelec, dtype=dtype, seed=4, d_model=16, n_layers=3, n_heads=2, phase_hidden=(16,)
+    )
+    gen = torch.Generator().manual_seed(8)
+    with torch.no_grad():  # weights well away from the initialisation
+        for p in psi.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen).to(dtype))
+    x = all_determinants(norb, nelec)
+    x = x[torch.randperm(len(x), generator=gen).numpy()[:300]]
+    x = np.concatenate([x, x[:50], hf_configuration(norb, (4, 3))])  # repeats, another sector
+    tok = psi.tokens(x)
+    tree = prefix_tree(tok)
+    assert len(tree.first) < tok.numel()
+    w = torch.randn(len(tok), generator=gen).to(dtype)
+    params = [p for name, p in psi.named_parameters() if not name.startswith("phase")]
+    out = []
+    for t in (None, tree):
+        amp = psi.log_amplitude(tok, tree=t)
+        finite = torch.isfinite(amp)
+        out.append((amp.detach(), torch.autograd.grad((amp[finite] * w[finite]).sum(), params)))
+    (a0, g0), (a1, g1) = out
+    assert torch.isneginf(a0[-1]) and torch.isneginf(a1[-1])
+    assert bool((torch.isneginf(a0) == torch.isneginf(a1)).all())
+    fin = torch.isfinite(a0)
+    assert float((a0[fin] - a1[fin]).abs().max()) < tol * float(a0[fin].abs().max())
+    for p, c in zip(g1, g0, strict=True):
+        assert float((p - c).abs().max()) < tol * max(1.0, float(c.abs().max()))
+    with torch.no_grad():
+        a, b = psi._log_psi_tokens(tok[:20], prefix_tree(tok[:20])), psi._log_psi_tokens(tok[:20])
+        assert float((a - b).abs().max()) < tol * 10
+        none = tok[:0]
+        assert psi.log_amplitude(none, tree=prefix_tree(none)).shape == (0,)
