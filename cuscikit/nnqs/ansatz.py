@@ -102,8 +102,8 @@ def prefix_tree(tokens: torch.Tensor) -> PrefixTree:
     """The distinct prefixes of ``tokens`` (n, L): in an autoregressive model the state at
     position p depends on the tokens before p alone, so sequences that share a prefix share
     everything computed there (`Ansatz.log_amplitude` with ``tree=``). Sorted configurations
-    share long prefixes: a space of 164,000 configurations of 12 orbitals holds 483,000
-    distinct prefixes against 1,968,000 positions.
+    share long prefixes: 164,000 configurations of the 12-site Hubbard ring hold 483,000
+    distinct prefixes against 1,968,000 positions (docs/performance.md).
 
     Example:
         >>> t = prefix_tree(torch.tensor([[0, 1, 2], [0, 1, 3], [0, 2, 3]]))
@@ -515,6 +515,11 @@ class Ansatz(nn.Module):
         """
         n = tokens.shape[0]
         if tree is not None:
+            if tuple(tree.node.shape) != tuple(tokens.shape):
+                raise ValueError(
+                    f"tree is of tokens {tuple(tree.node.shape)}, not {tuple(tokens.shape)}: "
+                    "pass prefix_tree(tokens)"
+                )
             logits = self._shared_logits(tokens, tree)
         else:
             start = torch.full((n, 1), 4, dtype=torch.long, device=tokens.device)

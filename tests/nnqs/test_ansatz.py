@@ -446,5 +446,7 @@ def test_amplitude_over_shared_prefixes_equals_the_module(dtype, tol):
     with torch.no_grad():
         a, b = psi._log_psi_tokens(tok[:20], prefix_tree(tok[:20])), psi._log_psi_tokens(tok[:20])
         assert float((a - b).abs().max()) < tol * 10
+        with pytest.raises(ValueError, match="prefix_tree"):
+            psi.log_amplitude(tok[:5], tree=prefix_tree(tok[:6]))
         none = tok[:0]
         assert psi.log_amplitude(none, tree=prefix_tree(none)).shape == (0,)
