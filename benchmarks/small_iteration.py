@@ -413,7 +413,7 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
 
     def launch_with(tile: int, warps: int, products: str) -> None:
         fused_ops.COARSE_PRODUCTS = products
-        fused_ops._TILES[fused_ops._prec(dtype, coarse=True)] = (tile, warps)
+        fused_ops._set_tile(dtype, tile, warps)
 
     fused_ops.BLOCK_ENABLED = True
     for tile, warps, products in TILES:

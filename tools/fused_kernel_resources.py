@@ -22,7 +22,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from cuscikit.nnqs import fused_ops as fo
-from cuscikit.nnqs._triton import pow2
 
 _SCALARS = {"eps_hi", "eps_lo", "sc_hi", "sc_lo"}
 
@@ -83,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
     fo.COARSE_PRODUCTS = args.products
-    prec = fo._prec(torch.float64 if args.float64 else torch.float32, coarse=True)
+    dtype = torch.float64 if args.float64 else torch.float32
     length, d, ff = args.norb, args.d_model, 4 * args.d_model
     ptr = "*fp64" if args.float64 else "*fp32"
     na = nb = args.norb // 2
@@ -98,17 +97,9 @@ def main() -> None:
     )
     for tile in args.tiles:
         rows, warps = (int(v) for v in tile.split(":"))
-        lp = max(16, pow2(length))
-        base = dict(
-            L=length,
-            LP=lp,
-            BN=max(1, rows // lp),
-            D=d,
-            H=args.heads,
-            FF=ff,
-            FC=min(32, ff),
-            NP=fo._layer_floats(d, ff),
-        )
+        fo._set_tile(dtype, rows, warps)
+        names = ("L", "LP", "BN", "D", "H", "FF", "FC", "NP", "PREC")
+        base = dict(zip(names, fo._block_consts(length, d, args.heads, ff, dtype), strict=True))
         amp = dict(base, NL=args.layers, NA=na, NB=nb)
         runs = [
             ("block forward", fo._block_fwd_kernel, ("h_ptr", "out_ptr", "mid_ptr", "w"), base),
@@ -129,7 +120,6 @@ def main() -> None:
         for label, kernel, names, consts in runs:
             pointers = {name: ptr for name in names}
             pointers["tok_ptr"] = "*i64"
-            consts = dict(consts, PREC=prec)
             got = resources(kernel, pointers, consts, target, warps, args.stages)
             print(f"{label:<16} {rows:>5} {warps:>5} {got}", flush=True)
 

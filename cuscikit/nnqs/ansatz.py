@@ -206,7 +206,10 @@ class _Block(nn.Module):
         fused = fused_ops.block(x, self)  # when switched on: one kernel each way
         if fused is not None:
             return fused
-        x = x + self.attn(self.ln1(x))
+        return self._mlp(x + self.attn(self.ln1(x)))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP half with its residual sum: x + mlp(ln2(x)) (row by row)."""
         return x + self.proj(F.gelu(self.fc(self.ln2(x))))
 
     def shared(self, h: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
@@ -216,15 +219,13 @@ class _Block(nn.Module):
         qkv = self.attn.qkv(self.ln1(h))[tree.node]  # (n, L, 3d), each row its prefix's
         y = self.attn.attend(qkv)
         y = y.reshape(n * length, y.shape[-1])[tree.first]
-        h = h + self.attn.proj(y)
-        return h + self.proj(F.gelu(self.fc(self.ln2(h))))
+        return self._mlp(h + self.attn.proj(y))
 
     def step(
         self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         a, cache = self.attn.step(self.ln1(x), cache)
-        x = x + a
-        return x + self.proj(F.gelu(self.fc(self.ln2(x)))), cache
+        return self._mlp(x + a), cache
 
 
 def _check_positive_int(name: str, value: Any) -> int:

@@ -923,7 +923,7 @@ class _FusedBlock(torch.autograd.Function):
                     n,
                     *scalars,
                     *consts,
-                    num_warps=_TILES[consts[8]][1],
+                    num_warps=_warps(consts),
                     num_stages=_LAUNCH_STAGES,
                 )
         ctx.save_for_backward(h, mid, w)
@@ -949,7 +949,7 @@ class _FusedBlock(torch.autograd.Function):
                     n,
                     *ctx.scalars,
                     *ctx.consts,
-                    num_warps=_TILES[ctx.consts[8]][1],
+                    num_warps=_warps(ctx.consts),
                     num_stages=_LAUNCH_STAGES,
                 )
         return dh, part.sum(0), None, None  # one reduction, in a fixed order
@@ -978,7 +978,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     nl,
                     *nelec,
                     consts[8],
-                    num_warps=_TILES[consts[8]][1],
+                    num_warps=_warps(consts),
                     num_stages=_LAUNCH_STAGES,
                 )
         ctx.save_for_backward(tokens, w, hs)
@@ -1007,7 +1007,7 @@ class _FusedAmplitude(torch.autograd.Function):
                     *ctx.nelec,
                     w.numel(),
                     consts[8],
-                    num_warps=_TILES[consts[8]][1],
+                    num_warps=_warps(consts),
                     num_stages=_LAUNCH_STAGES,
                 )
         return None, part.sum(0), None, None, None, None  # one reduction, in a fixed order
@@ -1026,6 +1026,17 @@ def _part_rows(programs: int, w: torch.Tensor, n: int) -> torch.Tensor:
 def _layer_floats(d: int, ff: int) -> int:
     """Numbers in a block's flat parameters (`_layer_ptrs`): ln1, qkv, proj, ln2, fc, proj."""
     return 4 * d * d + 2 * d * ff + 9 * d + ff
+
+
+def _set_tile(dtype: torch.dtype, rows: int, warps: int) -> None:
+    """Launch the block and amplitude kernels of ``dtype`` under the current
+    ``COARSE_PRODUCTS`` with programs of ``rows`` rows and ``warps`` warps (benchmarks, tools)."""
+    _TILES[_prec(dtype, coarse=True)] = (int(rows), int(warps))
+
+
+def _warps(consts: tuple) -> int:
+    """The warps of a block or amplitude kernel's program for its `_block_consts`."""
+    return _TILES[consts[-1]][1]
 
 
 def _block_consts(length: int, d: int, n_heads: int, ff: int, dtype: torch.dtype) -> tuple:
