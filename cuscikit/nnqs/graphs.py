@@ -33,6 +33,10 @@ runs the eager stage instead, which stops the inner steps at that point.
 with the eager stage on the CPU. ``log_psi`` replaces the ansatz's ln psi of token rows inside
 the stage (for example a `torch.compile`d ``ansatz._log_psi_tokens``, compiled during the
 warm-up before the recording; `benchmarks/small_iteration.py --profile-compile` measures it).
+``shared_prefixes=True`` runs the transformer once per distinct prefix of S
+(`cuscikit.nnqs.ansatz.prefix_tree`, built on the host's side of the replay once a stage,
+since S is the same in every step of it) with the tree padded to a bucket of its own: the same
+values and gradients to rounding, fewer rows where S shares prefixes.
 
 `InferenceGraph` does the same for ln psi without gradient (the iteration's inference over S
 and the coupled set when they fit one batch): one recorded forward pass per size bucket.
@@ -173,7 +177,10 @@ class OptimizerGraph:
         use_graph: capture and replay (CUDA); False runs the body directly (tests, any device).
         log_psi: ln psi of token rows (n, norb) -> complex (n,) used in the stage; default
             ``ansatz._log_psi_tokens``. Must compute the same function with the ansatz's
-            parameters (the gradients are taken with respect to them).
+            parameters (the gradients are taken with respect to them). With
+            `shared_prefixes` it is called as ``log_psi(tokens, tree)``.
+        shared_prefixes: run the transformer once per distinct prefix of S (a `PrefixTree`
+            of the padded S, recorded in static buffers whose size is bucketed like S's).
 
     Example:
         >>> import torch
@@ -181,17 +188,22 @@ class OptimizerGraph:
         >>> psi = Ansatz(4, (2, 1), seed=0, dtype=torch.float64)
         >>> opt = torch.optim.AdamW(psi.parameters(), lr=1e-3)
         >>> stage = OptimizerGraph(psi, opt, use_graph=False)
-        >>> stage.key_for(100, 10, 4)[:2]
-        (104, 64)
+        >>> stage.key_for(100, 10, 4)[:3]    # rows, pairs, prefixes (0: not shared)
+        (104, 64, 0)
     """
 
-    def __init__(self, ansatz, optimizer, *, use_graph: bool = True, log_psi=None) -> None:
+    def __init__(
+        self, ansatz, optimizer, *, use_graph: bool = True, log_psi=None, shared_prefixes=False
+    ) -> None:
         reason = unsupported_reason(ansatz, optimizer)
         if reason is not None:
             raise ValueError(f"the graphed optimiser stage cannot run: {reason}")
         if log_psi is not None and not callable(log_psi):
             raise ValueError(f"log_psi must be callable (tokens -> ln psi), got {log_psi!r}")
+        if not isinstance(shared_prefixes, bool):
+            raise ValueError(f"shared_prefixes must be True or False, got {shared_prefixes!r}")
         self.ansatz, self.optimizer, self.use_graph = ansatz, optimizer, bool(use_graph)
+        self.shared_prefixes = shared_prefixes
         self.log_psi = log_psi if log_psi is not None else ansatz._log_psi_tokens
         self.params = list(ansatz.parameters())
         self.sizes = [p.numel() for p in self.params]
@@ -225,16 +237,20 @@ class OptimizerGraph:
             raise ValueError("the parameters are at different AdamW step counts")
         return exp_avg, exp_avg_sq, lo
 
-    def key_for(self, n: int, m: int, inner_steps: int, teacher: bool = False) -> tuple:
-        """The graph's identity: buckets, inner steps, AdamW constants, the tensors it reads,
-        whether the inner steps carry a teacher."""
+    def key_for(
+        self, n: int, m: int, inner_steps: int, teacher: bool = False, prefixes: int = 0
+    ) -> tuple:
+        """The graph's identity: buckets (rows, pairs, prefixes: 0 without `shared_prefixes`),
+        inner steps, AdamW constants, the tensors it reads, whether the inner steps carry a
+        teacher."""
         g = self.optimizer.param_groups[0]
         ptrs = tuple(p.data_ptr() for p in self.params)
         for p in self.params:
             st = self.optimizer.state.get(p) or {}
             ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
         consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
-        return (bucket(n), bucket(m), int(inner_steps), consts, ptrs, bool(teacher))
+        shared = bucket(prefixes) if self.shared_prefixes else 0
+        return (bucket(n), bucket(m), shared, int(inner_steps), consts, ptrs, bool(teacher))
 
     # ------------------------------------------------------------------------------ run
     def run(
@@ -262,7 +278,12 @@ class OptimizerGraph:
         src, dst, val = pairs if pairs is not None else ((), (), ())
         src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
         m = src.shape[0]
-        key = self.key_for(n, m, inner_steps, teacher is not None)
+        tree = None
+        if self.shared_prefixes:  # the padding rows repeat row 0: no prefix of their own
+            from cuscikit.nnqs.ansatz import prefix_tree
+
+            tree = prefix_tree(tokens)
+        key = self.key_for(n, m, inner_steps, teacher is not None, len(tree.first) if tree else 0)
         if not self._fits(key):
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
@@ -270,6 +291,11 @@ class OptimizerGraph:
         dev = self.device
         b["tok"][:n].copy_(tokens)
         b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
+        if tree is not None:
+            b["node"][:n].copy_(tree.node)
+            b["node"][n:].copy_(tree.node[:1].expand(n_cap - n, -1))
+            # a padding prefix reads row 0's input and is read by no row: no gradient
+            b["first"].zero_()[: len(tree.first)].copy_(tree.first)
         b["mask"].zero_()[:n] = 1
         b["w0"].zero_()[:n].copy_(torch.as_tensor(w).to(dev))
         b["de0"].zero_()[:n].copy_(torch.as_tensor(de).to(dev))
@@ -311,9 +337,9 @@ class OptimizerGraph:
         constants, tensors and teacher, and buckets at least as large as `key`'s but at most
         twice (a space whose size moves back and forth across a bucket's edge keeps its
         recording, padded a little more, instead of recording again every iteration)."""
-        if self._key is None or not self._buf or self._key[2:] != key[2:]:
+        if self._key is None or not self._buf or self._key[3:] != key[3:]:
             return False
-        pairs = zip(key[:2], self._key[:2], strict=True)
+        pairs = zip(key[:3], self._key[:3], strict=True)
         return all(want <= have <= 2 * want for want, have in pairs)
 
     def _allocate(self, key, norb, exp_avg, exp_avg_sq) -> None:
@@ -321,7 +347,7 @@ class OptimizerGraph:
         self._buf = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        n_cap, m_cap, n_inner = key[0], key[1], key[2]
+        n_cap, m_cap, p_cap, n_inner = key[:4]
         dev, rdt, pdt = self.device, torch.float64, self.params[0].dtype
         c128, long = torch.complex128, torch.long
         total = sum(self.sizes)
@@ -334,6 +360,9 @@ class OptimizerGraph:
         (m, m_views), (v, v_views), (u, u_views) = flat(), flat(), flat()
         self._buf = {
             "tok": torch.zeros((n_cap, norb), dtype=long, device=dev),
+            # the prefix tree of S (`shared_prefixes`): rows' prefixes, prefixes' first rows
+            "node": torch.zeros((n_cap, norb), dtype=long, device=dev),
+            "first": torch.zeros(p_cap, dtype=long, device=dev),
             "mask": torch.zeros(n_cap, dtype=rdt, device=dev),
             "w0": torch.zeros(n_cap, dtype=rdt, device=dev),
             "de0": torch.zeros(n_cap, dtype=c128, device=dev),
@@ -425,6 +454,15 @@ class OptimizerGraph:
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]
         valid = mask > 0
+        if self.shared_prefixes:
+            from cuscikit.nnqs.ansatz import PrefixTree
+
+            tree = PrefixTree(b["node"], b["first"])
+
+            def log_psi(t):
+                return self.log_psi(t, tree)
+        else:
+            log_psi = self.log_psi
         sc = None
         with torch.no_grad():
             if apply:
@@ -434,17 +472,17 @@ class OptimizerGraph:
                 sc = self._scalars()
         # The iteration's step: the loss with the pipeline's weights and local energies.
         with torch.enable_grad():
-            lp = self.log_psi(tok).to(c128)
+            lp = log_psi(tok).to(c128)
             loss0 = 2.0 * (b["w0"] * (lp.conj() * b["de0"])).real.sum()
             grads = self._grads(loss0)
         with torch.no_grad():
             if apply:
                 self._adamw(grads, 0, sc)
         bad = torch.zeros((), dtype=torch.bool, device=tok.device)
-        n_inner = self._key[2]
+        n_inner = self._key[3]
         for k in range(n_inner):
             with torch.enable_grad():
-                lp = self.log_psi(tok).to(c128)
+                lp = log_psi(tok).to(c128)
             with torch.no_grad():
                 lpd = lp.detach()
                 psi = torch.exp(lpd - lpd.real.max())
@@ -455,7 +493,7 @@ class OptimizerGraph:
                 e = (w * eloc).real.sum()
                 bad = bad | (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
             with torch.enable_grad():
-                if self._key[5]:  # the teacher's pull added to the energy's coefficients
+                if self._key[6]:  # the teacher's pull added to the energy's coefficients
                     from cuscikit.nnqs.teacher import teacher_coefficients
 
                     coef = w * (eloc - e) + b["tw"] * teacher_coefficients(psi, b["tc"], mask)

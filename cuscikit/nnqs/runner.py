@@ -271,6 +271,11 @@ class Runner(Solver):
             autograd graph keeps, measured once per run with
             `cuscikit.nnqs.graphs.saved_bytes_per_row`, fit in half the GPU memory free at
             that moment) or a count (`batch_size` gives the rule of one batch).
+        shared_prefixes: the optimiser stage's passes with gradient run the transformer once
+            per distinct prefix of S (`cuscikit.nnqs.ansatz.prefix_tree`) instead of once per
+            configuration and position: the same values and gradients to rounding, fewer rows
+            where S shares prefixes (a sorted S of a lattice shares many;
+            docs/performance.md). False (default) or True; needs a `cuscikit.Ansatz`.
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
             E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
             normalised on S and E_var the variational energy, from the coupled sets the
@@ -359,6 +364,7 @@ class Runner(Solver):
     inner_batch: int | None = None
     graphs: bool | str = "auto"
     graph_space: int | str = "auto"
+    shared_prefixes: bool = False
     pt2: bool = True
     teacher: float | str = "auto"
     teacher_until: int = DEFAULT_TEACHER_UNTIL
@@ -413,6 +419,11 @@ class Runner(Solver):
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
+        if self.shared_prefixes and not hasattr(ansatz, "_log_psi_tokens"):
+            raise ValueError(
+                "shared_prefixes=True needs a cuscikit Ansatz (ln psi over a prefix tree), got "
+                f"{type(ansatz).__name__}"
+            )
         if a_nelec is not None and tuple(a_nelec) != tuple(molecule.nelec):
             raise ValueError(
                 f"the ansatz is built for nelec={tuple(a_nelec)}, the molecule has "
@@ -532,6 +543,8 @@ class Runner(Solver):
                     f'graph_space must be "auto" or a positive integer, got {self.graph_space!r}'
                 )
             positive_int("graph_space", self.graph_space)
+        if not isinstance(self.shared_prefixes, bool):
+            raise ValueError(f"shared_prefixes must be True or False, got {self.shared_prefixes!r}")
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
             raise ValueError(
                 f"fused_inference must be True, False or 'auto', got {self.fused_inference!r}"
@@ -834,8 +847,11 @@ class Runner(Solver):
         from cuscikit.nnqs.graphs import OptimizerGraph
 
         try:
-            if self._graph_stage is None:
-                self._graph_stage = OptimizerGraph(self.ansatz, self.optimizer)
+            stage = self._graph_stage
+            if stage is None or stage.shared_prefixes != self.shared_prefixes:
+                self._graph_stage = OptimizerGraph(
+                    self.ansatz, self.optimizer, shared_prefixes=self.shared_prefixes
+                )
             loss, inner_ok, finite = self._graph_stage.run(
                 S, w, de, r.hdiag, r.space_pairs, n_inner, teacher=teach
             )
@@ -969,7 +985,7 @@ class Runner(Solver):
             # this rank's rows keep their graph when they fit in one batch (else the loss
             # recomputes them batch by batch); every rank evaluates its own rows only, and
             # the other ranks' values arrive by one gather
-            own = self.ansatz.log_psi(S[lo:hi]) if 0 < hi - lo <= bs and not mini else None
+            own = self._log_psi_grad(S[lo:hi]) if 0 < hi - lo <= bs and not mini else None
             parts = [own.detach()] if own is not None else no_grad_log_psi(lo, hi)
             lpd = torch.cat(
                 [p.to(torch.complex128) for p in parts]
@@ -1053,6 +1069,15 @@ class Runner(Solver):
         guess[shared] = last[2][rows[shared]]
         return guess
 
+    def _log_psi_grad(self, configs) -> torch.Tensor:
+        """ln psi of `configs` for a gradient: over their prefix tree with `shared_prefixes`."""
+        if not self.shared_prefixes:
+            return self.ansatz.log_psi(configs)
+        from cuscikit.nnqs.ansatz import prefix_tree
+
+        tok = self.ansatz.tokens(configs)
+        return self.ansatz._log_psi_tokens(tok, prefix_tree(tok))
+
     def _backward_loss(self, configs: np.ndarray, lp_graph, w, de) -> float:
         """Accumulate the gradient of L = 2 Re sum_x w(x) conj(ln psi(x)) de(x) (w and de
         detached) over `configs`, batch by batch unless `lp_graph` holds ln psi of all of them
@@ -1060,7 +1085,7 @@ class Runner(Solver):
         loss = 0.0
         for lo in range(0, len(configs), self.batch_size):
             hi = min(lo + self.batch_size, len(configs))
-            lp = lp_graph if lp_graph is not None else self.ansatz.log_psi(configs[lo:hi])
+            lp = lp_graph if lp_graph is not None else self._log_psi_grad(configs[lo:hi])
             lp = lp.to(torch.complex128)
             dev = lp.device
             part = 2.0 * (w[lo:hi].to(dev) * (lp.conj() * de[lo:hi].to(dev))).real.sum()

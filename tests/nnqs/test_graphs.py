@@ -32,7 +32,9 @@ def make_runner(name="LiH", **kw):
 def with_body(runner):
     """Route the runner's optimiser stage through the graph body, run without capturing."""
     runner._graphs_reason = lambda: None
-    runner._graph_stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
+    runner._graph_stage = OptimizerGraph(
+        runner.ansatz, runner.optimizer, use_graph=False, shared_prefixes=runner.shared_prefixes
+    )
     return runner
 
 
@@ -196,11 +198,15 @@ def test_saved_bytes_measurement_keeps_no_graph():
         gc.enable()
 
 
-def test_a_recording_takes_a_smaller_space():
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_recording_takes_a_smaller_space(shared):
     """A stage recorded for a larger space (buckets up to twice the space's) runs the smaller
     one padded, with the same result as a stage of its own bucket; a space below half the
-    recording's buckets, or another inner-step count, is recorded anew."""
+    recording's buckets, or another inner-step count, is recorded anew. With shared prefixes
+    the tree is padded too (prefixes no row reads)."""
     import copy
+
+    from cuscikit.nnqs.ansatz import prefix_tree
 
     runner = make_runner("H2O", topk=32, inner_steps=2, teacher=0)
     runner.run(2, progress=False)
@@ -211,20 +217,24 @@ def test_a_recording_takes_a_smaller_space():
     eloc = torch.as_tensor(res.eloc_variational)
     de = (eloc - (w * eloc).real.sum()).to(torch.complex128)
     n, m = len(S), len(res.space_pairs[0])
+    k = len(prefix_tree(runner.ansatz.tokens(S)).first) if shared else 0
+    assert not shared or k < n * runner.ansatz.norb  # S shares prefixes
     weights = []
     for padded in (False, True):
         ansatz = copy.deepcopy(runner.ansatz)
-        stage = OptimizerGraph(ansatz, torch.optim.AdamW(ansatz.parameters()), use_graph=False)
+        opt = torch.optim.AdamW(ansatz.parameters())
+        stage = OptimizerGraph(ansatz, opt, use_graph=False, shared_prefixes=shared)
         moments = stage._state()[:2]  # the AdamW state tensors exist from here (in the key)
-        key = stage.key_for(n, m, 2)
+        key = stage.key_for(n, m, 2, prefixes=k)
+        assert (key[2] > 0) == shared
         if padded:
-            big = stage.key_for(int(1.6 * n), int(1.6 * m), 2)
+            big = stage.key_for(int(1.6 * n), int(1.6 * m), 2, prefixes=int(1.6 * k))
             assert big[:2] > key[:2] and stage._fits(key) is False
             stage._allocate(big, ansatz.norb, *moments)
-            assert stage._fits(key) and not stage._fits(stage.key_for(n, m, 3))
-            assert not stage._fits(stage.key_for(n, m // 2, 2))
+            assert stage._fits(key) and not stage._fits(stage.key_for(n, m, 3, prefixes=k))
+            assert not stage._fits(stage.key_for(n, m // 2, 2, prefixes=k))
         stage.run(S, w, de, res.hdiag, res.space_pairs, 2)
-        assert stage._key[:2] == (big if padded else key)[:2]
+        assert stage._key[:3] == (big if padded else key)[:3]
         weights.append([p.detach().clone() for p in ansatz.parameters()])
     for a, b in zip(*weights, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -295,3 +305,55 @@ def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
             t = st[name]
             assert t.shape == p.shape and t.untyped_storage().nbytes() == t.numel() * 8
         assert float(st["step"]) == 2 * 3
+
+
+@pytest.mark.parametrize("name", ["LiH", "Hubbard-6-ring-U4"])
+def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
+    """`shared_prefixes=True`, in the eager stage and in the graph body (teacher on, then
+    off): the same histories and weights as the plain eager stage to 1e-10 in float64, and the
+    tree was used (every pass with gradient of the stage over a prefix tree of S)."""
+    import cuscikit.nnqs.ansatz as ansatz_module
+
+    built = []
+    tree_of = ansatz_module.prefix_tree
+
+    def spy(tokens):
+        built.append(tokens.shape[0])
+        return tree_of(tokens)
+
+    monkeypatch.setattr(ansatz_module, "prefix_tree", spy)
+    kw = {"inner_steps": 2, "teacher": 1.0, "teacher_until": 3, "teacher_inner_steps": 3}
+    decay = LearningRateDecay(start=1, end=4, final_lr=1e-4)
+    plain = make_runner(name, graphs=False, **kw).run(4, [decay], progress=False)
+    assert not built
+    eager = make_runner(name, graphs=False, shared_prefixes=True, **kw).run(4, [decay])
+    assert len(built) == int(eager.history["inner_steps"].sum())  # one tree per inner step
+    built.clear()
+    body = with_body(make_runner(name, shared_prefixes=True, **kw)).run(4, [decay])
+    assert len(built) == 4 and body._graph_stage._key[2] > 0  # one tree per stage
+    for run in (eager, body):
+        np.testing.assert_array_equal(run.history["n_space"], plain.history["n_space"])
+        for c in COLUMNS:
+            np.testing.assert_allclose(run.history[c], plain.history[c], rtol=0, atol=1e-10)
+        for a, b in zip(plain.ansatz.parameters(), run.ansatz.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+def test_shared_prefixes_option():
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="shared_prefixes"):
+            make_runner(shared_prefixes=bad)
+    mol = Molecule.load("LiH")
+
+    class Plain(torch.nn.Module):  # a module with ln psi but no prefix-tree pass
+        def __init__(self):
+            super().__init__()
+            self.inner = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64)
+
+        def log_psi(self, configs):
+            return self.inner.log_psi(configs)
+
+    with pytest.raises(ValueError, match="shared_prefixes=True needs a cuscikit Ansatz"):
+        Runner(mol, Plain(), shared_prefixes=True)
+    with pytest.raises(ValueError, match="shared_prefixes must be True or False"):
+        OptimizerGraph(*(lambda r: (r.ansatz, r.optimizer))(make_runner()), shared_prefixes=1)
