@@ -301,3 +301,25 @@ def test_nnqs_reference_fci_refuses_a_large_space_before_the_run(capsys):
     assert main(["nnqs", "C2H4O", "--reference", "fci", "--iters", "1"]) == 2
     err = capsys.readouterr().err
     assert "determinants, above" in err and "Traceback" not in err
+
+
+def test_nnqs_shared_prefixes_flag_gives_the_same_energies(capsys, monkeypatch):
+    """--shared-prefixes reaches the Runner (a spy counts the trees built) and changes only
+    the rounding (float64)."""
+    pytest.importorskip("torch")
+    import cuscikit.nnqs.ansatz as ansatz_module
+
+    base = ["nnqs", "Hubbard-6-ring-U4", "--iters", "3", "--topk", "16", "--dtype", "float64"]
+    plain = run_json(capsys, *base, "--json")
+    built = []
+    tree_of = ansatz_module.prefix_tree
+
+    def spy(tokens):
+        built.append(len(tokens))
+        return tree_of(tokens)
+
+    monkeypatch.setattr(ansatz_module, "prefix_tree", spy)
+    shared = run_json(capsys, *base, "--shared-prefixes", "--json")
+    assert built
+    for key in ("e_tot", "e_variational"):
+        assert abs(shared[key] - plain[key]) < 1e-10

@@ -271,11 +271,13 @@ class Runner(Solver):
             autograd graph keeps, measured once per run with
             `cuscikit.nnqs.graphs.saved_bytes_per_row`, fit in half the GPU memory free at
             that moment) or a count (`batch_size` gives the rule of one batch).
-        shared_prefixes: the optimiser stage's passes with gradient run the transformer once
-            per distinct prefix of S (`cuscikit.nnqs.ansatz.prefix_tree`) instead of once per
-            configuration and position: the same values and gradients to rounding, fewer rows
-            where S shares prefixes (a sorted S of a lattice shares many;
-            docs/performance.md). False (default) or True; needs a `cuscikit.Ansatz`.
+        shared_prefixes: the passes with gradient of the optimiser stage (every pass of the
+            recorded stage; the inner steps of the eager one, whose iteration step reuses the
+            pipeline's pass) run the transformer once per distinct prefix of S
+            (`cuscikit.nnqs.ansatz.prefix_tree`) instead of once per configuration and
+            position: the same values and gradients to rounding, fewer rows where S shares
+            prefixes (a lattice's S shares many; docs/performance.md). False (default) or
+            True; needs a `cuscikit.Ansatz`.
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
             E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
             normalised on S and E_var the variational energy, from the coupled sets the
