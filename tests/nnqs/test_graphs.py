@@ -314,23 +314,32 @@ def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
     tree was used (every pass with gradient of the stage over a prefix tree of S)."""
     import cuscikit.nnqs.ansatz as ansatz_module
 
-    built = []
-    tree_of = ansatz_module.prefix_tree
+    built, passes = [], []
+    tree_of, log_psi_tokens = ansatz_module.prefix_tree, Ansatz._log_psi_tokens
 
     def spy(tokens):
         built.append(tokens.shape[0])
         return tree_of(tokens)
 
+    def spy_pass(self, tokens, tree=None):  # the passes given a tree
+        if tree is not None:
+            passes.append(tokens.shape[0])
+        return log_psi_tokens(self, tokens, tree)
+
     monkeypatch.setattr(ansatz_module, "prefix_tree", spy)
+    monkeypatch.setattr(Ansatz, "_log_psi_tokens", spy_pass)
     kw = {"inner_steps": 2, "teacher": 1.0, "teacher_until": 3, "teacher_inner_steps": 3}
     decay = LearningRateDecay(start=1, end=4, final_lr=1e-4)
     plain = make_runner(name, graphs=False, **kw).run(4, [decay], progress=False)
-    assert not built
+    assert not built and not passes
     eager = make_runner(name, graphs=False, shared_prefixes=True, **kw).run(4, [decay])
-    assert len(built) == int(eager.history["inner_steps"].sum())  # one tree per inner step
+    inner = int(eager.history["inner_steps"].sum())
+    assert len(built) == len(passes) == inner  # a tree per inner step, and its pass
     built.clear()
+    passes.clear()
     body = with_body(make_runner(name, shared_prefixes=True, **kw)).run(4, [decay])
     assert len(built) == 4 and body._graph_stage._key[2] > 0  # one tree per stage
+    assert len(passes) == 4 + int(body.history["inner_steps"].sum())  # every pass over it
     for run in (eager, body):
         np.testing.assert_array_equal(run.history["n_space"], plain.history["n_space"])
         for c in COLUMNS:
