@@ -28,8 +28,8 @@ run's "run s" includes the Triton compilation of the first use in the process (a
 the H200 for the N2 shapes).
 
 ``graph-shared`` and ``eager-shared`` run the passes with gradient over S's prefix tree
-(`Runner(shared_prefixes=True)`): ``--variants graph graph-shared`` on a lattice, whose sorted
-S shares long prefixes.
+(`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,
+whose sorted S shares long prefixes.
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -103,9 +103,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the recorded stage only while S fits one batch (the eager stage above it)
     "graph-onebatch": {"graphs": True, "graph_space": 16384},
     # the transformer once per distinct prefix of S in the passes with gradient
-    # (`Runner(shared_prefixes=True)`)
-    "graph-shared": {"graphs": True, "shared_prefixes": True},
-    "eager-shared": {"graphs": False, "shared_prefixes": True},
+    # (`Runner(shared_prefix_training=True)`)
+    "graph-shared": {"graphs": True, "shared_prefix_training": True},
+    "eager-shared": {"graphs": False, "shared_prefix_training": True},
 }
 
 

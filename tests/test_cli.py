@@ -303,8 +303,8 @@ def test_nnqs_reference_fci_refuses_a_large_space_before_the_run(capsys):
     assert "determinants, above" in err and "Traceback" not in err
 
 
-def test_nnqs_shared_prefixes_flag_gives_the_same_energies(capsys, monkeypatch):
-    """--shared-prefixes reaches the Runner (a spy counts the trees built) and changes only
+def test_nnqs_shared_prefix_training_flag_gives_the_same_energies(capsys, monkeypatch):
+    """--shared-prefix-training reaches the Runner (a spy counts the trees built) and changes only
     the rounding (float64)."""
     pytest.importorskip("torch")
     import cuscikit.nnqs.ansatz as ansatz_module
@@ -319,7 +319,7 @@ def test_nnqs_shared_prefixes_flag_gives_the_same_energies(capsys, monkeypatch):
         return tree_of(tokens)
 
     monkeypatch.setattr(ansatz_module, "prefix_tree", spy)
-    shared = run_json(capsys, *base, "--shared-prefixes", "--json")
+    shared = run_json(capsys, *base, "--shared-prefix-training", "--json")
     assert built
     for key in ("e_tot", "e_variational"):
         assert abs(shared[key] - plain[key]) < 1e-10

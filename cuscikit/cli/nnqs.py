@@ -140,7 +140,7 @@ def _nnqs_run(mol, args, *, out_dir: Path | None = None) -> dict:
         compile_inference=args.compile,
         inner_steps=args.inner_steps,
         inner_batch=args.inner_batch,
-        shared_prefixes=args.shared_prefixes,
+        shared_prefix_training=args.shared_prefix_training,
         teacher="auto" if args.teacher is None else args.teacher,
         teacher_until=args.teacher_until,
         teacher_hold=args.teacher_hold,
@@ -456,7 +456,7 @@ def add_nnqs_options(s: argparse.ArgumentParser, *, iters: int) -> None:
         "in smaller batches",
     )
     s.add_argument(
-        "--shared-prefixes",
+        "--shared-prefix-training",
         action="store_true",
         help="run the transformer once per distinct prefix of S in the optimiser stage's "
         "passes with gradient (same values to rounding; fewer rows on lattices)",

@@ -271,13 +271,14 @@ class Runner(Solver):
             autograd graph keeps, measured once per run with
             `cuscikit.nnqs.graphs.saved_bytes_per_row`, fit in half the GPU memory free at
             that moment) or a count (`batch_size` gives the rule of one batch).
-        shared_prefixes: the passes with gradient of the optimiser stage (every pass of the
+        shared_prefix_training: the passes with gradient of the optimiser stage (every pass of the
             recorded stage; the inner steps of the eager one, whose iteration step reuses the
             pipeline's pass) run the transformer once per distinct prefix of S
             (`cuscikit.nnqs.ansatz.prefix_tree`) instead of once per configuration and
             position: the same values and gradients to rounding, fewer rows where S shares
             prefixes (a lattice's S shares many; docs/performance.md). False (default) or
-            True; needs a `cuscikit.Ansatz`.
+            True; needs a `cuscikit.Ansatz`. The passes without gradient share prefixes
+            already, in the fused inference kernel (`FusedInference(share_prefixes=True)`).
         pt2: report the Epstein-Nesbet second-order correction of the iteration's psi on S,
             E_PT2 = sum_{a not in S} |sum_{x in S} H_ax psi(x)|^2 / (E_var - H_aa) with psi
             normalised on S and E_var the variational energy, from the coupled sets the
@@ -366,7 +367,7 @@ class Runner(Solver):
     inner_batch: int | None = None
     graphs: bool | str = "auto"
     graph_space: int | str = "auto"
-    shared_prefixes: bool = False
+    shared_prefix_training: bool = False
     pt2: bool = True
     teacher: float | str = "auto"
     teacher_until: int = DEFAULT_TEACHER_UNTIL
@@ -421,10 +422,10 @@ class Runner(Solver):
         a_norb, a_nelec = getattr(ansatz, "norb", None), getattr(ansatz, "nelec", None)
         if a_norb is not None and a_norb != molecule.norb:
             raise ValueError(f"the ansatz has {a_norb} orbitals, the molecule {molecule.norb}")
-        if self.shared_prefixes and not hasattr(ansatz, "_log_psi_tokens"):
+        if self.shared_prefix_training and not hasattr(ansatz, "_log_psi_tokens"):
             raise ValueError(
-                "shared_prefixes=True needs a cuscikit Ansatz (ln psi over a prefix tree), got "
-                f"{type(ansatz).__name__}"
+                "shared_prefix_training=True needs a cuscikit Ansatz (ln psi over a prefix "
+                f"tree), got {type(ansatz).__name__}"
             )
         if a_nelec is not None and tuple(a_nelec) != tuple(molecule.nelec):
             raise ValueError(
@@ -545,8 +546,10 @@ class Runner(Solver):
                     f'graph_space must be "auto" or a positive integer, got {self.graph_space!r}'
                 )
             positive_int("graph_space", self.graph_space)
-        if not isinstance(self.shared_prefixes, bool):
-            raise ValueError(f"shared_prefixes must be True or False, got {self.shared_prefixes!r}")
+        if not isinstance(self.shared_prefix_training, bool):
+            raise ValueError(
+                f"shared_prefix_training must be True or False, got {self.shared_prefix_training!r}"
+            )
         if not (isinstance(self.fused_inference, bool) or self.fused_inference == "auto"):
             raise ValueError(
                 f"fused_inference must be True, False or 'auto', got {self.fused_inference!r}"
@@ -850,9 +853,9 @@ class Runner(Solver):
 
         try:
             stage = self._graph_stage
-            if stage is None or stage.shared_prefixes != self.shared_prefixes:
+            if stage is None or stage.shared_prefixes != self.shared_prefix_training:
                 self._graph_stage = OptimizerGraph(
-                    self.ansatz, self.optimizer, shared_prefixes=self.shared_prefixes
+                    self.ansatz, self.optimizer, shared_prefixes=self.shared_prefix_training
                 )
             loss, inner_ok, finite = self._graph_stage.run(
                 S, w, de, r.hdiag, r.space_pairs, n_inner, teacher=teach
@@ -1072,8 +1075,9 @@ class Runner(Solver):
         return guess
 
     def _log_psi_grad(self, configs) -> torch.Tensor:
-        """ln psi of `configs` for a gradient: over their prefix tree with `shared_prefixes`."""
-        if not self.shared_prefixes:
+        """ln psi of `configs` for a gradient: over their prefix tree with
+        `shared_prefix_training`."""
+        if not self.shared_prefix_training:
             return self.ansatz.log_psi(configs)
         from cuscikit.nnqs.ansatz import prefix_tree
 

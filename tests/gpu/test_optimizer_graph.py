@@ -47,12 +47,13 @@ def test_graphed_stage_matches_eager_stage(name):
 
 @pytest.mark.parametrize("name", ["LiH", "Hubbard-6-ring-U4"])
 def test_graphed_stage_over_shared_prefixes_matches_eager_stage(name):
-    """`shared_prefixes=True` in the recorded stage (the tree in static buffers, padded to
+    """`shared_prefix_training=True` in the recorded stage (the tree in static buffers, padded to
     its bucket): the plain eager stage's energies, losses and weights to 1e-10 over 30
     iterations, every one replayed with a tree of fewer prefixes than positions."""
     decay = LearningRateDecay(start=10, end=30, final_lr=1e-4)
     eager = _runner(name, graphs=False).run(30, [decay], progress=False)
-    graphed = _runner(name, graphs=True, shared_prefixes=True).run(30, [decay], progress=False)
+    graphed = _runner(name, graphs=True, shared_prefix_training=True)
+    graphed.run(30, [decay], progress=False)
     stage = graphed._graph_stage
     assert stage.shared_prefixes and stage.replays == 30
     norb = graphed.ansatz.norb

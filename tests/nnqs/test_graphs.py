@@ -32,8 +32,9 @@ def make_runner(name="LiH", **kw):
 def with_body(runner):
     """Route the runner's optimiser stage through the graph body, run without capturing."""
     runner._graphs_reason = lambda: None
+    shared = runner.shared_prefix_training
     runner._graph_stage = OptimizerGraph(
-        runner.ansatz, runner.optimizer, use_graph=False, shared_prefixes=runner.shared_prefixes
+        runner.ansatz, runner.optimizer, use_graph=False, shared_prefixes=shared
     )
     return runner
 
@@ -309,7 +310,7 @@ def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
 
 @pytest.mark.parametrize("name", ["LiH", "Hubbard-6-ring-U4"])
 def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
-    """`shared_prefixes=True`, in the eager stage and in the graph body (teacher on, then
+    """`shared_prefix_training=True`, in the eager stage and in the graph body (teacher on, then
     off): the same histories and weights as the plain eager stage to 1e-10 in float64, and the
     tree was used (every pass with gradient of the stage over a prefix tree of S)."""
     import cuscikit.nnqs.ansatz as ansatz_module
@@ -332,12 +333,12 @@ def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
     decay = LearningRateDecay(start=1, end=4, final_lr=1e-4)
     plain = make_runner(name, graphs=False, **kw).run(4, [decay], progress=False)
     assert not built and not passes
-    eager = make_runner(name, graphs=False, shared_prefixes=True, **kw).run(4, [decay])
+    eager = make_runner(name, graphs=False, shared_prefix_training=True, **kw).run(4, [decay])
     inner = int(eager.history["inner_steps"].sum())
     assert len(built) == len(passes) == inner  # a tree per inner step, and its pass
     built.clear()
     passes.clear()
-    body = with_body(make_runner(name, shared_prefixes=True, **kw)).run(4, [decay])
+    body = with_body(make_runner(name, shared_prefix_training=True, **kw)).run(4, [decay])
     assert len(built) == 4 and body._graph_stage._key[2] > 0  # one tree per stage
     assert len(passes) == 4 + int(body.history["inner_steps"].sum())  # every pass over it
     for run in (eager, body):
@@ -348,10 +349,10 @@ def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 
 
-def test_shared_prefixes_option():
+def test_shared_prefix_training_option():
     for bad in (1, "yes", None):
-        with pytest.raises(ValueError, match="shared_prefixes"):
-            make_runner(shared_prefixes=bad)
+        with pytest.raises(ValueError, match="shared_prefix_training"):
+            make_runner(shared_prefix_training=bad)
     mol = Molecule.load("LiH")
 
     class Plain(torch.nn.Module):  # a module with ln psi but no prefix-tree pass
@@ -362,7 +363,7 @@ def test_shared_prefixes_option():
         def log_psi(self, configs):
             return self.inner.log_psi(configs)
 
-    with pytest.raises(ValueError, match="shared_prefixes=True needs a cuscikit Ansatz"):
-        Runner(mol, Plain(), shared_prefixes=True)
+    with pytest.raises(ValueError, match="shared_prefix_training=True needs a cuscikit Ansatz"):
+        Runner(mol, Plain(), shared_prefix_training=True)
     with pytest.raises(ValueError, match="shared_prefixes must be True or False"):
         OptimizerGraph(*(lambda r: (r.ansatz, r.optimizer))(make_runner()), shared_prefixes=1)
