@@ -52,6 +52,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.autograd.graph import increment_version
 
@@ -141,6 +143,22 @@ def saved_bytes_per_row(log_psi, tokens: torch.Tensor, rows: tuple[int, int] = (
         return sum(seen.values())
 
     return max(saved(hi) - saved(lo), 0) / (hi - lo)
+
+
+class _Key(NamedTuple):
+    """A recording's identity (`OptimizerGraph.key_for`): its size buckets first (the fields a
+    larger recording may serve, `OptimizerGraph._fits`), then what must be equal."""
+
+    rows: int
+    pairs: int
+    prefixes: int  # 0 without shared prefixes
+    inner: int
+    consts: tuple
+    ptrs: tuple
+    teacher: bool
+
+
+_BUCKETS = 3  # _Key's leading size buckets
 
 
 def unsupported_reason(ansatz, optimizer) -> str | None:
@@ -250,7 +268,7 @@ class OptimizerGraph:
             ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
         consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
         shared = bucket(prefixes) if self.shared_prefixes else 0
-        return (bucket(n), bucket(m), shared, int(inner_steps), consts, ptrs, bool(teacher))
+        return _Key(bucket(n), bucket(m), shared, int(inner_steps), consts, ptrs, bool(teacher))
 
     # ------------------------------------------------------------------------------ run
     def run(
@@ -287,7 +305,7 @@ class OptimizerGraph:
         if not self._fits(key):
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
-        n_cap = self._key[0]  # the recording's bucket: key's, or a larger one it fits
+        n_cap = self._key.rows  # the recording's bucket: key's, or a larger one it fits
         dev = self.device
         b["tok"][:n].copy_(tokens)
         b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
@@ -337,9 +355,9 @@ class OptimizerGraph:
         constants, tensors and teacher, and buckets at least as large as `key`'s but at most
         twice (a space whose size moves back and forth across a bucket's edge keeps its
         recording, padded a little more, instead of recording again every iteration)."""
-        if self._key is None or not self._buf or self._key[3:] != key[3:]:
+        if self._key is None or not self._buf or self._key[_BUCKETS:] != key[_BUCKETS:]:
             return False
-        pairs = zip(key[:3], self._key[:3], strict=True)
+        pairs = zip(key[:_BUCKETS], self._key[:_BUCKETS], strict=True)
         return all(want <= have <= 2 * want for want, have in pairs)
 
     def _allocate(self, key, norb, exp_avg, exp_avg_sq) -> None:
@@ -347,7 +365,7 @@ class OptimizerGraph:
         self._buf = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        n_cap, m_cap, p_cap, n_inner = key[:4]
+        n_cap, m_cap, p_cap, n_inner = key.rows, key.pairs, key.prefixes, key.inner
         dev, rdt, pdt = self.device, torch.float64, self.params[0].dtype
         c128, long = torch.complex128, torch.long
         total = sum(self.sizes)
@@ -479,7 +497,7 @@ class OptimizerGraph:
             if apply:
                 self._adamw(grads, 0, sc)
         bad = torch.zeros((), dtype=torch.bool, device=tok.device)
-        n_inner = self._key[3]
+        n_inner = self._key.inner
         for k in range(n_inner):
             with torch.enable_grad():
                 lp = log_psi(tok).to(c128)
@@ -493,7 +511,7 @@ class OptimizerGraph:
                 e = (w * eloc).real.sum()
                 bad = bad | (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
             with torch.enable_grad():
-                if self._key[6]:  # the teacher's pull added to the energy's coefficients
+                if self._key.teacher:  # the teacher's pull added to the energy's coefficients
                     from cuscikit.nnqs.teacher import teacher_coefficients
 
                     coef = w * (eloc - e) + b["tw"] * teacher_coefficients(psi, b["tc"], mask)

@@ -367,5 +367,6 @@ def test_shared_prefix_training_option():
 
     with pytest.raises(ValueError, match="shared_prefix_training=True needs a cuscikit Ansatz"):
         Runner(mol, Plain(), shared_prefix_training=True)
+    r = make_runner()
     with pytest.raises(ValueError, match="shared_prefixes must be True or False"):
-        OptimizerGraph(*(lambda r: (r.ansatz, r.optimizer))(make_runner()), shared_prefixes=1)
+        OptimizerGraph(r.ansatz, r.optimizer, shared_prefixes=1)
