@@ -31,6 +31,11 @@ the H200 for the N2 shapes).
 (`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,
 whose sorted S shares long prefixes.
 
+``graph-one-stream`` (and ``graph-teacher0-one-stream``) keep the recorded stage's parameter
+gradients on the pass's own stream (``aside.ENABLED = False``) instead of the second stream
+beside the pass (`cuscikit.nnqs.aside`): before/after in one process
+(``--variants graph-one-stream graph``).
+
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
 (`Runner(graph_space="auto")`): before/after on a system whose S outgrows one batch (the
@@ -72,7 +77,7 @@ import torch
 from _common import machine, print_table, write_json
 
 from cuscikit import Ansatz, Molecule, Runner
-from cuscikit.nnqs import fused_ops
+from cuscikit.nnqs import aside, fused_ops
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 from cuscikit.sci.configs import all_determinants
 
@@ -106,6 +111,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # (`Runner(shared_prefix_training=True)`)
     "graph-shared": {"graphs": True, "shared_prefix_training": True},
     "eager-shared": {"graphs": False, "shared_prefix_training": True},
+    # the recorded stage with every parameter gradient on the pass's own stream
+    # (``aside.ENABLED = False``; by default they run beside the pass on a second stream)
+    "graph-one-stream": {"graphs": True, "aside": False},
+    "graph-teacher0-one-stream": {"graphs": True, "teacher": 0, "aside": False},
 }
 
 
@@ -121,6 +130,7 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
+    aside.ENABLED = options.pop("aside", True)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)

@@ -10,9 +10,12 @@ Parts: the whole ln psi and the amplitude (transformer, masks, log-softmax), eac
 transformer run once per distinct prefix (`prefix_tree`); the transformer body
 alone (embedding, blocks, final LayerNorm and head); one block; its attention sublayer and its
 MLP sublayer; the phase MLP; the token-only work of a pass (masks and the phase MLP's input);
-a flat AdamW step over all parameters. `--tf32` repeats the whole ln psi with TF32 matmuls;
-`--variants` times the whole ln psi, a block and its attention sublayer under other settings of the
-training kernels (`cuscikit.nnqs.fused_ops`), e.g. the attention's warps per program.
+a flat AdamW step over all parameters. The whole ln psi, the block and the phase MLP are
+timed again with their parameter gradients on a second stream beside the pass
+(`cuscikit.nnqs.aside`, as the recorded stage runs them). `--tf32` repeats the whole ln psi
+with TF32 matmuls; `--variants` times the whole ln psi, a block and its attention sublayer
+under other settings of the training kernels (`cuscikit.nnqs.fused_ops`), e.g. the attention's
+warps per program.
 
     python tools/profile_training_pass.py [--system N2] [--n 1920] [--float64] [--top 20]
         [--tf32] [--variants warps2:_ATTN_WARPS=2
@@ -34,7 +37,7 @@ from small_iteration import _device_events, _kernel_stats, _top  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.backends.keys import to_device  # noqa: E402
-from cuscikit.nnqs import fused_ops  # noqa: E402
+from cuscikit.nnqs import aside, fused_ops  # noqa: E402
 from cuscikit.nnqs.ansatz import prefix_tree  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -171,16 +174,26 @@ def main() -> None:
             u.mul_(0.0)  # no change of the weights: every part sees the same ones
             torch._foreach_sub_(params, views)
 
+    def beside(fn):  # the part with its parameter gradients on a second stream (`aside`)
+        def run():
+            with aside.gradients_aside():
+                fn()
+
+        return run
+
     parts = [
         ("whole ln psi", whole),
+        ("whole ln psi, gradients aside", beside(whole)),
         ("whole ln psi, shared prefixes", whole_shared),
         ("amplitude", amplitude),
         ("amplitude, shared prefixes", amplitude_shared),
         ("transformer body", body),
         ("one block", one_block),
+        ("one block, gradients aside", beside(one_block)),
         ("  its attention sublayer", attention),
         ("  its MLP sublayer", mlp),
         ("phase MLP", phase),
+        ("phase MLP, gradients aside", beside(phase)),
         ("token-only work (no gradient)", token_work),
         ("flat AdamW step", adamw),
     ]
@@ -228,7 +241,7 @@ def main() -> None:
         print(f"# the training kernels were turned off: {fused_ops._failed}")
     if fused_ops._coarse_failed is not None:
         print(f"# the block and amplitude kernels were turned off: {fused_ops._coarse_failed}")
-    for name in ("whole ln psi", "one block"):
+    for name in ("whole ln psi", "whole ln psi, gradients aside", "one block"):
         print(f"# {name}: costliest kernels of one replay (summed time, count, name)")
         print("\n".join(_top(profiles[name], args.top)), flush=True)
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cuscikit.backends import resolve_device
-from cuscikit.nnqs import fused_ops
+from cuscikit.nnqs import aside, fused_ops
 from cuscikit.sci.configs import from_bits, n_words, normalize_nelec, to_bits
 
 __all__ = ["Ansatz", "PrefixTree", "allowed_tokens", "prefix_tree"]
@@ -135,12 +135,20 @@ def prefix_tree(tokens: torch.Tensor) -> PrefixTree:
 _SHORT_SEQUENCE = 64  # orbitals up to which attention is computed without the fused kernel
 
 
+class _Linear(nn.Linear):
+    """`nn.Linear` (same parameters and state) whose weight and bias gradients go to a second
+    CUDA stream inside `cuscikit.nnqs.aside.gradients_aside` (the recorded optimiser stage)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return aside.linear(x, self.weight, self.bias)
+
+
 class _CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
+        self.qkv = _Linear(d_model, 3 * d_model)
+        self.proj = _Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.attend(self.qkv(x)))
@@ -199,8 +207,8 @@ class _Block(nn.Module):
         self.ln1 = _LayerNorm(d_model)
         self.attn = _CausalSelfAttention(d_model, n_heads)
         self.ln2 = _LayerNorm(d_model)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.proj = nn.Linear(4 * d_model, d_model)
+        self.fc = _Linear(d_model, 4 * d_model)
+        self.proj = _Linear(4 * d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused = fused_ops.block(x, self)  # when switched on: one kernel each way
@@ -328,14 +336,14 @@ class Ansatz(nn.Module):
         self.position_embedding = nn.Embedding(norb, d, dtype=f64)
         self.blocks = nn.ModuleList(_Block(d, self.n_heads).double() for _ in range(self.n_layers))
         self.ln_f = _LayerNorm(d, dtype=f64)
-        self.head = nn.Linear(d, 4, dtype=f64)
+        self.head = _Linear(d, 4, dtype=f64)
         # Per-position logit offsets: zero, or tilted towards a reference determinant.
         self.logit_bias = nn.Parameter(torch.zeros(norb, 4, dtype=f64))
         widths = (2 * norb, *self.phase_hidden)
         layers: list[nn.Module] = []
         for a, b in zip(widths[:-1], widths[1:], strict=True):
-            layers += [nn.Linear(a, b, dtype=f64), nn.GELU()]
-        layers.append(nn.Linear(widths[-1], 1, dtype=f64))
+            layers += [_Linear(a, b, dtype=f64), nn.GELU()]
+        layers.append(_Linear(widths[-1], 1, dtype=f64))
         self.phase_net = nn.Sequential(*layers)
 
         with torch.no_grad():
@@ -474,8 +482,7 @@ class Ansatz(nn.Module):
     def _logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """Transformer logits (n, L, 4) for input sequences (n, L) starting with the start token."""
         length = inputs.shape[1]
-        pos = torch.arange(length, device=inputs.device)
-        h = self.token_embedding(inputs) + self.position_embedding(pos)
+        h = aside.embed(inputs, self.token_embedding.weight, self.position_embedding.weight)
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h)) + self.logit_bias[:length]

@@ -50,6 +50,7 @@ import warnings
 
 import torch
 
+from cuscikit.nnqs import aside
 from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
 
 __all__ = [
@@ -844,7 +845,7 @@ class _LayerNorm(torch.autograd.Function):
             with _on(x):
                 _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, prec)
         ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.shape = x.shape
+        ctx.shape, ctx.stream = x.shape, aside.stream_for(x)
         return y.view(x.shape)
 
     @staticmethod
@@ -860,7 +861,11 @@ class _LayerNorm(torch.autograd.Function):
         if m:
             with _on(x2):
                 _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
-        sums = part.sum(0)
+        s = ctx.stream  # the weight and bias sums beside the pass (`aside`)
+        if s is not None:
+            aside.fork(s, part)
+        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+            sums = part.sum(0)
         return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
 
 

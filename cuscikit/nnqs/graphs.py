@@ -57,6 +57,8 @@ from typing import NamedTuple
 import torch
 from torch.autograd.graph import increment_version
 
+from cuscikit.nnqs import aside
+
 __all__ = [
     "InferenceGraph",
     "OptimizerGraph",
@@ -428,7 +430,9 @@ class OptimizerGraph:
     # ----------------------------------------------------------------------------- body
     def _grads(self, loss: torch.Tensor) -> list[torch.Tensor]:
         # every parameter has a gradient here (an unused one is an error, not a zero step)
-        return list(torch.autograd.grad(loss, self.params))
+        grads = list(torch.autograd.grad(loss, self.params))
+        aside.join(self.device)  # the gradients computed on the second stream
+        return grads
 
     def _scalars(self) -> dict:
         """The per-step AdamW scalars of the whole stage, computed once, in the parameters'
@@ -467,7 +471,12 @@ class OptimizerGraph:
         torch._foreach_sub_(self.params, b["u_views"])
 
     def _body(self, apply: bool) -> None:
-        """The recorded work; with ``apply=False`` only the gradients (warm-up)."""
+        """The recorded work; with ``apply=False`` only the gradients (warm-up). The passes'
+        parameter gradients run beside them on a second stream (`aside`; `_grads` joins)."""
+        with aside.gradients_aside():
+            self._steps(apply)
+
+    def _steps(self, apply: bool) -> None:
         b = self._buf
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]

@@ -96,6 +96,79 @@ def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
         torch.testing.assert_close(a, b, rtol=0, atol=tol_w)
 
 
+@pytest.mark.parametrize("name", ["N2", "Hubbard-6-ring-U4"])
+def test_gradients_aside_leave_the_recorded_stage_unchanged(name, monkeypatch):
+    """The recorded stage with its parameter gradients on a second stream (`aside`, the
+    default) against the same stage on one stream: energies, losses and weights to 1e-10 over
+    30 iterations with the teacher's 16 inner steps, and the second stream was used."""
+    from cuscikit.nnqs import aside
+
+    decay = LearningRateDecay(start=10, end=30, final_lr=1e-4)
+    kw = dict(graphs=True, teacher=1.0, teacher_until=20, teacher_hold=0.0)
+    monkeypatch.setattr(aside, "ENABLED", False)
+    aside._streams.clear()
+    one = _runner(name, **kw).run(30, [decay], progress=False)
+    assert not aside._streams
+    monkeypatch.setattr(aside, "ENABLED", True)
+    two = _runner(name, **kw).run(30, [decay], progress=False)
+    assert aside._streams and not aside._held  # used, and every read released at its join
+    assert one._graph_stage.replays == two._graph_stage.replays == 30
+    np.testing.assert_array_equal(one.history["n_space"], two.history["n_space"])
+    for c in COLUMNS:
+        np.testing.assert_allclose(one.history[c], two.history[c], rtol=0, atol=1e-10)
+    for a, b in zip(one.ansatz.parameters(), two.ansatz.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_aside_functions_in_a_recorded_graph():
+    """`aside.linear` and `aside.embed` with the second stream inside a recorded CUDA graph:
+    every gradient equals torch's one-stream pass (float64, 1e-12), replay after replay with
+    new inputs (a missing fork or join would read or return stale values)."""
+    from cuscikit.nnqs import aside
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dev, f64 = "cuda", torch.float64
+    tok = torch.randn(5, 32, dtype=f64, device=dev, requires_grad=True)
+    pos = torch.randn(10, 32, dtype=f64, device=dev, requires_grad=True)
+    w1 = torch.randn(128, 32, dtype=f64, device=dev, requires_grad=True)
+    b1 = torch.randn(128, dtype=f64, device=dev, requires_grad=True)
+    w2 = torch.randn(4, 128, dtype=f64, device=dev, requires_grad=True)
+    b2 = torch.randn(4, dtype=f64, device=dev, requires_grad=True)
+    params = [tok, pos, w1, b1, w2, b2]
+    inputs = torch.zeros((1920, 10), dtype=torch.long, device=dev)
+    up = torch.zeros((1920, 10, 4), dtype=f64, device=dev)
+
+    def reference():
+        h = torch.nn.functional.embedding(inputs, tok) + pos
+        y = torch.nn.functional.linear(torch.tanh(torch.nn.functional.linear(h, w1, b1)), w2, b2)
+        return torch.autograd.grad((y * up).sum(), params)
+
+    def pass_aside():
+        with aside.gradients_aside():
+            h = aside.embed(inputs, tok, pos)
+            y = aside.linear(torch.tanh(aside.linear(h, w1, b1)), w2, b2)
+            grads = torch.autograd.grad((y * up).sum(), params)
+            aside.join(dev)
+        return grads
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            pass_aside()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pass_aside()
+    assert aside._streams
+    for _ in range(4):
+        inputs.copy_(torch.randint(0, 5, inputs.shape, device=dev, generator=g))
+        up.normal_(generator=g)
+        graph.replay()
+        for a, e in zip(out, reference(), strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
+
+
 def test_graphed_stage_takes_spaces_above_one_batch():
     """With graph_space="auto" an S larger than `batch_size` (H2O, batch 64, |S| up to 256 +
     growth) still runs the recorded stage as one pass, and it gives the eager batch-by-batch

@@ -1,0 +1,170 @@
+"""Parameter gradients beside the backward pass, on a second CUDA stream.
+
+In the backward pass of a linear layer only the input gradient ``dy @ W`` is on the path the
+rest of the pass waits for; the weight and bias gradients (``dy^T @ x`` and the column sums of
+``dy``) are read only by the optimiser, after the whole pass. On a small system (N2/STO-3G: 19,200
+token rows of width 32) each of these is a kernel of a few microseconds that keeps the GPU
+mostly idle, so running them one after another on one stream makes the pass a chain of small
+kernels. Within `gradients_aside`, the training pass's linear layers (`linear`), embeddings
+(`embed`) and LayerNorms (`cuscikit.nnqs.fused_ops.layer_norm`) fork their parameter gradients
+onto a second stream; `join` makes the current stream wait for that stream (in a recorded CUDA
+graph the forks and the join become parallel branches).
+
+Only for callers that take the gradients with `torch.autograd.grad` and call `join` before
+reading them (`cuscikit.nnqs.graphs.OptimizerGraph`): a ``.backward()`` would accumulate the
+gradients on the current stream without waiting. Tensors read on the second stream are held
+until `join`, so their memory is not reused while it is still being read. The arithmetic is
+that of `torch.nn.functional.linear` and `torch.nn.functional.embedding` (the same products
+and sums; the token embedding's gradient as a one-hot product instead of a sort, so float64
+agrees to rounding). ``ENABLED = False`` keeps everything on one stream.
+
+Example (needs a CUDA GPU):
+    >>> import torch
+    >>> x = torch.randn(100, 32, device="cuda", requires_grad=True)     # doctest: +SKIP
+    >>> w = torch.randn(8, 32, device="cuda", requires_grad=True)       # doctest: +SKIP
+    >>> with gradients_aside():                                          # doctest: +SKIP
+    ...     gx, gw = torch.autograd.grad(linear(x, w, None).sum(), (x, w))
+    ...     join(x.device)
+    >>> bool(torch.allclose(gw, torch.ones(100, 8, device="cuda").t() @ x))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ENABLED", "embed", "fork", "gradients_aside", "join", "linear", "stream_for"]
+
+#: False: parameter gradients stay on the current stream (benchmarks compare both).
+ENABLED = True
+_depth = 0  # nesting of `gradients_aside`
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+_held: list[torch.Tensor] = []  # read on the second stream, kept until `join`
+_lock = threading.Lock()  # the autograd engine runs CUDA backward functions on its own threads
+
+
+@contextlib.contextmanager
+def gradients_aside():
+    """Within: `stream_for` gives a CUDA training pass the second stream (see the module).
+    The caller calls `join` before reading the gradients; the exit joins every device used."""
+    global _depth
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        for dev in list(_streams):
+            join(dev)
+
+
+def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The second stream for a pass over ``x`` inside `gradients_aside` (a CUDA tensor, a
+    gradient being recorded, not inside `torch.compile`); None otherwise."""
+    if not (ENABLED and _depth and x.is_cuda and torch.is_grad_enabled()):
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    s = _streams.get(x.device)
+    if s is None:
+        s = _streams[x.device] = torch.cuda.Stream(device=x.device)
+    return s
+
+
+def fork(stream: torch.cuda.Stream, *tensors: torch.Tensor) -> None:
+    """``stream`` waits for the work queued so far on the current stream; ``tensors`` (read
+    on ``stream``) are held until `join`."""
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with _lock:
+        _held.extend(tensors)
+
+
+def join(device: torch.device | str | None = None) -> None:
+    """The current stream of ``device`` waits for the parameter gradients queued on its second
+    stream; the tensors they read are released. A no-op on a device without one."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type != "cuda":
+        return
+    if dev is not None and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    s = _streams.get(dev) if dev is not None else None
+    if s is None:
+        return
+    torch.cuda.current_stream(s.device).wait_stream(s)
+    with _lock:
+        _held.clear()
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, stream):
+        x2 = x.reshape(-1, x.shape[-1])
+        y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
+        ctx.save_for_backward(x2, weight)
+        ctx.stream, ctx.shape, ctx.has_bias = stream, x.shape, bias is not None
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        want_x, want_w, want_b = ctx.needs_input_grad[:3]
+        want_b = want_b and ctx.has_bias
+        s = ctx.stream if (want_w or want_b) else None
+        if s is not None:
+            fork(s, x2, dy2)
+        dx = dy2.mm(weight).view(ctx.shape) if want_x else None
+        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+            dw = dy2.t().mm(x2) if want_w else None
+            db = dy2.sum(0) if want_b else None
+        return dx, dw, db, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`torch.nn.functional.linear`, with the weight and bias gradients on the second stream
+    inside `gradients_aside` (`stream_for`)."""
+    s = stream_for(x)
+    if s is None:
+        return F.linear(x, weight, bias)
+    return _Linear.apply(x, weight, bias, s)
+
+
+class _Embed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inputs, tok_w, pos_w, stream):
+        length = inputs.shape[-1]
+        ctx.save_for_backward(inputs)
+        ctx.stream, ctx.n_tok, ctx.n_pos = stream, tok_w.shape[0], pos_w.shape[0]
+        return F.embedding(inputs, tok_w) + pos_w[:length]
+
+    @staticmethod
+    def backward(ctx, dh):
+        (inputs,) = ctx.saved_tensors
+        length, d = inputs.shape[-1], dh.shape[-1]
+        want_tok, want_pos = ctx.needs_input_grad[1:3]
+        s = ctx.stream
+        if s is not None:
+            fork(s, inputs, dh)
+        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+            dtok = dpos = None
+            if want_tok:  # the rows of each token summed as one product (no sort)
+                hot = F.one_hot(inputs.reshape(-1), ctx.n_tok).to(dh.dtype)
+                dtok = hot.t().mm(dh.reshape(-1, d))
+            if want_pos:
+                dpos = dh.new_zeros((ctx.n_pos, d))
+                dpos[:length] = dh.reshape(-1, length, d).sum(0)
+        return None, dtok, dpos, None
+
+
+def embed(inputs: torch.Tensor, tok_w: torch.Tensor, pos_w: torch.Tensor) -> torch.Tensor:
+    """Token plus position embedding of ``inputs`` (..., L): ``tok_w[inputs] + pos_w[:L]``,
+    with the two tables' gradients on the second stream inside `gradients_aside`."""
+    s = stream_for(tok_w)
+    if s is None:
+        length = inputs.shape[-1]
+        pos = torch.arange(length, device=inputs.device)
+        return F.embedding(inputs, tok_w) + F.embedding(pos, pos_w)
+    return _Embed.apply(inputs, tok_w, pos_w, s)
