@@ -41,36 +41,41 @@ __all__ = ["ENABLED", "embed", "fork", "gradients_aside", "join", "linear", "str
 
 #: False: parameter gradients stay on the current stream (benchmarks compare both).
 ENABLED = True
-_depth = 0  # nesting of `gradients_aside`
-_streams: dict[torch.device, torch.cuda.Stream] = {}
-_held: list[torch.Tensor] = []  # read on the second stream, kept until `join`
-_lock = threading.Lock()  # the autograd engine runs CUDA backward functions on its own threads
+_local = threading.local()  # .depth: nesting of `gradients_aside` in this thread
+_streams: dict[torch.device, torch.cuda.Stream] = {}  # the second stream of each device
+# per device: tensors read on its second stream, kept until its `join` (ranks in threads each
+# have their own device; the autograd engine runs CUDA backward functions on its own threads)
+_held: dict[torch.device, list[torch.Tensor]] = {}
+_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def gradients_aside():
-    """Within: `stream_for` gives a CUDA training pass the second stream (see the module).
-    The caller calls `join` before reading the gradients; the exit joins every device used."""
-    global _depth
-    _depth += 1
+    """Within (in this thread): `stream_for` gives a CUDA training pass the second stream (see
+    the module). The caller calls `join` before reading the gradients; the exit joins every
+    device whose second stream still holds tensors."""
+    _local.depth = getattr(_local, "depth", 0) + 1
     try:
         yield
     finally:
-        _depth -= 1
-        for dev in list(_streams):
+        _local.depth -= 1
+        with _lock:
+            devices = [dev for dev, held in _held.items() if held]
+        for dev in devices:
             join(dev)
 
 
 def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
     """The second stream for a pass over ``x`` inside `gradients_aside` (a CUDA tensor, a
     gradient being recorded, not inside `torch.compile`); None otherwise."""
-    if not (ENABLED and _depth and x.is_cuda and torch.is_grad_enabled()):
+    if not (ENABLED and getattr(_local, "depth", 0) and x.is_cuda and torch.is_grad_enabled()):
         return None
     if torch.compiler.is_compiling():
         return None
-    s = _streams.get(x.device)
-    if s is None:
-        s = _streams[x.device] = torch.cuda.Stream(device=x.device)
+    with _lock:
+        s = _streams.get(x.device)
+        if s is None:
+            s = _streams[x.device] = torch.cuda.Stream(device=x.device)
     return s
 
 
@@ -79,7 +84,7 @@ def fork(stream: torch.cuda.Stream, *tensors: torch.Tensor) -> None:
     on ``stream``) are held until `join`."""
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with _lock:
-        _held.extend(tensors)
+        _held.setdefault(stream.device, []).extend(tensors)
 
 
 def join(device: torch.device | str | None = None) -> None:
@@ -95,7 +100,7 @@ def join(device: torch.device | str | None = None) -> None:
         return
     torch.cuda.current_stream(s.device).wait_stream(s)
     with _lock:
-        _held.clear()
+        _held.pop(s.device, None)
 
 
 class _Linear(torch.autograd.Function):
