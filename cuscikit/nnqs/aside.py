@@ -52,17 +52,19 @@ _lock = threading.Lock()
 @contextlib.contextmanager
 def gradients_aside():
     """Within (in this thread): `stream_for` gives a CUDA training pass the second stream (see
-    the module). The caller calls `join` before reading the gradients; the exit joins every
-    device whose second stream still holds tensors."""
-    _local.depth = getattr(_local, "depth", 0) + 1
+    the module). The caller calls `join` before reading the gradients; the outermost exit
+    joins every device whose second stream this thread's passes were given."""
+    depth = getattr(_local, "depth", 0)
+    if not depth:
+        _local.devices = set()
+    _local.depth = depth + 1
     try:
         yield
     finally:
-        _local.depth -= 1
-        with _lock:
-            devices = [dev for dev, held in _held.items() if held]
-        for dev in devices:
-            join(dev)
+        _local.depth = depth
+        if not depth:
+            for dev in _local.devices:
+                join(dev)
 
 
 def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
@@ -76,6 +78,7 @@ def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
         s = _streams.get(x.device)
         if s is None:
             s = _streams[x.device] = torch.cuda.Stream(device=x.device)
+    _local.devices.add(x.device)
     return s
 
 

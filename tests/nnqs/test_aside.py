@@ -96,3 +96,19 @@ def test_ansatz_gradient_through_the_functions(monkeypatch):
     torch.testing.assert_close(got_lp, want_lp, rtol=0, atol=1e-13)
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
+
+
+def test_gradients_aside_is_per_thread_and_nests():
+    """The switch is this thread's (ranks in threads each run their own stage) and nests."""
+    import threading
+
+    seen = []
+    with aside.gradients_aside():
+        with aside.gradients_aside():
+            seen.append(aside._local.depth)
+        seen.append(aside._local.depth)
+        other = threading.Thread(target=lambda: seen.append(getattr(aside._local, "depth", 0)))
+        other.start()
+        other.join()
+    seen.append(aside._local.depth)
+    assert seen == [2, 1, 0, 0]
