@@ -31,10 +31,9 @@ the H200 for the N2 shapes).
 (`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,
 whose sorted S shares long prefixes.
 
-``graph-one-stream`` (and ``graph-teacher0-one-stream``) keep the recorded stage's parameter
-gradients on the pass's own stream (``aside.ENABLED = False``) instead of the second stream
-beside the pass (`cuscikit.nnqs.aside`): before/after in one process
-(``--variants graph-one-stream graph``).
+``graph-aside`` (and ``graph-teacher0-aside``) run the recorded stage's parameter gradients on a
+second stream beside the pass (`cuscikit.nnqs.aside`, ``aside.ENABLED = True``) instead of the
+pass's own stream: before/after in one process (``--variants graph graph-aside``).
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -111,10 +110,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # (`Runner(shared_prefix_training=True)`)
     "graph-shared": {"graphs": True, "shared_prefix_training": True},
     "eager-shared": {"graphs": False, "shared_prefix_training": True},
-    # the recorded stage with every parameter gradient on the pass's own stream
-    # (``aside.ENABLED = False``; by default they run beside the pass on a second stream)
-    "graph-one-stream": {"graphs": True, "aside": False},
-    "graph-teacher0-one-stream": {"graphs": True, "teacher": 0, "aside": False},
+    # the recorded stage with its parameter gradients beside the pass on a second stream
+    # (``aside.ENABLED = True``; by default they stay on the pass's own stream)
+    "graph-aside": {"graphs": True, "aside": True},
+    "graph-teacher0-aside": {"graphs": True, "teacher": 0, "aside": True},
 }
 
 
@@ -130,7 +129,7 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
-    aside.ENABLED = options.pop("aside", True)
+    aside.ENABLED = options.pop("aside", False)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)

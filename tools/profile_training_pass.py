@@ -12,10 +12,10 @@ alone (embedding, blocks, final LayerNorm and head); one block; its attention su
 MLP sublayer; the phase MLP; the token-only work of a pass (masks and the phase MLP's input);
 a flat AdamW step over all parameters. The whole ln psi, the block and the phase MLP are
 timed again with their parameter gradients on a second stream beside the pass
-(`cuscikit.nnqs.aside`, as the recorded stage runs them). `--tf32` repeats the whole ln psi
-with TF32 matmuls; `--variants` times the whole ln psi, a block and its attention sublayer
-under other settings of the training kernels (`cuscikit.nnqs.fused_ops`), e.g. the attention's
-warps per program.
+(`cuscikit.nnqs.aside`, as the recorded stage runs them with ``aside.ENABLED``). `--tf32`
+repeats the whole ln psi with TF32 matmuls; `--variants` times the whole ln psi, a block and
+its attention sublayer under other settings of the training kernels (`cuscikit.nnqs.fused_ops`),
+e.g. the attention's warps per program.
 
     python tools/profile_training_pass.py [--system N2] [--n 1920] [--float64] [--top 20]
         [--tf32] [--variants warps2:_ATTN_WARPS=2
@@ -176,8 +176,12 @@ def main() -> None:
 
     def beside(fn):  # the part with its parameter gradients on a second stream (`aside`)
         def run():
-            with aside.gradients_aside():
-                fn()
+            saved, aside.ENABLED = aside.ENABLED, True
+            try:
+                with aside.gradients_aside():
+                    fn()
+            finally:
+                aside.ENABLED = saved
 
         return run
 

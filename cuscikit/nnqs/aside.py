@@ -16,7 +16,8 @@ gradients on the current stream without waiting. Tensors read on the second stre
 until `join`, so their memory is not reused while it is still being read. The arithmetic is
 that of `torch.nn.functional.linear` and `torch.nn.functional.embedding` (the same products
 and sums; the token embedding's gradient as a one-hot product instead of a sort, so float64
-agrees to rounding). ``ENABLED = False`` keeps everything on one stream.
+agrees to rounding). Off by default (``ENABLED = False``: everything on one stream) until it
+is measured on a GPU; ``ENABLED = True`` turns it on.
 
 Example (needs a CUDA GPU):
     >>> import torch
@@ -39,8 +40,9 @@ import torch.nn.functional as F
 
 __all__ = ["ENABLED", "embed", "fork", "gradients_aside", "join", "linear", "stream_for"]
 
-#: False: parameter gradients stay on the current stream (benchmarks compare both).
-ENABLED = True
+#: True: the recorded stage's parameter gradients run on the second stream (benchmarks compare
+#: both; off until measured on a GPU).
+ENABLED = False
 _local = threading.local()  # .depth: nesting of `gradients_aside` in this thread
 _streams: dict[torch.device, torch.cuda.Stream] = {}  # the second stream of each device
 # per device: tensors read on its second stream, kept until its `join` (ranks in threads each

@@ -98,8 +98,8 @@ def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
 
 @pytest.mark.parametrize("name", ["N2", "Hubbard-6-ring-U4"])
 def test_gradients_aside_leave_the_recorded_stage_unchanged(name, monkeypatch):
-    """The recorded stage with its parameter gradients on a second stream (`aside`, the
-    default) against the same stage on one stream: energies, losses and weights to 1e-10 over
+    """The recorded stage with its parameter gradients on a second stream (`aside`) against
+    the same stage on one stream (the default): energies, losses and weights to 1e-10 over
     30 iterations with the teacher's 16 inner steps, and the second stream was used."""
     from cuscikit.nnqs import aside
 
@@ -120,12 +120,13 @@ def test_gradients_aside_leave_the_recorded_stage_unchanged(name, monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
-def test_aside_functions_in_a_recorded_graph():
+def test_aside_functions_in_a_recorded_graph(monkeypatch):
     """`aside.linear` and `aside.embed` with the second stream inside a recorded CUDA graph:
     every gradient equals torch's one-stream pass (float64, 1e-12), replay after replay with
     new inputs (a missing fork or join would read or return stale values)."""
     from cuscikit.nnqs import aside
 
+    monkeypatch.setattr(aside, "ENABLED", True)
     g = torch.Generator(device="cuda").manual_seed(0)
     dev, f64 = "cuda", torch.float64
     tok = torch.randn(5, 32, dtype=f64, device=dev, requires_grad=True)
