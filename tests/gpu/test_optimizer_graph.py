@@ -28,6 +28,15 @@ def _runner(name, **kw):
     return Runner(mol, ansatz, seed=0, **kw)
 
 
+def _assert_same_runs(a, b, atol):
+    """Same |S| every iteration; energies, losses and weights to ``atol``."""
+    np.testing.assert_array_equal(a.history["n_space"], b.history["n_space"])
+    for c in COLUMNS:
+        np.testing.assert_allclose(a.history[c], b.history[c], rtol=0, atol=atol)
+    for p, q in zip(a.ansatz.parameters(), b.ansatz.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=atol)
+
+
 @pytest.mark.parametrize("name", ["LiH", "N2", "H2O"])
 def test_graphed_stage_matches_eager_stage(name):
     """Same energies, losses and weights to 1e-10 over 30 iterations (|S| grows through
@@ -38,11 +47,7 @@ def test_graphed_stage_matches_eager_stage(name):
     assert graphed.graphs_active and not eager.graphs_active
     stage = graphed._graph_stage
     assert stage.replays == 30 and 1 <= stage.captures <= 30
-    np.testing.assert_array_equal(graphed.history["n_space"], eager.history["n_space"])
-    for c in COLUMNS:
-        np.testing.assert_allclose(graphed.history[c], eager.history[c], rtol=0, atol=1e-10)
-    for a, b in zip(eager.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    _assert_same_runs(graphed, eager, 1e-10)
 
 
 @pytest.mark.parametrize("name", ["LiH", "Hubbard-6-ring-U4"])
@@ -58,11 +63,7 @@ def test_graphed_stage_over_shared_prefixes_matches_eager_stage(name):
     assert stage.shared_prefixes and stage.replays == 30
     norb = graphed.ansatz.norb
     assert 0 < stage._key[2] < stage._key[0] * norb  # prefix bucket below the positions
-    np.testing.assert_array_equal(graphed.history["n_space"], eager.history["n_space"])
-    for c in COLUMNS:
-        np.testing.assert_allclose(graphed.history[c], eager.history[c], rtol=0, atol=1e-10)
-    for a, b in zip(eager.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    _assert_same_runs(graphed, eager, 1e-10)
 
 
 @pytest.mark.parametrize("hold", [1.0, 0.0])
@@ -113,11 +114,7 @@ def test_gradients_aside_leave_the_recorded_stage_unchanged(name, monkeypatch):
     two = _runner(name, **kw).run(30, [decay], progress=False)
     assert aside._streams and not aside._held  # used, and every read released at its join
     assert one._graph_stage.replays == two._graph_stage.replays == 30
-    np.testing.assert_array_equal(one.history["n_space"], two.history["n_space"])
-    for c in COLUMNS:
-        np.testing.assert_allclose(one.history[c], two.history[c], rtol=0, atol=1e-10)
-    for a, b in zip(one.ansatz.parameters(), two.ansatz.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    _assert_same_runs(one, two, 1e-10)
 
 
 def test_aside_functions_in_a_recorded_graph(monkeypatch):
@@ -184,11 +181,7 @@ def test_graphed_stage_takes_spaces_above_one_batch():
     assert graphed._graph_stage.replays == 15  # every one of them recorded
     assert batched._graph_stage.replays == int((~big).sum())  # the others' eager
     assert graphed._graph_row_bytes > 0
-    np.testing.assert_array_equal(graphed.history["n_space"], batched.history["n_space"])
-    for c in COLUMNS:
-        np.testing.assert_allclose(graphed.history[c], batched.history[c], rtol=0, atol=1e-9)
-    for a, b in zip(batched.ansatz.parameters(), graphed.ansatz.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+    _assert_same_runs(graphed, batched, 1e-9)
 
 
 def test_graphed_stage_undoes_a_bad_step_and_resumes_from_checkpoint(tmp_path):
