@@ -37,7 +37,7 @@ from small_iteration import _device_events, _kernel_stats, _top  # noqa: E402
 
 from cuscikit import Ansatz, Molecule  # noqa: E402
 from cuscikit.backends.keys import to_device  # noqa: E402
-from cuscikit.nnqs import aside, fused_ops  # noqa: E402
+from cuscikit.nnqs import aside, fused_ops, graphs  # noqa: E402
 from cuscikit.nnqs.ansatz import prefix_tree  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -45,16 +45,7 @@ DEV = torch.device("cuda")
 
 def record(fn):
     """fn recorded as a CUDA graph after two warm-up calls on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    return graphs.record(fn, DEV)[0]
 
 
 def measure(graph, reps: int = 50) -> tuple[float, int, float, float]:

@@ -76,31 +76,36 @@ def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
         return None
     if torch.compiler.is_compiling():
         return None
-    with _lock:
-        s = _streams.get(x.device)
-        if s is None:
-            s = _streams[x.device] = torch.cuda.Stream(device=x.device)
+    s = _streams.get(x.device)
+    if s is None:
+        with _lock:
+            s = _streams.setdefault(x.device, torch.cuda.Stream(device=x.device))
     _local.devices.add(x.device)
     return s
 
 
-def fork(stream: torch.cuda.Stream, *tensors: torch.Tensor) -> None:
-    """``stream`` waits for the work queued so far on the current stream; ``tensors`` (read
-    on ``stream``) are held until `join`."""
+def fork(stream: torch.cuda.Stream | None, *tensors: torch.Tensor):
+    """``stream`` waits for the work queued so far on the current stream, and ``tensors``
+    (read on ``stream``) are held until `join`; returns the context that queues work on
+    ``stream`` (a null context for ``stream=None``: the work stays on the current stream).
+    Fork first, then queue the pass's own work, then the parameter gradients in the context."""
+    if stream is None:
+        return contextlib.nullcontext()
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with _lock:
         _held.setdefault(stream.device, []).extend(tensors)
+    return torch.cuda.stream(stream)
 
 
-def join(device: torch.device | str | None = None) -> None:
+def join(device: torch.device | str) -> None:
     """The current stream of ``device`` waits for the parameter gradients queued on its second
     stream; the tensors they read are released. A no-op on a device without one."""
-    dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type != "cuda":
+    dev = torch.device(device)
+    if dev.type != "cuda" or not _streams:
         return
-    if dev is not None and dev.index is None:
+    if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    s = _streams.get(dev) if dev is not None else None
+    s = _streams.get(dev)
     if s is None:
         return
     torch.cuda.current_stream(s.device).wait_stream(s)
@@ -123,11 +128,9 @@ class _Linear(torch.autograd.Function):
         dy2 = dy.reshape(-1, dy.shape[-1])
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         want_b = want_b and ctx.has_bias
-        s = ctx.stream if (want_w or want_b) else None
-        if s is not None:
-            fork(s, x2, dy2)
+        side = fork(ctx.stream if (want_w or want_b) else None, x2, dy2)
         dx = dy2.mm(weight).view(ctx.shape) if want_x else None
-        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+        with side:
             dw = dy2.t().mm(x2) if want_w else None
             db = dy2.sum(0) if want_b else None
         return dx, dw, db, None
@@ -155,10 +158,7 @@ class _Embed(torch.autograd.Function):
         (inputs,) = ctx.saved_tensors
         length, d = inputs.shape[-1], dh.shape[-1]
         want_tok, want_pos = ctx.needs_input_grad[1:3]
-        s = ctx.stream
-        if s is not None:
-            fork(s, inputs, dh)
-        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+        with fork(ctx.stream, inputs, dh):
             dtok = dpos = None
             if want_tok:  # the rows of each token summed as one product (no sort)
                 hot = F.one_hot(inputs.reshape(-1), ctx.n_tok).to(dh.dtype)

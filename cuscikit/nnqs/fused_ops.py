@@ -861,10 +861,7 @@ class _LayerNorm(torch.autograd.Function):
         if m:
             with _on(x2):
                 _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
-        s = ctx.stream  # the weight and bias sums beside the pass (`aside`)
-        if s is not None:
-            aside.fork(s, part)
-        with torch.cuda.stream(s) if s is not None else contextlib.nullcontext():
+        with aside.fork(ctx.stream, part):  # the weight and bias sums beside the pass
             sums = part.sum(0)
         return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
 

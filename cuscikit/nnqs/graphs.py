@@ -63,6 +63,7 @@ __all__ = [
     "InferenceGraph",
     "OptimizerGraph",
     "bucket",
+    "record",
     "saved_bytes_per_row",
     "unsupported_reason",
 ]
@@ -80,6 +81,31 @@ def _side_stream(device) -> torch.cuda.Stream:
     if key not in _SIDE_STREAMS:
         _SIDE_STREAMS[key] = torch.cuda.Stream(key)
     return _SIDE_STREAMS[key]
+
+
+def record(fn, device=None, *, warm_up=None, warm_ups: int = 2):
+    """``fn()`` recorded as a CUDA graph: ``warm_ups`` calls of ``warm_up`` (default ``fn``)
+    on the device's side stream first (lazy initialisation and workspaces outside the
+    recording), then ``fn()`` captured. Returns ``(graph, what fn returned while recorded)``;
+    ``graph.replay()`` reruns it on the same tensors.
+
+    Example (needs a CUDA GPU):
+        >>> x = torch.ones(4, device="cuda")                     # doctest: +SKIP
+        >>> graph, y = record(lambda: x * 2)                      # doctest: +SKIP
+        >>> x.fill_(3); graph.replay(); y.tolist()                # doctest: +SKIP
+        [6.0, 6.0, 6.0, 6.0]
+    """
+    device = torch.device("cuda") if device is None else torch.device(device)
+    side = _side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warm_ups):
+            (warm_up or fn)()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def bucket(n: int) -> int:
@@ -415,16 +441,9 @@ class OptimizerGraph:
 
     def _capture(self) -> None:
         """Warm up (gradients only, nothing applied) on a side stream, then record."""
-        side = _side_stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body(apply=False)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._body(apply=True)
-        self._graph = graph
+        self._graph, _ = record(
+            lambda: self._body(apply=True), self.device, warm_up=lambda: self._body(apply=False)
+        )
         self.captures += 1
 
     # ----------------------------------------------------------------------------- body
@@ -585,17 +604,8 @@ class InferenceGraph:
     def _capture(self, cap: int, tokens: torch.Tensor) -> tuple:
         while len(self._graphs) >= self.max_graphs:
             self._graphs.pop(next(iter(self._graphs)))
-        dev = tokens.device
         tok = tokens[:1].expand(cap, -1).clone()
-        side = _side_stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
         with torch.no_grad():
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.ansatz._log_psi_tokens(tok)
-            torch.cuda.current_stream(dev).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self.ansatz._log_psi_tokens(tok)
+            graph, out = record(lambda: self.ansatz._log_psi_tokens(tok), tokens.device)
         self.captures += 1
         return graph, tok, out

@@ -73,14 +73,9 @@ def test_kernels_match_torch(dtype, tol, n, length, d, h):
 def _assert_replays(fn, expected):
     """fn() recorded in a CUDA graph (after a warm-up on a side stream) and replayed gives
     ``expected`` to 1e-12."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    from cuscikit.nnqs.graphs import record
+
+    graph, out = record(fn, warm_ups=1)
     graph.replay()
     torch.cuda.synchronize()
     assert max(_err(a, b) for a, b in zip(out, expected, strict=True)) < 1e-12

@@ -62,7 +62,7 @@ def test_graphed_stage_over_shared_prefixes_matches_eager_stage(name):
     stage = graphed._graph_stage
     assert stage.shared_prefixes and stage.replays == 30
     norb = graphed.ansatz.norb
-    assert 0 < stage._key[2] < stage._key[0] * norb  # prefix bucket below the positions
+    assert 0 < stage._key.prefixes < stage._key.rows * norb  # prefix bucket below the positions
     _assert_same_runs(graphed, eager, 1e-10)
 
 
@@ -122,6 +122,7 @@ def test_aside_functions_in_a_recorded_graph(monkeypatch):
     every gradient equals torch's one-stream pass (float64, 1e-12), replay after replay with
     new inputs (a missing fork or join would read or return stale values)."""
     from cuscikit.nnqs import aside
+    from cuscikit.nnqs.graphs import record
 
     monkeypatch.setattr(aside, "ENABLED", True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -149,15 +150,7 @@ def test_aside_functions_in_a_recorded_graph(monkeypatch):
             aside.join(dev)
         return grads
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            pass_aside()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = pass_aside()
+    graph, out = record(pass_aside)
     assert aside._streams
     for _ in range(4):
         inputs.copy_(torch.randint(0, 5, inputs.shape, device=dev, generator=g))

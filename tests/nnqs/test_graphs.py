@@ -341,7 +341,7 @@ def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
     passes.clear()
     body = with_body(make_runner(name, shared_prefix_training=True, **kw))
     body.run(4, [decay], progress=False)
-    assert len(built) == 4 and body._graph_stage._key[2] > 0  # one tree per stage
+    assert len(built) == 4 and body._graph_stage._key.prefixes > 0  # one tree per stage
     assert len(passes) == 4 + int(body.history["inner_steps"].sum())  # every pass over it
     for run in (eager, body):
         np.testing.assert_array_equal(run.history["n_space"], plain.history["n_space"])
