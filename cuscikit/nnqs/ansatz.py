@@ -26,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -39,7 +41,7 @@ from cuscikit.backends import resolve_device
 from cuscikit.nnqs import aside, fused_ops
 from cuscikit.sci.configs import from_bits, n_words, normalize_nelec, to_bits
 
-__all__ = ["Ansatz", "PrefixTree", "allowed_tokens", "prefix_tree"]
+__all__ = ["Ansatz", "PrefixTree", "allowed_tokens", "prefix_tree", "reuse_token_work"]
 
 #: Alpha and beta occupation of each of the four tokens (t = n_alpha + 2 n_beta).
 _TOKEN_ALPHA = (0, 1, 0, 1)
@@ -82,6 +84,41 @@ def allowed_tokens(
     ub = used_beta.unsqueeze(-1) + db
     rem = remaining.unsqueeze(-1)
     return (ua <= n_alpha) & (n_alpha - ua <= rem) & (ub <= n_beta) & (n_beta - ub <= rem)
+
+
+class _TokenWork(NamedTuple):
+    """What the amplitude's pass over token rows computes from the tokens alone."""
+
+    inputs: torch.Tensor  # (n, L): the start token, then tokens[:, :-1]
+    softmax_fill: torch.Tensor  # (n, L, 4) bool: set to -inf before the softmax
+    out_fill: torch.Tensor  # (n, L, 4) bool: impossible tokens, -inf after it
+
+
+_reuse = threading.local()  # .cache: {key: (ansatz, tokens, value)} in `reuse_token_work`
+
+
+@contextlib.contextmanager
+def reuse_token_work():
+    """Within (in this thread): passes of an `Ansatz` over the same token tensor, unchanged,
+    compute its masks, shifted inputs and phase input once and reuse them. The recorded
+    optimiser stage makes up to 17 passes over one S; each would otherwise repeat some thirty
+    small kernels that depend on the tokens alone. A tensor written in place between passes
+    is computed again (the key holds its version counter).
+
+    Example:
+        >>> psi = Ansatz(4, (2, 1), seed=0, dtype=torch.float64)
+        >>> tok = psi.tokens(psi.sample(8)[0])
+        >>> with reuse_token_work():
+        ...     a, b = psi._token_work(tok), psi._token_work(tok)
+        >>> a is b, psi._token_work(tok) is a
+        (True, False)
+    """
+    saved = getattr(_reuse, "cache", None)
+    _reuse.cache = {}
+    try:
+        yield
+    finally:
+        _reuse.cache = saved
 
 
 class PrefixTree(NamedTuple):
@@ -487,17 +524,53 @@ class Ansatz(nn.Module):
             h = block(h)
         return self.head(self.ln_f(h)) + self.logit_bias[:length]
 
-    def _shared_logits(self, tokens: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
-        """`_logits` of the sequences ``tokens`` (n, L) computed once per distinct prefix of
-        `tree` (`prefix_tree(tokens)`): the same (n, L, 4) up to rounding."""
-        n, length = tokens.shape
-        start = torch.full((n, 1), 4, dtype=torch.long, device=tokens.device)
-        inputs = torch.cat((start, tokens[:, :-1]), dim=1).reshape(-1)[tree.first]
+    def _shared_logits(self, inputs: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
+        """`_logits` of the input sequences ``inputs`` (n, L) computed once per distinct prefix
+        of `tree` (`prefix_tree` of their tokens): the same (n, L, 4) up to rounding."""
+        length = inputs.shape[1]
+        inputs = inputs.reshape(-1)[tree.first]
         pos = tree.first % length
         h = self.token_embedding(inputs) + self.position_embedding(pos)
         for block in self.blocks:
             h = block.shared(h, tree)
         return (self.head(self.ln_f(h)) + self.logit_bias[pos])[tree.node]
+
+    def _from_tokens(self, tokens: torch.Tensor, what: str, make):
+        """``make()``, the parameter-free part ``what`` of a pass over ``tokens``; computed once
+        per token tensor inside `reuse_token_work`."""
+        cache = getattr(_reuse, "cache", None)
+        if cache is None or torch.compiler.is_compiling():
+            return make()
+        key = (id(self), id(tokens), tokens._version, what)
+        if key not in cache:  # the ansatz and the tokens held: their ids stay theirs
+            cache[key] = (self, tokens, make())
+        return cache[key][2]
+
+    def _token_work(self, tokens: torch.Tensor) -> _TokenWork:
+        """The shifted inputs and the masks of the amplitude's pass over ``tokens`` (n, L)."""
+
+        def make() -> _TokenWork:
+            start = torch.full((tokens.shape[0], 1), 4, dtype=torch.long, device=tokens.device)
+            allowed = self._allowed(tokens, torch.arange(self._norb, device=tokens.device))
+            any_allowed = allowed.any(dim=-1, keepdim=True)
+            return _TokenWork(
+                inputs=torch.cat((start, tokens[:, :-1]), dim=1),
+                # Rows with nothing allowed (only behind an out-of-sector prefix) are left
+                # unmasked for the softmax, then set to -inf: no NaN values or gradients.
+                softmax_fill=~allowed & any_allowed,
+                out_fill=~allowed,
+            )
+
+        return self._from_tokens(tokens, "amplitude", make)
+
+    def _spins(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The phase MLP's input: the +/-1 spin-orbital occupations (n, 2L) of ``tokens``."""
+
+        def make() -> torch.Tensor:
+            occ = torch.stack((tokens & 1, tokens >> 1), dim=-1).reshape(len(tokens), -1)
+            return (2 * occ - 1).to(self.dtype)
+
+        return self._from_tokens(tokens, "spins", make)
 
     def _allowed(self, prefix_tokens: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """Allowed-token mask (n, L, 4) for the steps ``step`` (L,) after prefix counts of
@@ -521,23 +594,18 @@ class Ansatz(nn.Module):
             tensor (n, norb, 4); impossible tokens are exactly -inf. Rows after a prefix that
             already left the sector are all -inf.
         """
-        n = tokens.shape[0]
+        work = self._token_work(tokens)
         if tree is not None:
             if tuple(tree.node.shape) != tuple(tokens.shape):
                 raise ValueError(
                     f"tree is of tokens {tuple(tree.node.shape)}, not {tuple(tokens.shape)}: "
                     "pass prefix_tree(tokens)"
                 )
-            logits = self._shared_logits(tokens, tree)
+            logits = self._shared_logits(work.inputs, tree)
         else:
-            start = torch.full((n, 1), 4, dtype=torch.long, device=tokens.device)
-            logits = self._logits(torch.cat((start, tokens[:, :-1]), dim=1))
-        allowed = self._allowed(tokens, torch.arange(self._norb, device=tokens.device))
-        any_allowed = allowed.any(dim=-1, keepdim=True)
-        # Rows with nothing allowed (only behind an out-of-sector prefix) are left unmasked for
-        # the softmax, then set to -inf, so they produce neither NaN values nor NaN gradients.
-        logp = torch.log_softmax(logits.masked_fill(~allowed & any_allowed, -math.inf), dim=-1)
-        return logp.masked_fill(~allowed, -math.inf)
+            logits = self._logits(work.inputs)
+        logp = torch.log_softmax(logits.masked_fill(work.softmax_fill, -math.inf), dim=-1)
+        return logp.masked_fill(work.out_fill, -math.inf)
 
     def log_amplitude(self, tokens: torch.Tensor, tree: PrefixTree | None = None) -> torch.Tensor:
         """``ln|psi| = 1/2 sum_k log p(t_k | t_<k)``, normalised over the sector.
@@ -567,8 +635,7 @@ class Ansatz(nn.Module):
 
     def phase(self, tokens: torch.Tensor) -> torch.Tensor:
         """Phase ``phi`` (n,) from the MLP on the +/-1 spin-orbital occupation vector."""
-        occ = torch.stack((tokens & 1, tokens >> 1), dim=-1).reshape(len(tokens), -1)
-        return self.phase_net((2 * occ - 1).to(self.dtype)).squeeze(-1)
+        return self.phase_net(self._spins(tokens)).squeeze(-1)
 
     def log_psi(
         self, configs: np.ndarray | torch.Tensor, batch_size: int | None = None

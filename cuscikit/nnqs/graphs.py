@@ -58,6 +58,7 @@ import torch
 from torch.autograd.graph import increment_version
 
 from cuscikit.nnqs import aside
+from cuscikit.nnqs.ansatz import PrefixTree, reuse_token_work
 
 __all__ = [
     "InferenceGraph",
@@ -326,7 +327,7 @@ class OptimizerGraph:
         m = src.shape[0]
         tree = None
         if self.shared_prefixes:  # the padding rows repeat row 0: no prefix of their own
-            from cuscikit.nnqs.ansatz import prefix_tree
+            from cuscikit.nnqs.ansatz import prefix_tree  # looked up at call time (tests spy)
 
             tree = prefix_tree(tokens)
         key = self.key_for(n, m, inner_steps, teacher is not None, len(tree.first) if tree else 0)
@@ -491,8 +492,9 @@ class OptimizerGraph:
 
     def _body(self, apply: bool) -> None:
         """The recorded work; with ``apply=False`` only the gradients (warm-up). The passes'
-        parameter gradients run beside them on a second stream (`aside`; `_grads` joins)."""
-        with aside.gradients_aside():
+        parameter gradients run beside them on a second stream (`aside`; `_grads` joins), and
+        what they compute from S's tokens alone is computed once (`reuse_token_work`)."""
+        with aside.gradients_aside(), reuse_token_work():
             self._steps(apply)
 
     def _steps(self, apply: bool) -> None:
@@ -501,8 +503,6 @@ class OptimizerGraph:
         tok, mask, hd = b["tok"], b["mask"], b["hd"]
         valid = mask > 0
         if self.shared_prefixes:
-            from cuscikit.nnqs.ansatz import PrefixTree
-
             tree = PrefixTree(b["node"], b["first"])
 
             def log_psi(t):

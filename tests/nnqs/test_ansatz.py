@@ -450,3 +450,50 @@ def test_amplitude_over_shared_prefixes_equals_the_module(dtype, tol):
             psi.log_amplitude(tok[:5], tree=prefix_tree(tok[:6]))
         none = tok[:0]
         assert psi.log_amplitude(none, tree=prefix_tree(none)).shape == (0,)
+
+
+def test_reuse_token_work_computes_the_masks_once_and_changes_nothing(monkeypatch):
+    """Inside `reuse_token_work`, passes over the same token tensor compute the masks and the
+    phase input once; ln psi and every parameter gradient are bitwise those of plain passes;
+    a write into the tokens, another tensor, or leaving the context computes them again."""
+    from cuscikit.nnqs.ansatz import reuse_token_work
+
+    psi = Ansatz(6, (3, 2), seed=1, dtype=torch.float64, **SMALL)
+    _scramble(psi)
+    tok = psi.tokens(all_determinants(6, (3, 2)))
+    calls = []
+    allowed = Ansatz._allowed
+
+    def spy(self, *args):
+        calls.append(1)
+        return allowed(self, *args)
+
+    monkeypatch.setattr(Ansatz, "_allowed", spy)
+
+    def pass_(t):
+        out = psi._log_psi_tokens(t)
+        loss = (out.real * torch.linspace(-1, 1, len(t), dtype=out.real.dtype)).sum()
+        return out.detach(), torch.autograd.grad(loss + out.imag.sum(), list(psi.parameters()))
+
+    plain = [pass_(tok) for _ in range(3)]
+    assert len(calls) == 3
+    calls.clear()
+    with reuse_token_work():
+        reused = [pass_(tok) for _ in range(3)]
+        assert len(calls) == 1
+        other = tok.clone()
+        pass_(other)
+        assert len(calls) == 2  # another tensor: its own masks
+        tok[[0, 1]] = tok[[1, 0]]  # written in place: computed again, from the new rows
+        swapped, _ = pass_(tok)
+        assert len(calls) == 3
+        tok[[0, 1]] = tok[[1, 0]]
+    for (a, ga), (b, gb) in zip(plain, reused, strict=True):
+        assert torch.equal(a, b)
+        assert all(torch.equal(x, y) for x, y in zip(ga, gb, strict=True))
+    first = plain[0][0]
+    assert torch.equal(swapped[[1, 0]], first[:2]) and torch.equal(swapped[2:], first[2:])
+    calls.clear()
+    pass_(tok)
+    pass_(tok)
+    assert len(calls) == 2  # outside the context nothing is kept

@@ -370,3 +370,33 @@ def test_shared_prefix_training_option():
     r = make_runner()
     with pytest.raises(ValueError, match="shared_prefixes must be True or False"):
         OptimizerGraph(r.ansatz, r.optimizer, shared_prefixes=1)
+
+
+def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
+    """The stage's 1 + inner passes over S compute the masks and the phase input of S's
+    tokens once (`reuse_token_work`), not once a pass."""
+    runner = make_runner(inner_steps=3, teacher=0)
+    runner.run(1, progress=False)
+    S = runner.space.configs
+    res = runner._pipeline.run(S, runner.topk)
+    psi = torch.as_tensor(res.psi_s)
+    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
+    de = torch.zeros(len(S), dtype=torch.complex128)
+    calls, passes = [], []
+    allowed, log_psi_tokens = Ansatz._allowed, Ansatz._log_psi_tokens
+
+    def spy(self, *args):
+        calls.append(1)
+        return allowed(self, *args)
+
+    def spy_pass(self, tokens, tree=None):
+        passes.append(1)
+        return log_psi_tokens(self, tokens, tree)
+
+    monkeypatch.setattr(Ansatz, "_allowed", spy)
+    monkeypatch.setattr(Ansatz, "_log_psi_tokens", spy_pass)
+    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 3)
+    assert len(passes) == 4 and len(calls) == 1
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 3)
+    assert len(passes) == 8 and len(calls) == 2  # once per stage
