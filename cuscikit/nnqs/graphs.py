@@ -66,6 +66,7 @@ __all__ = [
     "bucket",
     "record",
     "saved_bytes_per_row",
+    "spread_rows",
     "unsupported_reason",
 ]
 
@@ -214,6 +215,24 @@ def unsupported_reason(ansatz, optimizer) -> str | None:
     return None
 
 
+def spread_rows(src: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """An order of the pairs with rows ``src`` (m,) in ``[0, n_rows)`` that takes every row's
+    first pair, then every row's second pair, and so on: the local energies' ``index_add_``
+    then has consecutive threads add into different rows. In the order the pipeline gives
+    (by row) a warp's 32 atomic additions all go to one address and run one after another.
+    The sums are the same up to the order of their terms.
+
+    Example:
+        >>> spread_rows(torch.tensor([0, 0, 0, 1, 2, 2]), 3).tolist()
+        [0, 3, 4, 1, 5, 2]
+    """
+    src = src.to(torch.long)
+    by_row = torch.argsort(src, stable=True)
+    rows = src[by_row]
+    rank = torch.arange(len(rows), device=src.device) - torch.searchsorted(rows, rows)
+    return by_row[torch.argsort(rank * n_rows + rows, stable=True)]
+
+
 class OptimizerGraph:
     """The optimiser stage (the iteration's AdamW step plus the inner steps) replayed as one
     CUDA graph per size bucket. See the module docstring.
@@ -347,9 +366,10 @@ class OptimizerGraph:
         b["w0"].zero_()[:n].copy_(torch.as_tensor(w).to(dev))
         b["de0"].zero_()[:n].copy_(torch.as_tensor(de).to(dev))
         b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(dev))
-        b["src"].zero_()[:m].copy_(src)
-        b["dst"].zero_()[:m].copy_(dst)
-        b["val"].zero_()[:m].copy_(val)
+        order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
+        b["src"].zero_()[:m].copy_(src[order])
+        b["dst"].zero_()[:m].copy_(dst[order])
+        b["val"].zero_()[:m].copy_(val[order])
         b["lr"].fill_(float(self.optimizer.param_groups[0]["lr"]))
         b["step"].fill_(step)
         if teacher is not None:

@@ -400,3 +400,27 @@ def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
     assert len(passes) == 4 and len(calls) == 1
     stage.run(S, w, de, res.hdiag, res.space_pairs, 3)
     assert len(passes) == 8 and len(calls) == 2  # once per stage
+
+
+def test_spread_rows_takes_one_pair_of_each_row_per_round():
+    """`spread_rows` is a permutation that lists round r = the r-th pair (in the given order)
+    of every row with more than r pairs, rows ascending: within a round no row repeats, so
+    consecutive additions go to different rows."""
+    from cuscikit.nnqs.graphs import spread_rows
+
+    gen = np.random.default_rng(3)
+    for n, m in ((1, 7), (6, 40), (50, 1000), (9, 0)):
+        src = torch.as_tensor(np.sort(gen.integers(0, n, m)))
+        order = spread_rows(src, n)
+        assert sorted(order.tolist()) == list(range(m))
+        expected, rank = [], {}
+        for i, r in enumerate(src.tolist()):
+            expected.append((rank.get(r, 0), r, i))
+            rank[r] = rank.get(r, 0) + 1
+        assert order.tolist() == [i for _, _, i in sorted(expected)]
+        rows = src[order].tolist()
+        steps = [b <= a for a, b in zip(rows[:-1], rows[1:], strict=True)]
+        rounds = np.cumsum([0, *steps])[:m].tolist()
+        assert len(set(zip(rounds, rows, strict=True))) == m  # no row twice a round
+        shuffled = torch.as_tensor(gen.permutation(m))
+        assert spread_rows(src[shuffled], n).numel() == m
