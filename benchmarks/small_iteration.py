@@ -12,7 +12,7 @@ first few dozen iterations, and against the eager path's own spread after that.
     python benchmarks/small_iteration.py [--systems N2 Hubbard-10-chain-U4] [--iterations 200]
         [--from 20] [--float64] [--options '{"growth": "weight"}']
         [--variants eager graph graph-teacher0 graph-torch-ops ...] [--profile]
-        [--profile-levers] [--profile-compile]
+        [--profile-compile]
         [--attn-warps {1,2,4,8}]
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
@@ -33,7 +33,9 @@ whose sorted S shares long prefixes.
 
 ``graph-aside`` (and ``graph-teacher0-aside``) run the recorded stage's parameter gradients on a
 second stream beside the pass (`cuscikit.nnqs.aside`, ``aside.ENABLED = True``) instead of the
-pass's own stream: before/after in one process (``--variants graph graph-aside``).
+pass's own stream; ``graph-phase`` its phase MLP on a stream of its own beside the transformer
+(``aside.PHASE = True``), ``graph-aside-phase`` both: before/after in one process
+(``--variants graph graph-aside graph-phase graph-aside-phase``).
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -49,10 +51,9 @@ inputs; the stage is then replayed 20 times (wall milliseconds per stage) and on
 torch.profiler: kernels per stage and per pass (forward, backward and AdamW over S), their
 summed GPU time and the GPU span of the replay, the costliest kernels; and the iteration that
 supplied the inputs as a whole: kernels, GPU time, host synchronisations.
-With --profile-levers and --profile-compile the same for two levers recorded in the stage
-through `OptimizerGraph(log_psi=...)`, with the seconds their first call took (compilation,
-warm-up and recording): the phase MLP on a second stream beside the transformer, and a
-`torch.compile`d ln psi.
+With --profile-compile the same for a `torch.compile`d ln psi recorded in the stage through
+`OptimizerGraph(log_psi=...)`, with the seconds its first call took (compilation, warm-up and
+recording). (The phase MLP on a stream of its own is the variant ``graph-phase``.)
 The replays apply their AdamW steps: the profile comes after the timed run.
 
 --kernels: only the Triton training kernels at the model's shapes (--kernel-rows sequences,
@@ -114,6 +115,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # (``aside.ENABLED = True``; by default they stay on the pass's own stream)
     "graph-aside": {"graphs": True, "aside": True},
     "graph-teacher0-aside": {"graphs": True, "teacher": 0, "aside": True},
+    # the phase MLP on a stream of its own beside the transformer (``aside.PHASE = True``)
+    "graph-phase": {"graphs": True, "aside_phase": True},
+    "graph-aside-phase": {"graphs": True, "aside": True, "aside_phase": True},
 }
 
 
@@ -130,6 +134,7 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
     aside.ENABLED = options.pop("aside", False)
+    aside.PHASE = options.pop("aside_phase", False)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -263,9 +268,9 @@ def _profile_stage(label: str, fn, passes: int) -> list:
     ]
 
 
-def profile_run(runner, compile_too: bool, levers: bool = False) -> list:
+def profile_run(runner, compile_too: bool) -> list:
     """The profile rows of `--profile` for a run whose optimiser stage was recorded (with
-    `levers`, the phase MLP on a second stream too)."""
+    `compile_too`, a compiled ln psi's too)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -312,8 +317,6 @@ def profile_run(runner, compile_too: bool, levers: bool = False) -> list:
     passes = 1 + int(args[5])  # the iteration's step and its inner steps
     rows = [_profile_stage("recorded stage", lambda: stage.run(*args, **kw), passes)]
     variants = []
-    if levers:
-        variants.append(("phase MLP on a second stream", lambda: _phase_aside(runner.ansatz)))
     if compile_too:
         variants.append(("compiled ln psi", lambda: torch.compile(runner.ansatz._log_psi_tokens)))
     for label, make in variants:
@@ -328,23 +331,6 @@ def profile_run(runner, compile_too: bool, levers: bool = False) -> list:
         except Exception as exc:  # noqa: BLE001 - a lever that cannot be recorded is a result
             print(f"# {label}: failed: {type(exc).__name__}: {exc}", flush=True)
     return rows
-
-
-def _phase_aside(ansatz):
-    """ln psi with the phase MLP on a second stream, beside the transformer (its backward runs
-    there too): what overlapping the two branches inside the recorded stage would gain."""
-    side = torch.cuda.Stream()
-
-    def log_psi(tokens):
-        here = torch.cuda.current_stream()
-        side.wait_stream(here)
-        with torch.cuda.stream(side):
-            phase = ansatz.phase(tokens)
-        amp = ansatz.log_amplitude(tokens)
-        here.wait_stream(side)
-        return torch.complex(amp, phase.to(amp.dtype))
-
-    return log_psi
 
 
 # the block and amplitude kernels' launch settings in `kernel_times`: rows of a program,
@@ -496,7 +482,6 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["eager", "graph"], choices=list(VARIANTS))
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-compile", action="store_true")
-    ap.add_argument("--profile-levers", action="store_true")
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
@@ -562,8 +547,8 @@ def main():
                 ]
             )
             print(rows[-1], flush=True)
-            if args.profile or args.profile_compile or args.profile_levers:
-                for prow in profile_run(runner, args.profile_compile, args.profile_levers):
+            if args.profile or args.profile_compile:
+                for prow in profile_run(runner, args.profile_compile):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
         if args.history_out:  # for --reference in another process (another package)

@@ -668,8 +668,12 @@ class Ansatz(nn.Module):
         return torch.cat(parts)
 
     def _log_psi_tokens(self, tokens: torch.Tensor, tree: PrefixTree | None = None) -> torch.Tensor:
+        side = aside.branch_stream(tokens)  # in the recorded stage with aside.PHASE: a stream
+        with aside.branch(side, tokens):  # the phase MLP beside the transformer, both ways
+            phase = self.phase(tokens)
         amp = self.log_amplitude(tokens, tree)
-        return torch.complex(amp, self.phase(tokens).to(amp.dtype))  # one dtype under autocast
+        aside.merge(side, phase)
+        return torch.complex(amp, phase.to(amp.dtype))  # one dtype under autocast
 
     def forward(
         self, configs: np.ndarray | torch.Tensor, batch_size: int | None = None

@@ -10,14 +10,18 @@ kernels. Within `gradients_aside`, the training pass's linear layers (`linear`),
 onto a second stream; `join` makes the current stream wait for that stream (in a recorded CUDA
 graph the forks and the join become parallel branches).
 
+With ``PHASE`` as well, the pass's phase MLP (`branch_stream`, `branch`, `merge`) runs on a
+third stream, forward and backward (autograd runs a backward function on the stream of its
+forward), beside the transformer: the two parts of ln psi meet only in the complex sum.
+
 Only for callers that take the gradients with `torch.autograd.grad` and call `join` before
 reading them (`cuscikit.nnqs.graphs.OptimizerGraph`): a ``.backward()`` would accumulate the
 gradients on the current stream without waiting. Tensors read on the second stream are held
 until `join`, so their memory is not reused while it is still being read. The arithmetic is
 that of `torch.nn.functional.linear` and `torch.nn.functional.embedding` (the same products
 and sums; the token embedding's gradient as a one-hot product instead of a sort, so float64
-agrees to rounding). Off by default (``ENABLED = False``: everything on one stream) until it
-is measured on a GPU; ``ENABLED = True`` turns it on.
+agrees to rounding). Off by default (``ENABLED = False``, ``PHASE = False``: everything on one
+stream) until it is measured on a GPU; setting them True turns each on.
 
 Example (needs a CUDA GPU):
     >>> import torch
@@ -38,16 +42,35 @@ import threading
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ENABLED", "embed", "fork", "gradients_aside", "join", "linear", "stream_for"]
+__all__ = [
+    "ENABLED",
+    "PHASE",
+    "branch",
+    "branch_stream",
+    "embed",
+    "fork",
+    "gradients_aside",
+    "join",
+    "linear",
+    "merge",
+    "stream_for",
+]
 
 #: True: the recorded stage's parameter gradients run on the second stream (benchmarks compare
 #: both; off until measured on a GPU).
 ENABLED = False
-_local = threading.local()  # .depth: nesting of `gradients_aside` in this thread
-_streams: dict[torch.device, torch.cuda.Stream] = {}  # the second stream of each device
-# per device: tensors read on its second stream, kept until its `join` (ranks in threads each
-# have their own device; the autograd engine runs CUDA backward functions on its own threads)
+#: True: the recorded stage's phase MLP runs on a stream of its own, beside the transformer.
+PHASE = False
+# .depth: nesting of `gradients_aside` in this thread; .devices: the devices its passes used;
+# .off: inside a `branch` (its work keeps to the branch's stream)
+_local = threading.local()
+# the side streams of each device, by role ("gradients", "phase")
+_streams: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
+# per device: tensors read on its side streams, kept until its `join` (ranks in threads each
+# have their own device; the autograd engine runs CUDA backward functions on its own threads),
+# and the side streams forked since its last `join`
 _held: dict[torch.device, list[torch.Tensor]] = {}
+_pending: dict[torch.device, list[torch.cuda.Stream]] = {}
 _lock = threading.Lock()
 
 
@@ -69,19 +92,27 @@ def gradients_aside():
                 join(dev)
 
 
-def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
-    """The second stream for a pass over ``x`` inside `gradients_aside` (a CUDA tensor, a
-    gradient being recorded, not inside `torch.compile`); None otherwise."""
-    if not (ENABLED and getattr(_local, "depth", 0) and x.is_cuda and torch.is_grad_enabled()):
+def _side(x: torch.Tensor, switch: bool, role: str) -> torch.cuda.Stream | None:
+    """The ``role`` side stream of ``x``'s device for a pass inside `gradients_aside` (switch
+    on, a CUDA tensor, a gradient being recorded, not inside a `branch` or `torch.compile`);
+    None otherwise."""
+    if not (switch and getattr(_local, "depth", 0) and x.is_cuda and torch.is_grad_enabled()):
         return None
-    if torch.compiler.is_compiling():
+    if getattr(_local, "off", False) or torch.compiler.is_compiling():
         return None
-    s = _streams.get(x.device)
+    s = _streams.get((x.device, role))
     if s is None:
         with _lock:
-            s = _streams.setdefault(x.device, torch.cuda.Stream(device=x.device))
+            s = _streams.setdefault((x.device, role), torch.cuda.Stream(device=x.device))
     _local.devices.add(x.device)
     return s
+
+
+def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The second stream for the parameter gradients of a pass over ``x`` inside
+    `gradients_aside` (``ENABLED``, a CUDA tensor, a gradient being recorded, not inside a
+    `branch` or `torch.compile`); None otherwise."""
+    return _side(x, ENABLED, "gradients")
 
 
 def fork(stream: torch.cuda.Stream | None, *tensors: torch.Tensor):
@@ -94,23 +125,70 @@ def fork(stream: torch.cuda.Stream | None, *tensors: torch.Tensor):
     stream.wait_stream(torch.cuda.current_stream(stream.device))
     with _lock:
         _held.setdefault(stream.device, []).extend(tensors)
+        pending = _pending.setdefault(stream.device, [])
+        if not any(p is stream for p in pending):
+            pending.append(stream)
     return torch.cuda.stream(stream)
 
 
 def join(device: torch.device | str) -> None:
-    """The current stream of ``device`` waits for the parameter gradients queued on its second
-    stream; the tensors they read are released. A no-op on a device without one."""
+    """The current stream of ``device`` waits for the work queued on its side streams since
+    the last join (parameter gradients, a phase branch); the tensors they read are released.
+    A no-op on a device without such work."""
     dev = torch.device(device)
-    if dev.type != "cuda" or not _streams:
+    if dev.type != "cuda" or not _pending:
         return
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    s = _streams.get(dev)
-    if s is None:
-        return
-    torch.cuda.current_stream(s.device).wait_stream(s)
     with _lock:
-        _held.pop(s.device, None)
+        pending = _pending.pop(dev, [])
+    here = torch.cuda.current_stream(dev)
+    for s in pending:  # only streams forked since: a wait on one outside a recording is invalid
+        here.wait_stream(s)
+    with _lock:
+        _held.pop(dev, None)
+
+
+def branch_stream(x: torch.Tensor) -> torch.cuda.Stream | None:
+    """The stream for a branch of a pass over ``x`` (the phase MLP) inside `gradients_aside`
+    with ``PHASE``; None otherwise (the branch then stays on the current stream)."""
+    return _side(x, PHASE, "phase")
+
+
+@contextlib.contextmanager
+def branch(stream: torch.cuda.Stream | None, *tensors: torch.Tensor):
+    """Queue the forward work of a branch of the pass on ``stream`` after the work queued so
+    far (its backward follows it there); ``tensors`` are held until `join`. Within, layers
+    keep their parameter gradients on the branch's own stream. `merge` brings the branch's
+    result back. ``stream=None``: nothing changes.
+
+    Example (the phase MLP beside the amplitude, `cuscikit.Ansatz`):
+        >>> side = branch_stream(tokens)                          # doctest: +SKIP
+        >>> with branch(side, tokens):                            # doctest: +SKIP
+        ...     phase = ansatz.phase(tokens)
+        >>> amp = ansatz.log_amplitude(tokens)                    # doctest: +SKIP
+        >>> merge(side, phase)                                    # doctest: +SKIP
+    """
+    if stream is None:
+        yield
+        return
+    saved = getattr(_local, "off", False)
+    with fork(stream, *tensors):
+        _local.off = True
+        try:
+            yield
+        finally:
+            _local.off = saved
+
+
+def merge(stream: torch.cuda.Stream | None, *results: torch.Tensor) -> None:
+    """The current stream waits for the forward work of `branch` on ``stream``, whose
+    ``results`` it reads next (held until `join`). A no-op for ``stream=None``."""
+    if stream is None:
+        return
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    with _lock:
+        _held.setdefault(stream.device, []).extend(results)
 
 
 class _Linear(torch.autograd.Function):

@@ -98,21 +98,27 @@ def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
 
 
 @pytest.mark.parametrize("name", ["N2", "Hubbard-6-ring-U4"])
-def test_gradients_aside_leave_the_recorded_stage_unchanged(name, monkeypatch):
-    """The recorded stage with its parameter gradients on a second stream (`aside`) against
-    the same stage on one stream (the default): energies, losses and weights to 1e-10 over
-    30 iterations with the teacher's 16 inner steps, and the second stream was used."""
+@pytest.mark.parametrize("switches", [(True, False), (False, True), (True, True)])
+def test_gradients_aside_leave_the_recorded_stage_unchanged(name, switches, monkeypatch):
+    """The recorded stage with its parameter gradients on a second stream and/or its phase
+    MLP on a third (`aside.ENABLED`, `aside.PHASE`) against the same stage on one stream (the
+    default, recorded after them: side streams that exist but take no work are not waited
+    on): energies, losses and weights to 1e-10 over 30 iterations with the teacher's 16 inner
+    steps; the side streams were used and every read released at its join."""
     from cuscikit.nnqs import aside
 
     decay = LearningRateDecay(start=10, end=30, final_lr=1e-4)
     kw = dict(graphs=True, teacher=1.0, teacher_until=20, teacher_hold=0.0)
-    monkeypatch.setattr(aside, "ENABLED", False)
     aside._streams.clear()
-    one = _runner(name, **kw).run(30, [decay], progress=False)
-    assert not aside._streams
-    monkeypatch.setattr(aside, "ENABLED", True)
+    monkeypatch.setattr(aside, "ENABLED", switches[0])
+    monkeypatch.setattr(aside, "PHASE", switches[1])
     two = _runner(name, **kw).run(30, [decay], progress=False)
-    assert aside._streams and not aside._held  # used, and every read released at its join
+    roles = {"gradients": switches[0], "phase": switches[1]}
+    assert {role for _, role in aside._streams} == {r for r, on in roles.items() if on}
+    assert not aside._held and not aside._pending
+    monkeypatch.setattr(aside, "ENABLED", False)
+    monkeypatch.setattr(aside, "PHASE", False)
+    one = _runner(name, **kw).run(30, [decay], progress=False)
     assert one._graph_stage.replays == two._graph_stage.replays == 30
     _assert_same_runs(one, two, 1e-10)
 
@@ -151,7 +157,7 @@ def test_aside_functions_in_a_recorded_graph(monkeypatch):
         return grads
 
     graph, out = record(pass_aside)
-    assert aside._streams
+    assert aside._streams and not aside._pending
     for _ in range(4):
         inputs.copy_(torch.randint(0, 5, inputs.shape, device=dev, generator=g))
         up.normal_(generator=g)

@@ -56,13 +56,20 @@ def test_embed_function_gradcheck_and_values():
     torch.testing.assert_close(gt, want, rtol=0, atol=1e-13)
 
 
-def test_cpu_passes_keep_one_stream():
-    """On the CPU `gradients_aside` changes nothing: no second stream, `join` a no-op."""
+def test_cpu_passes_keep_one_stream(monkeypatch):
+    """On the CPU `gradients_aside` changes nothing, switches on or off: no side stream, a
+    branch runs in place, `merge` and `join` are no-ops."""
+    monkeypatch.setattr(aside, "ENABLED", True)
+    monkeypatch.setattr(aside, "PHASE", True)
     x = torch.zeros(3, 2, requires_grad=True)
     with aside.gradients_aside():
-        assert aside.stream_for(x) is None
+        assert aside.stream_for(x) is None and aside.branch_stream(x) is None
+        with aside.branch(None, x):
+            y = x * 2
+        aside.merge(None, y)
         aside.join("cpu")
-    assert aside.stream_for(x) is None
+    assert aside.stream_for(x) is None and aside.branch_stream(x) is None
+    assert not aside._held and not aside._pending
 
 
 def test_ansatz_gradient_through_the_functions(monkeypatch):
