@@ -31,11 +31,12 @@ the H200 for the N2 shapes).
 (`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,
 whose sorted S shares long prefixes.
 
-``graph-aside`` (and ``graph-teacher0-aside``) run the recorded stage's parameter gradients on a
-second stream beside the pass (`cuscikit.nnqs.aside`, ``aside.ENABLED = True``) instead of the
-pass's own stream; ``graph-phase`` its phase MLP on a stream of its own beside the transformer
-(``aside.PHASE = True``), ``graph-aside-phase`` both: before/after in one process
-(``--variants graph graph-aside graph-phase graph-aside-phase``).
+By default the recorded stage runs its parameter gradients on a second stream beside the pass
+and its phase MLP on a third (`cuscikit.nnqs.aside`, ``aside.ENABLED`` and ``aside.PHASE``);
+``graph-one-stream`` (and ``graph-teacher0-one-stream``) keep everything on the pass's own
+stream, ``graph-aside`` only the parameter gradients beside it, ``graph-phase`` only the phase
+MLP: before/after in one process (``--variants graph graph-one-stream graph-aside
+graph-phase``).
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -111,14 +112,19 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # (`Runner(shared_prefix_training=True)`)
     "graph-shared": {"graphs": True, "shared_prefix_training": True},
     "eager-shared": {"graphs": False, "shared_prefix_training": True},
-    # the recorded stage with its parameter gradients beside the pass on a second stream
-    # (``aside.ENABLED = True``; by default they stay on the pass's own stream)
-    "graph-aside": {"graphs": True, "aside": True},
-    "graph-teacher0-aside": {"graphs": True, "teacher": 0, "aside": True},
-    # the phase MLP on a stream of its own beside the transformer (``aside.PHASE = True``)
-    "graph-phase": {"graphs": True, "aside_phase": True},
-    "graph-aside-phase": {"graphs": True, "aside": True, "aside_phase": True},
+    # the recorded stage on one stream (``aside.ENABLED = aside.PHASE = False``), with only
+    # its parameter gradients on a second stream, with only its phase MLP on another
+    "graph-one-stream": {"graphs": True, "aside": False, "aside_phase": False},
+    "graph-teacher0-one-stream": {
+        "graphs": True,
+        "teacher": 0,
+        "aside": False,
+        "aside_phase": False,
+    },
+    "graph-aside": {"graphs": True, "aside": True, "aside_phase": False},
+    "graph-phase": {"graphs": True, "aside": False, "aside_phase": True},
 }
+_SIDE_STREAMS = (aside.ENABLED, aside.PHASE)  # the defaults
 
 
 def load_system(name: str):
@@ -133,8 +139,8 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
-    aside.ENABLED = options.pop("aside", False)
-    aside.PHASE = options.pop("aside_phase", False)
+    aside.ENABLED = options.pop("aside", _SIDE_STREAMS[0])
+    aside.PHASE = options.pop("aside_phase", _SIDE_STREAMS[1])
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
