@@ -29,6 +29,18 @@ def make_runner(name="LiH", **kw):
     return Runner(mol, ansatz, seed=0, **kw)
 
 
+def stage_inputs(inner_steps):
+    """A LiH runner after one iteration, its S, weights |psi|^2 / sum |psi|^2, zero local-energy
+    offsets and the pipeline's result over S: the inputs of one optimiser stage."""
+    runner = make_runner(inner_steps=inner_steps, teacher=0)
+    runner.run(1, progress=False)
+    S = runner.space.configs
+    res = runner._pipeline.run(S, runner.topk)
+    psi = torch.as_tensor(res.psi_s)
+    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
+    return runner, S, w, torch.zeros(len(S), dtype=torch.complex128), res
+
+
 def with_body(runner):
     """Route the runner's optimiser stage through the graph body, run without capturing."""
     runner._graphs_reason = lambda: None
@@ -246,13 +258,7 @@ def test_a_replay_counts_as_a_write_of_the_weights():
     do not move); the stage counts the write itself, so a cache keyed on the counters (the
     fused inference's packed weights) refreshes. Here the replay is a stand-in that changes
     the weights through ``.data`` (which, like a replay, leaves the counters alone)."""
-    runner = make_runner(inner_steps=1, teacher=0)
-    runner.run(1, progress=False)
-    S = runner.space.configs
-    res = runner._pipeline.run(S, runner.topk)
-    psi = torch.as_tensor(res.psi_s)
-    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
-    de = torch.zeros(len(S), dtype=torch.complex128)
+    runner, S, w, de, res = stage_inputs(inner_steps=1)
     params = list(runner.ansatz.parameters())
     stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
     stage.use_graph = True
@@ -375,13 +381,7 @@ def test_shared_prefix_training_option():
 def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
     """The stage's 1 + inner passes over S compute the masks and the phase input of S's
     tokens once (`reuse_token_work`), not once a pass."""
-    runner = make_runner(inner_steps=3, teacher=0)
-    runner.run(1, progress=False)
-    S = runner.space.configs
-    res = runner._pipeline.run(S, runner.topk)
-    psi = torch.as_tensor(res.psi_s)
-    w = psi.abs() ** 2 / (psi.abs() ** 2).sum()
-    de = torch.zeros(len(S), dtype=torch.complex128)
+    runner, S, w, de, res = stage_inputs(inner_steps=3)
     calls, passes = [], []
     allowed, log_psi_tokens = Ansatz._allowed, Ansatz._log_psi_tokens
 
