@@ -512,8 +512,9 @@ class OptimizerGraph:
 
     def _body(self, apply: bool) -> None:
         """The recorded work; with ``apply=False`` only the gradients (warm-up). The passes'
-        parameter gradients run beside them on a second stream (`aside`; `_grads` joins), and
-        what they compute from S's tokens alone is computed once (`reuse_token_work`)."""
+        parameter gradients run beside them on a second stream and their phase MLP on a third
+        (`aside`; `_grads` joins), and what they compute from S's tokens alone is computed
+        once (`reuse_token_work`)."""
         with aside.gradients_aside(self.device), reuse_token_work():
             self._steps(apply)
 
