@@ -12,7 +12,8 @@ alone (embedding, blocks, final LayerNorm and head); one block; its attention su
 MLP sublayer; the phase MLP; the token-only work of a pass (masks and the phase MLP's input);
 a flat AdamW step over all parameters. The whole ln psi, the block and the phase MLP are
 timed again with their parameter gradients on a second stream beside the pass
-(`cuscikit.nnqs.aside`, as the recorded stage runs them with ``aside.ENABLED``). `--tf32`
+(`cuscikit.nnqs.aside`, as the recorded stage runs them with ``aside.ENABLED``; with
+``aside.PHASE``, the default, the whole ln psi's phase MLP on a third). `--tf32`
 repeats the whole ln psi with TF32 matmuls; `--variants` times the whole ln psi, a block and
 its attention sublayer under other settings of the training kernels (`cuscikit.nnqs.fused_ops`),
 e.g. the attention's warps per program.
