@@ -1,5 +1,5 @@
-"""Parameter gradients beside the backward pass, on a second CUDA stream (and the phase MLP on a
-third).
+"""Parameter gradients beside the backward pass, on side CUDA streams (and the phase MLP on a
+stream of its own).
 
 In the backward pass of a linear layer only the input gradient ``dy @ W`` is on the path the
 rest of the pass waits for; the weight and bias gradients (``dy^T @ x`` and the column sums of
@@ -8,23 +8,25 @@ token rows of width 32) each of these is a kernel of a few microseconds that kee
 mostly idle, so running them one after another on one stream makes the pass a chain of small
 kernels. Within `gradients_aside`, the training pass's linear layers (`linear`), embeddings
 (`embed`) and LayerNorms (`cuscikit.nnqs.fused_ops.layer_norm`) fork their parameter gradients
-onto a second stream; `join` makes the current stream wait for that stream (in a recorded CUDA
-graph the forks and the join become parallel branches).
+onto side streams, layer by layer in turn over `GRADIENT_STREAMS` of them (on one side stream
+the gradients of the pass's 20-odd layers ran one after another and ended well after the pass's
+own backward work); `join` makes the current stream wait for them (in a recorded CUDA graph the
+forks and the join become parallel branches).
 
 With ``PHASE`` as well, the pass's phase MLP (`branch_stream`, `branch`, `merge`) runs on a
-third stream, forward and backward (autograd runs a backward function on the stream of its
+stream of its own, forward and backward (autograd runs a backward function on the stream of its
 forward), beside the transformer: the two parts of ln psi meet only in the complex sum.
 
 Only for callers that take the gradients with `torch.autograd.grad` and call `join` before
 reading them (`cuscikit.nnqs.graphs.OptimizerGraph`): a ``.backward()`` would accumulate the
-gradients on the current stream without waiting. Tensors read on the second stream are held
+gradients on the current stream without waiting. Tensors read on the side streams are held
 until `join`, so their memory is not reused while it is still being read. The arithmetic is
 that of `torch.nn.functional.linear` and `torch.nn.functional.embedding` (the same products
 and sums; the token embedding's gradient as a one-hot product instead of a sort, so float64
 agrees to rounding). Both are on by default: on an H100 they took the default N2/STO-3G
 iteration from 40.60 to 35.95 ms and its recorded stage (five passes) from 11.31 to 9.57 ms
-(docs/performance.md, "Parameter gradients beside the pass"); ``ENABLED = False`` and
-``PHASE = False`` keep everything on one stream.
+(docs/performance.md, "Parameter gradients beside the pass"), with the gradients on one side
+stream; ``ENABLED = False`` and ``PHASE = False`` keep everything on one stream.
 
 The side streams, the tensors they hold and the streams waiting for a join are per device, as
 the autograd engine runs CUDA backward functions on a thread of its own: passes on one device
@@ -64,8 +66,12 @@ __all__ = [
     "stream_for",
 ]
 
-#: True (default): the recorded stage's parameter gradients run on the second stream.
+#: True (default): the recorded stage's parameter gradients run on side streams.
 ENABLED = True
+#: Side streams the parameter gradients take in turn: each layer of a pass (linear layer,
+#: embedding, LayerNorm) gets the next one, so the gradients of consecutive layers run side by
+#: side instead of one after another behind the pass (1: all on one stream).
+GRADIENT_STREAMS = 4
 #: True (default): the recorded stage's phase MLP runs on a stream of its own, beside the
 #: transformer.
 PHASE = True
@@ -85,10 +91,11 @@ _device_locks: dict[torch.device, threading.RLock] = {}  # one stage at a time o
 
 @contextlib.contextmanager
 def gradients_aside(device: torch.device | str | None = None):
-    """Within (in this thread): `stream_for` gives a CUDA training pass the second stream (see
-    the module). The caller calls `join` before reading the gradients; the outermost exit
-    joins every device whose second stream this thread's passes were given. With a CUDA
-    ``device``, other threads' contexts on that device wait until this one is left."""
+    """Within (in this thread): `stream_for` gives a CUDA training pass's layers the gradient
+    streams (see the module). The caller calls `join` before reading the gradients; the
+    outermost exit joins every device whose side streams this thread's passes were given.
+    With a CUDA ``device``, other threads' contexts on that device wait until this one is
+    left."""
     held = contextlib.nullcontext()
     if device is not None and torch.device(device).type == "cuda":
         dev = torch.device(device)
@@ -100,6 +107,7 @@ def gradients_aside(device: torch.device | str | None = None):
         depth = getattr(_local, "depth", 0)
         if not depth:
             _local.devices = set()
+            _local.turn = 0  # every stage hands out the gradient streams in the same order
         _local.depth = depth + 1
         try:
             yield
@@ -127,10 +135,14 @@ def _side(x: torch.Tensor, switch: bool, role: str) -> torch.cuda.Stream | None:
 
 
 def stream_for(x: torch.Tensor) -> torch.cuda.Stream | None:
-    """The second stream for the parameter gradients of a pass over ``x`` inside
+    """The side stream for the parameter gradients of a layer of a pass over ``x`` inside
     `gradients_aside` (``ENABLED``, a CUDA tensor, a gradient being recorded, not inside a
-    `branch` or `torch.compile`); None otherwise."""
-    return _side(x, ENABLED, "gradients")
+    `branch` or `torch.compile`), the next of `GRADIENT_STREAMS` in turn; None otherwise."""
+    turn = getattr(_local, "turn", 0)
+    s = _side(x, ENABLED, f"gradients {turn}")
+    if s is not None:
+        _local.turn = (turn + 1) % max(1, int(GRADIENT_STREAMS))
+    return s
 
 
 def fork(stream: torch.cuda.Stream | None, *tensors: torch.Tensor):
@@ -233,7 +245,7 @@ class _Linear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`torch.nn.functional.linear`, with the weight and bias gradients on the second stream
+    """`torch.nn.functional.linear`, with the weight and bias gradients on a side stream
     inside `gradients_aside` (`stream_for`)."""
     s = stream_for(x)
     if s is None:
@@ -267,7 +279,7 @@ class _Embed(torch.autograd.Function):
 
 def embed(inputs: torch.Tensor, tok_w: torch.Tensor, pos_w: torch.Tensor) -> torch.Tensor:
     """Token plus position embedding of ``inputs`` (..., L): ``tok_w[inputs] + pos_w[:L]``,
-    with the two tables' gradients on the second stream inside `gradients_aside`."""
+    with the two tables' gradients on a side stream inside `gradients_aside`."""
     s = stream_for(tok_w)
     if s is None:
         length = inputs.shape[-1]

@@ -121,10 +121,11 @@ def _next_stage(runner) -> dict:
 
 @pytest.mark.parametrize("name", ["N2", "Hubbard-6-ring-U4"])
 def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
-    """A run with the defaults uses both side streams (`aside.ENABLED`, `aside.PHASE`) and
-    releases every read at its joins. Then one recorded stage of that run (the teacher's 16
-    inner steps, 17 passes), from the same weights and AdamW state, with the parameter
-    gradients and/or the phase MLP on their side streams: the weights after it equal those of
+    """A run with the defaults uses the side streams (`aside.ENABLED` over
+    `aside.GRADIENT_STREAMS` streams, `aside.PHASE`) and releases every read at its joins.
+    Then one recorded stage of that run (the teacher's 16 inner steps, 17 passes), from the
+    same weights and AdamW state, with the parameter gradients (on one side stream or in turn
+    on four) and/or the phase MLP on their side streams: the weights after it equal those of
     the stage on one stream to 1e-10, and so do the loss and flags (a missing fork or join
     reads gradients before they are written). Whole runs are not compared: with the teacher's
     inner steps two runs of the same path part from iteration 10 at 1e-8 (N2) and from
@@ -138,15 +139,24 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
     aside._streams.clear()
     runner = _runner(name, teacher_inner_steps=16, **kw)
     runner.run(4, progress=False)
-    assert aside.ENABLED and aside.PHASE  # the defaults
-    assert {role for _, role in aside._streams} == {"gradients", "phase"}
+    assert aside.ENABLED and aside.PHASE and aside.GRADIENT_STREAMS == 4  # the defaults
+    roles = {role for _, role in aside._streams}
+    assert roles == {"phase"} | {f"gradients {i}" for i in range(4)}
     assert not aside._held and not aside._pending
     seen = _next_stage(runner)
     assert seen["args"][5] == 16
     results = {}
-    for switches in [(False, False), (True, False), (False, True), (True, True)]:
+    for switches in [
+        (False, False, 1),
+        (True, False, 1),
+        (True, False, 4),
+        (False, True, 1),
+        (True, True, 1),
+        (True, True, 4),
+    ]:
         monkeypatch.setattr(aside, "ENABLED", switches[0])
         monkeypatch.setattr(aside, "PHASE", switches[1])
+        monkeypatch.setattr(aside, "GRADIENT_STREAMS", switches[2])
         ansatz = copy.deepcopy(runner.ansatz)
         ansatz.load_state_dict(seen["weights"])
         opt = torch.optim.AdamW(ansatz.parameters())
@@ -156,7 +166,7 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
         assert stage.captures == 1 and stage.replays == 1
         assert not aside._held and not aside._pending
         results[switches] = out, {k: p.detach().clone() for k, p in ansatz.named_parameters()}
-    (loss, *flags), want = results.pop((False, False))
+    (loss, *flags), want = results.pop((False, False, 1))
     assert flags == [True, True]
     moved = max(float((p - seen["weights"][k]).abs().max()) for k, p in want.items())
     assert moved > 1e-6  # the stage moved the weights
@@ -263,6 +273,49 @@ def test_recorded_inference_equals_the_module(dtype):
         assert got.shape == ref.shape and got.dtype == ref.dtype
         assert float((got - ref).abs().max()) <= tol
     assert graph.captures >= 5 and len(graph._graphs) <= graph.max_graphs
+
+
+def test_recorded_inference_writes_an_unchanged_input_once(monkeypatch):
+    """The same input tensor again (the iteration's S while it stays) is not turned into
+    tokens again, yet follows the weights; the tensor changed in place, another tensor of its
+    size, or a call in between are written anew. Every value equals the module's (float64,
+    1e-12)."""
+    from cuscikit.nnqs.graphs import InferenceGraph
+    from cuscikit.sci.configs import all_determinants
+
+    psi = Ansatz(10, (4, 4), seed=3, dtype=torch.float64, device="cuda")
+    x = torch.as_tensor(all_determinants(10, (4, 4))[:500].view(np.int64), device="cuda")
+    calls = []
+    tokens = Ansatz.tokens
+
+    def spy(self, configs):
+        calls.append(1)
+        return tokens(self, configs)
+
+    monkeypatch.setattr(Ansatz, "tokens", spy)
+    graph = InferenceGraph(psi)
+
+    def check(configs, written):
+        before = len(calls)
+        got = graph(configs)
+        with torch.no_grad():
+            ref = psi._log_psi_tokens(tokens(psi, configs))
+        assert float((got - ref).abs().max()) <= 1e-12
+        assert len(calls) - before == written
+
+    check(x, 1)
+    check(x, 0)
+    with torch.no_grad():  # new weights: read by the replay itself
+        for p in psi.parameters():
+            p.mul_(1.01)
+    check(x, 0)
+    y = x.flip(0).clone()
+    check(y, 1)  # another tensor
+    check(x, 1)
+    x[:2] = x[2:4].clone()  # changed in place
+    check(x, 1)
+    check(x[:300], 1)  # a call in between, another bucket
+    check(x, 1)
 
 
 def test_recordings_leave_no_memory_behind():
