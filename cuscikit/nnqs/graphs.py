@@ -52,8 +52,10 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
@@ -233,6 +235,43 @@ def spread_rows(src: torch.Tensor, n_rows: int) -> torch.Tensor:
     return by_row[torch.argsort(rank * n_rows + rows, stable=True)]
 
 
+class _Held(NamedTuple):
+    """What an `OptimizerGraph`'s buffers hold of S (`OptimizerGraph._write_space`): the
+    buffers, rows and prefixes, and the inputs they were written from, a copy of a host array
+    or a weak reference to a tensor with its version counter (so a tensor changed in place,
+    or another tensor, is written again; a weak reference keeps no memory alive)."""
+
+    buf: dict
+    n: int
+    prefixes: int
+    inputs: tuple
+
+    @staticmethod
+    def of(buf, n, prefixes, *inputs) -> _Held:
+        return _Held(buf, n, prefixes, tuple(_Held._mark(a) for a in inputs))
+
+    @staticmethod
+    def _mark(a):
+        if torch.is_tensor(a):
+            return ("tensor", weakref.ref(a), a._version, a.shape)
+        a = np.asarray(a)
+        return ("array", a.copy(), a.dtype, a.shape)
+
+    def holds(self, *inputs) -> bool:
+        """Whether `inputs` are the ones the buffers were written from, unchanged."""
+        for a, (kind, ref, tag, shape) in zip(inputs, self.inputs, strict=True):
+            if kind == "tensor":
+                if not (torch.is_tensor(a) and ref() is a and a._version == tag):
+                    return False
+            elif torch.is_tensor(a):
+                return False
+            else:
+                a = np.asarray(a)
+                if a.dtype != tag or a.shape != shape or not np.array_equal(a, ref):
+                    return False
+        return True
+
+
 class OptimizerGraph:
     """The optimiser stage (the iteration's AdamW step plus the inner steps) replayed as one
     CUDA graph per size bucket. See the module docstring.
@@ -258,6 +297,11 @@ class OptimizerGraph:
         (104, 64, 0)
     """
 
+    #: True: while S, its pairs and its diagonal stay the same inputs, a run writes only the
+    #: per-stage values (weights, offsets, rate, step, teacher) into the buffers; False: all of
+    #: them every run.
+    reuse_inputs = True
+
     def __init__(
         self, ansatz, optimizer, *, use_graph: bool = True, log_psi=None, shared_prefixes=False
     ) -> None:
@@ -277,6 +321,7 @@ class OptimizerGraph:
         self._key = None
         self._graph = None
         self._buf: dict = {}
+        self._held = None  # what the buffers hold of S (`_Held`), while it is the same S
         self.captures = 0  # graphs recorded so far (one per new bucket or new state tensors)
         self.replays = 0
 
@@ -339,42 +384,31 @@ class OptimizerGraph:
         the step count is left alone; otherwise the step count advances by 1 + inner_steps.
         """
         exp_avg, exp_avg_sq, step = self._state()
-        tokens = self.ansatz.tokens(configs)
-        n = tokens.shape[0]
         src, dst, val = pairs if pairs is not None else ((), (), ())
         src, dst, val = (torch.as_tensor(a).to(self.device) for a in (src, dst, val))
         m = src.shape[0]
-        tree = None
-        if self.shared_prefixes:  # the padding rows repeat row 0: no prefix of their own
-            from cuscikit.nnqs.ansatz import prefix_tree  # looked up at call time (tests spy)
-
-            tree = prefix_tree(tokens)
-        key = self.key_for(n, m, inner_steps, teacher is not None, len(tree.first) if tree else 0)
-        if not self._fits(key):
-            self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
+        space = (configs, src, dst, val, hdiag)
+        held = self._held
+        if held is not None and not (held.buf is self._buf and held.holds(*space)):
+            held = self._held = None
+        if held is not None:  # S as the buffers hold it: only the per-stage values are written
+            n = held.n
+            key = self.key_for(n, m, inner_steps, teacher is not None, held.prefixes)
+            if not self._fits(key):  # new buffers (other inner steps, teacher or state)
+                held = self._held = None
+        if held is None:
+            n, prefixes = self._write_space(*space, inner_steps, teacher, exp_avg, exp_avg_sq)
+            if self.reuse_inputs:
+                self._held = _Held.of(self._buf, n, prefixes, *space)
         b = self._buf
-        n_cap = self._key.rows  # the recording's bucket: key's, or a larger one it fits
         dev = self.device
-        b["tok"][:n].copy_(tokens)
-        b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
-        if tree is not None:
-            b["node"][:n].copy_(tree.node)
-            b["node"][n:].copy_(tree.node[:1].expand(n_cap - n, -1))
-            # a padding prefix reads row 0's input and is read by no row: no gradient
-            b["first"].zero_()[: len(tree.first)].copy_(tree.first)
-        b["mask"].zero_()[:n] = 1
-        b["w0"].zero_()[:n].copy_(torch.as_tensor(w).to(dev))
-        b["de0"].zero_()[:n].copy_(torch.as_tensor(de).to(dev))
-        b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(dev))
-        order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
-        b["src"].zero_()[:m].copy_(src[order])
-        b["dst"].zero_()[:m].copy_(dst[order])
-        b["val"].zero_()[:m].copy_(val[order])
+        b["w0"][:n].copy_(torch.as_tensor(w).to(dev))  # the padding rows stay 0
+        b["de0"][:n].copy_(torch.as_tensor(de).to(dev))
         b["lr"].fill_(float(self.optimizer.param_groups[0]["lr"]))
         b["step"].fill_(step)
         if teacher is not None:
             b["tw"].fill_(float(teacher[0]))
-            b["tc"].zero_()[:n].copy_(torch.as_tensor(teacher[1]).to(dev))
+            b["tc"][:n].copy_(torch.as_tensor(teacher[1]).to(dev))
         if self.use_graph:
             if self._graph is None:
                 self._capture()
@@ -398,6 +432,42 @@ class OptimizerGraph:
                 steps = [self.optimizer.state[p]["step"] for p in self.params]
                 torch._foreach_add_(steps, 1 + inner_steps)
         return loss, bad == 0, finite == 1
+
+    def _write_space(
+        self, configs, src, dst, val, hdiag, inner_steps, teacher, exp_avg, exp_avg_sq
+    ) -> tuple[int, int]:
+        """Write what depends on S alone into the buffers (allocated anew when the key does
+        not fit them): the tokens (and prefix tree) padded by row 0, the row mask, the
+        diagonal and the pairs in `spread_rows` order; the per-stage rows zeroed. Returns
+        (rows, prefixes: 0 without `shared_prefixes`)."""
+        tokens = self.ansatz.tokens(configs)
+        n, m = tokens.shape[0], src.shape[0]
+        tree = None
+        if self.shared_prefixes:  # the padding rows repeat row 0: no prefix of their own
+            from cuscikit.nnqs.ansatz import prefix_tree  # looked up at call time (tests spy)
+
+            tree = prefix_tree(tokens)
+        key = self.key_for(n, m, inner_steps, teacher is not None, len(tree.first) if tree else 0)
+        if not self._fits(key):
+            self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
+        b = self._buf
+        n_cap = self._key.rows  # the recording's bucket: key's, or a larger one it fits
+        b["tok"][:n].copy_(tokens)
+        b["tok"][n:].copy_(tokens[:1].expand(n_cap - n, -1))
+        if tree is not None:
+            b["node"][:n].copy_(tree.node)
+            b["node"][n:].copy_(tree.node[:1].expand(n_cap - n, -1))
+            # a padding prefix reads row 0's input and is read by no row: no gradient
+            b["first"].zero_()[: len(tree.first)].copy_(tree.first)
+        b["mask"].zero_()[:n] = 1
+        b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(self.device))
+        order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
+        b["src"].zero_()[:m].copy_(src[order])
+        b["dst"].zero_()[:m].copy_(dst[order])
+        b["val"].zero_()[:m].copy_(val[order])
+        for name in ("w0", "de0", "tc"):  # the rows past n stay 0 while these inputs are held
+            b[name].zero_()
+        return n, len(tree.first) if tree is not None else 0
 
     def _fits(self, key) -> bool:
         """Whether the recorded graph can take a run of `key`: the same inner steps,
@@ -471,7 +541,7 @@ class OptimizerGraph:
     def _grads(self, loss: torch.Tensor) -> list[torch.Tensor]:
         # every parameter has a gradient here (an unused one is an error, not a zero step)
         grads = list(torch.autograd.grad(loss, self.params))
-        aside.join(self.device)  # the gradients computed on the second stream
+        aside.join(self.device)  # the gradients computed on the side streams
         return grads
 
     def _scalars(self) -> dict:
@@ -512,7 +582,7 @@ class OptimizerGraph:
 
     def _body(self, apply: bool) -> None:
         """The recorded work; with ``apply=False`` only the gradients (warm-up). The passes'
-        parameter gradients run beside them on a second stream and their phase MLP on a third
+        parameter gradients run beside them on side streams and their phase MLP on another
         (`aside`; `_grads` joins), and what they compute from S's tokens alone is computed
         once (`reuse_token_work`)."""
         with aside.gradients_aside(self.device), reuse_token_work():
@@ -602,10 +672,21 @@ class InferenceGraph:
             raise ValueError("InferenceGraph needs a cuscikit Ansatz (tokens, _log_psi_tokens)")
         self.ansatz, self.max_graphs = ansatz, int(max_graphs)
         self._graphs: dict[int, tuple] = {}
+        self._held = None  # (the input tensor, weakly, its version, its entry, rows): last written
         self.captures = 0
 
     def __call__(self, configs) -> torch.Tensor:
-        """ln psi (n,) of configurations (as `Ansatz.log_psi`), without gradient."""
+        """ln psi (n,) of configurations (as `Ansatz.log_psi`), without gradient. The tensor
+        of the last call, unchanged, is not written again (the iteration's S while it stays)."""
+        held = self._held
+        if held is not None and held[0]() is configs and held[1] == configs._version:
+            cap = bucket(held[3])
+            if self._graphs.get(cap) is held[2]:
+                self._graphs[cap] = self._graphs.pop(cap)  # most recent last
+                graph, _, out = held[2]
+                graph.replay()
+                return out[: held[3]].clone()
+        self._held = None
         tokens = self.ansatz.tokens(configs)
         n = tokens.shape[0]
         if n == 0:
@@ -619,6 +700,8 @@ class InferenceGraph:
         graph, tok, out = entry
         tok[:n].copy_(tokens)
         tok[n:].copy_(tokens[:1].expand(cap - n, -1))
+        if torch.is_tensor(configs):
+            self._held = (weakref.ref(configs), configs._version, entry, n)
         graph.replay()
         return out[:n].clone()
 

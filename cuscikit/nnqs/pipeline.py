@@ -456,7 +456,7 @@ class Pipeline:
         else:
             self.reused += 1
         lo, hi, S, m, cold, staged = sd.lo, sd.hi, sd.S, sd.m, sd.cold, sd.staged
-        S_loc, n_loc = S[lo:hi], hi - lo
+        S_loc, n_loc = sd.get("S share", lambda: S[lo:hi]), hi - lo  # one tensor while S stays
         L, gd, U = sd.L, sd.gd, sd.U
         offset = int(gd.offsets[comm.rank])
         sloc_in_L, in_space_U, in_space_L = sd.sloc_in_L, sd.in_space_U, sd.in_space_L
@@ -478,8 +478,8 @@ class Pipeline:
                 if lp_graph is None:
                     with torch.no_grad():
                         lp_graph = self.ansatz.log_psi(S_loc)
-            mine, have, rows = sd.get(("sources in U", order), lambda: self._rest_of_U(sd, order))
-            logpsi[mine[have]] = self._to_engine(lp_graph.detach())[have]
+            into, have, rows = sd.get(("sources in U", order), lambda: self._rest_of_U(sd, order))
+            logpsi[into] = self._to_engine(lp_graph.detach())[have]
         else:
             rows = sd.get(("all of U", order), lambda: self._ordered(U, self._arange(u), order))
         with torch.no_grad():
@@ -579,13 +579,16 @@ class Pipeline:
 
     # ---------------------------------------------------------------------------- helpers
     def _rest_of_U(self, sd: _SpaceData, order: bool):
-        """(rows of this rank's sources in U_r, which of them it owns, the other rows of U_r
-        in inference order): the sources take their ln psi from the pass over S."""
+        """(the rows of U_r holding this rank's sources that it owns, those sources' rows in
+        S's share, the other rows of U_r in inference order): the sources take their ln psi
+        from the pass over S. Indices, not masks, so that a reused S indexes without waiting
+        on the device."""
         mine = self.engine.find(sd.U, sd.S[sd.lo : sd.hi])
-        have = mine >= 0
+        have = self._nonzero(mine >= 0)
+        into = mine[have]
         known = self._zeros_bool(len(sd.U))
-        known[mine[have]] = True
-        return mine, have, self._ordered(sd.U, self._arange(len(sd.U))[~known], order)
+        known[into] = True
+        return into, have, self._ordered(sd.U, self._arange(len(sd.U))[~known], order)
 
     def _ordered(self, U, rows, order: bool):
         """Rows of U in inference order: batches of shared first orbitals for the fused

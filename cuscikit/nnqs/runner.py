@@ -809,8 +809,10 @@ class Runner(Solver):
         a single iteration still runs eagerly when |S| exceeds `graph_space`)."""
         return self._graphs_reason() is None
 
-    def _graphs_reason(self) -> str | None:
-        """Why the graphed optimiser stage is off (None: it is on)."""
+    def _graphs_reason(self, fresh: bool = True) -> str | None:
+        """Why the graphed optimiser stage is off (None: it is on). ``fresh=False`` takes the
+        ansatz/optimiser check of the last call (made at this iteration's start: it walks
+        every parameter)."""
         if self.graphs is False:
             return "graphs=False"
         if self._graphs_off is not None:
@@ -822,7 +824,9 @@ class Runner(Solver):
         else:
             from cuscikit.nnqs.graphs import unsupported_reason
 
-            why = unsupported_reason(self.ansatz, self.optimizer)
+            if fresh or not hasattr(self, "_unsupported"):
+                self._unsupported = unsupported_reason(self.ansatz, self.optimizer)
+            why = self._unsupported
         if why is not None and self.graphs is True:
             raise ValueError(f"graphs=True, but {why}")
         if why is None and self.graphs == "auto" and self.compile_inference:
@@ -847,7 +851,9 @@ class Runner(Solver):
         """The optimiser stage as a CUDA graph: (loss, weights finite), or None when this
         iteration takes the eager stage (graphs off, |S| above `graph_space`, a non-finite
         local energy in an inner step: then nothing was applied)."""
-        if self._graphs_reason() is not None or not 0 < len(S) <= self._graph_space_limit(S, r):
+        if self._graphs_reason(fresh=False) is not None or not (
+            0 < len(S) <= self._graph_space_limit(S, r)
+        ):
             return None
         if n_inner and r.space_pairs is None:
             return None

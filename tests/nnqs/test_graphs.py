@@ -43,7 +43,7 @@ def stage_inputs(inner_steps):
 
 def with_body(runner):
     """Route the runner's optimiser stage through the graph body, run without capturing."""
-    runner._graphs_reason = lambda: None
+    runner._graphs_reason = lambda fresh=True: None
     shared = runner.shared_prefix_training
     runner._graph_stage = OptimizerGraph(
         runner.ansatz, runner.optimizer, use_graph=False, shared_prefixes=shared
@@ -400,6 +400,62 @@ def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
     assert len(passes) == 4 and len(calls) == 1
     stage.run(S, w, de, res.hdiag, res.space_pairs, 3)
     assert len(passes) == 8 and len(calls) == 2  # once per stage
+
+
+def test_the_stage_writes_what_depends_on_s_alone_once(monkeypatch):
+    """While S, its pairs and its diagonal are the ones the buffers were written from (equal
+    host configurations, the same tensors unchanged), a stage writes only the weights, the
+    energy offsets and the constants: S's tokens and the pairs' order are made once. The
+    weights come out bitwise as from a stage that writes everything every time
+    (``reuse_inputs=False``), also when the pairs change in place, S changes, or the inner
+    steps do (new buffers), each of which writes S again."""
+    import copy
+
+    from cuscikit.nnqs import graphs
+
+    runner, S, w, de, res = stage_inputs(inner_steps=2)
+    pairs = tuple(torch.as_tensor(a).clone() for a in res.space_pairs)
+    hdiag = torch.as_tensor(res.hdiag).clone()
+    writes = []
+    spread = graphs.spread_rows
+
+    def spy(src, n_rows):
+        writes.append(1)
+        return spread(src, n_rows)
+
+    monkeypatch.setattr(graphs, "spread_rows", spy)
+    stages = []
+    for reuse in (True, False):
+        ansatz = copy.deepcopy(runner.ansatz)
+        stage = OptimizerGraph(ansatz, torch.optim.AdamW(ansatz.parameters()), use_graph=False)
+        stage.reuse_inputs = reuse
+        stages.append(stage)
+    gen = torch.Generator().manual_seed(0)
+    n = len(S)
+
+    def both(configs, inner=2):
+        w1 = torch.rand(n, dtype=torch.float64, generator=gen)
+        de1 = torch.randn(n, dtype=torch.complex128, generator=gen) * 1e-2
+        counts = []
+        for stage in stages:
+            before = len(writes)
+            stage.run(configs, w1 / w1.sum(), de1, hdiag, pairs, inner)
+            counts.append(len(writes) - before)
+        held, fresh = (list(st.ansatz.parameters()) for st in stages)
+        for a, b in zip(held, fresh, strict=True):
+            assert torch.equal(a, b)
+        return counts
+
+    assert both(S) == [1, 1]
+    assert both(S) == [0, 1]  # the same S: only the per-stage values
+    assert both(S.copy()) == [0, 1]  # equal host configurations
+    pairs[2].mul_(1.5)  # a pair tensor changed in place: written again
+    assert both(S) == [1, 1]
+    assert both(S) == [0, 1]
+    assert both(S[::-1].copy()) == [1, 1]  # another S (the rows' order)
+    assert both(S, inner=3) == [1, 1]  # new buffers
+    assert both(S, inner=3) == [0, 1]
+    assert stages[0]._held is not None and stages[1]._held is None
 
 
 def test_spread_rows_takes_one_pair_of_each_row_per_round():
