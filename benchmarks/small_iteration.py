@@ -19,6 +19,8 @@ first few dozen iterations, and against the eager path's own spread after that.
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
 ``--history-out DIR`` writes each variant's energies; ``--reference DIR`` compares each variant
 with the same variant's energies in DIR (another process, e.g. another version of the package).
+``--trace-out DIR`` (with --profile) writes the profiled iteration and the profiled stage replay
+as gzipped Chrome traces (per-stream kernel timelines, for Perfetto).
 ``graph-torch-ops`` and ``eager-torch-ops`` run with torch's kernels in the training pass instead
 of the Triton ones of `cuscikit.nnqs.fused_ops` (``fused_ops.ENABLED = False``): before/after
 in one process (``--variants graph-torch-ops graph``); ``graph-block`` and ``eager-block`` run
@@ -31,12 +33,17 @@ the H200 for the N2 shapes).
 (`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,
 whose sorted S shares long prefixes.
 
-By default the recorded stage runs its parameter gradients on a second stream beside the pass
-and its phase MLP on a third (`cuscikit.nnqs.aside`, ``aside.ENABLED`` and ``aside.PHASE``);
-``graph-one-stream`` (and ``graph-teacher0-one-stream``) keep everything on the pass's own
-stream, ``graph-aside`` only the parameter gradients beside it, ``graph-phase`` only the phase
-MLP: before/after in one process (``--variants graph graph-one-stream graph-aside
-graph-phase``).
+By default the recorded stage runs its parameter gradients on side streams beside the pass,
+layer by layer in turn over ``aside.GRADIENT_STREAMS`` of them, and its phase MLP on another
+(`cuscikit.nnqs.aside`, ``aside.ENABLED`` and ``aside.PHASE``); ``graph-one-stream`` (and
+``graph-teacher0-one-stream``) keep everything on the pass's own stream, ``graph-aside`` only
+the parameter gradients beside it, ``graph-phase`` only the phase MLP,
+``graph-one-gradient-stream`` puts all parameter gradients on one side stream: before/after in
+one process (``--variants graph graph-one-gradient-stream graph-one-stream``). While S stays
+the same the recorded stage writes only the per-stage values into its buffers
+(``OptimizerGraph.reuse_inputs``); ``graph-rewrite`` writes S's tokens, pairs and diagonal
+every iteration, ``graph-rewrite-one-gradient-stream`` also keeps the gradients on one stream
+(the stage as it was before both).
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -79,6 +86,7 @@ from _common import machine, print_table, write_json
 
 from cuscikit import Ansatz, Molecule, Runner
 from cuscikit.nnqs import aside, fused_ops
+from cuscikit.nnqs.graphs import OptimizerGraph
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 from cuscikit.sci.configs import all_determinants
 
@@ -123,8 +131,25 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     },
     "graph-aside": {"graphs": True, "aside": True, "aside_phase": False},
     "graph-phase": {"graphs": True, "aside": False, "aside_phase": True},
+    # the parameter gradients on one side stream instead of `aside.GRADIENT_STREAMS` in turn
+    "graph-one-gradient-stream": {"graphs": True, "gradient_streams": 1},
+    # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
+    # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
+    "graph-rewrite": {"graphs": True, "reuse_inputs": False},
+    "graph-rewrite-one-gradient-stream": {
+        "graphs": True,
+        "reuse_inputs": False,
+        "gradient_streams": 1,
+    },
 }
-_ASIDE_DEFAULTS = (aside.ENABLED, aside.PHASE)  # the package defaults, restored per variant
+# the package defaults, restored per variant where a package has them (another version of the
+# package, --reference, may lack some)
+_ASIDE_DEFAULTS = (
+    aside.ENABLED,
+    aside.PHASE,
+    getattr(aside, "GRADIENT_STREAMS", None),
+    getattr(OptimizerGraph, "reuse_inputs", None),
+)
 
 
 def load_system(name: str):
@@ -141,6 +166,12 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
     aside.ENABLED = options.pop("aside", _ASIDE_DEFAULTS[0])
     aside.PHASE = options.pop("aside_phase", _ASIDE_DEFAULTS[1])
+    streams = options.pop("gradient_streams", _ASIDE_DEFAULTS[2])
+    if streams is not None:
+        aside.GRADIENT_STREAMS = streams
+    reuse_inputs = options.pop("reuse_inputs", _ASIDE_DEFAULTS[3])
+    if reuse_inputs is not None:
+        OptimizerGraph.reuse_inputs = reuse_inputs
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -244,6 +275,26 @@ def _host_waits(prof) -> list[str]:
     return [f"  {c:4d}x  {name}" for name, c in sorted(by.items(), key=lambda kv: -kv[1])]
 
 
+def _export_trace(prof, name: str) -> None:
+    """The profile as a gzipped Chrome trace in --trace-out (when given): per-stream kernel
+    timelines, for looking at in Perfetto or chrome://tracing."""
+    if not TRACE_DIR:
+        return
+    import gzip
+
+    os.makedirs(TRACE_DIR, exist_ok=True)
+    raw = os.path.join(TRACE_DIR, f"{TRACE_TAG}{name}.json")
+    prof.export_chrome_trace(raw)
+    with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
+        g.write(f.read())
+    os.remove(raw)
+    print(f"# trace: {raw}.gz", flush=True)
+
+
+TRACE_DIR = None  # --trace-out
+TRACE_TAG = ""  # the variant's label, before each trace's name
+
+
 def _profile_stage(label: str, fn, passes: int) -> list:
     """Wall ms per call over 20 calls, then one call under the profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -260,6 +311,7 @@ def _profile_stage(label: str, fn, passes: int) -> list:
         torch.cuda.synchronize()
     kernels, copies = _device_events(prof)
     busy, span = _kernel_stats(kernels)
+    _export_trace(prof, f"stage_{passes}_passes")
     print(f"# {label}: top kernels of one replay (summed GPU time, count, name)")
     print("\n".join(_top(kernels)), flush=True)
     return [
@@ -280,8 +332,6 @@ def profile_run(runner, compile_too: bool) -> list:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from cuscikit.nnqs.graphs import OptimizerGraph
-
     stage = runner._graph_stage
     if stage is None:
         return []
@@ -299,6 +349,7 @@ def profile_run(runner, compile_too: bool) -> list:
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3
     stage.run = run_stage
+    _export_trace(prof, f"iteration_{runner.iteration}")
     kernels, copies = _device_events(prof)
     busy, span = _kernel_stats(kernels)
     syncs = sum(
@@ -491,6 +542,7 @@ def main():
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
+    ap.add_argument("--trace-out", help="with --profile: write the profiles as Chrome traces here")
     ap.add_argument("--json-out", help="write the tables' rows as benchmarks/results keeps them")
     ap.add_argument("--note", default="", help="how the machine was shared, for --json-out")
     ap.add_argument("--history-out", help="write each variant's energies (CSV) to this folder")
@@ -500,6 +552,8 @@ def main():
         "the same variant's there (e.g. another package's, --float64)",
     )
     args = ap.parse_args()
+    global TRACE_DIR, TRACE_TAG
+    TRACE_DIR = args.trace_out
     if args.attn_warps:
         fused_ops._ATTN_WARPS = args.attn_warps
     profiles = []
@@ -554,6 +608,7 @@ def main():
             )
             print(rows[-1], flush=True)
             if args.profile or args.profile_compile:
+                TRACE_TAG = f"{name}_{variant}_".replace("/", "-").replace(" ", "").replace("#", "")
                 for prow in profile_run(runner, args.profile_compile):
                     profiles.append([name, f"{variant}: {prow[0]}", *prow[1:]])
                     print(profiles[-1], flush=True)
