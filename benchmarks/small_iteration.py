@@ -38,9 +38,10 @@ layer by layer in turn over ``aside.GRADIENT_STREAMS`` of them, and its phase ML
 (`cuscikit.nnqs.aside`, ``aside.ENABLED`` and ``aside.PHASE``); ``graph-one-stream`` (and
 ``graph-teacher0-one-stream``) keep everything on the pass's own stream, ``graph-aside`` only
 the parameter gradients beside it, ``graph-phase`` only the phase MLP,
-``graph-one-gradient-stream`` puts all parameter gradients on one side stream: before/after in
-one process (``--variants graph graph-one-gradient-stream graph-one-stream``). While S stays
-the same the recorded stage writes only the per-stage values into its buffers
+``graph-one-gradient-stream`` puts all parameter gradients on one side stream
+(``graph-gradient-streams-2`` / ``-8`` on two / eight): before/after in one process
+(``--variants graph graph-one-gradient-stream graph-one-stream``). While S stays the same
+the recorded stage writes only the per-stage values into its buffers
 (``OptimizerGraph.reuse_inputs``); ``graph-rewrite`` writes S's tokens, pairs and diagonal
 every iteration, ``graph-rewrite-one-gradient-stream`` also keeps the gradients on one stream
 (the stage as it was before both).
@@ -133,6 +134,8 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-phase": {"graphs": True, "aside": False, "aside_phase": True},
     # the parameter gradients on one side stream instead of `aside.GRADIENT_STREAMS` in turn
     "graph-one-gradient-stream": {"graphs": True, "gradient_streams": 1},
+    "graph-gradient-streams-2": {"graphs": True, "gradient_streams": 2},
+    "graph-gradient-streams-8": {"graphs": True, "gradient_streams": 8},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
