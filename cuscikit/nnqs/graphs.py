@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from cuscikit.nnqs import aside
+from cuscikit.nnqs import aside, local_energy
 from cuscikit.nnqs.ansatz import PrefixTree, reuse_token_work
 
 __all__ = [
@@ -188,6 +188,7 @@ class _Key(NamedTuple):
     consts: tuple
     ptrs: tuple
     teacher: bool
+    csr: bool  # the local energies by `local_energy`'s kernels, over pairs in rows
 
 
 _BUCKETS = 3  # _Key's leading size buckets
@@ -361,7 +362,10 @@ class OptimizerGraph:
             ptrs += tuple(st[k].data_ptr() for k in ("exp_avg", "exp_avg_sq") if k in st)
         consts = (tuple(g["betas"]), float(g["eps"]), float(g["weight_decay"]))
         shared = bucket(prefixes) if self.shared_prefixes else 0
-        return _Key(bucket(n), bucket(m), shared, int(inner_steps), consts, ptrs, bool(teacher))
+        csr = local_energy.kernels_for(self.device)
+        return _Key(
+            bucket(n), bucket(m), shared, int(inner_steps), consts, ptrs, bool(teacher), csr
+        )
 
     # ------------------------------------------------------------------------------ run
     def run(
@@ -461,10 +465,16 @@ class OptimizerGraph:
             b["first"].zero_()[: len(tree.first)].copy_(tree.first)
         b["mask"].zero_()[:n] = 1
         b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(self.device))
-        order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
-        b["src"].zero_()[:m].copy_(src[order])
-        b["dst"].zero_()[:m].copy_(dst[order])
-        b["val"].zero_()[:m].copy_(val[order])
+        if self._key.csr:  # the pairs in rows, for `local_energy`'s kernels
+            rowptr, dst, val = local_energy.csr(src, dst, val, n_cap)
+            b["rowptr"].copy_(rowptr)
+            b["src"].zero_()
+        else:
+            order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
+            src, dst, val = src[order], dst[order], val[order]
+            b["src"].zero_()[:m].copy_(src)
+        b["dst"].zero_()[:m].copy_(dst)
+        b["val"].zero_()[:m].copy_(val)
         for name in ("w0", "de0", "tc"):  # the rows past n stay 0 while these inputs are held
             b[name].zero_()
         return n, len(tree.first) if tree is not None else 0
@@ -505,6 +515,7 @@ class OptimizerGraph:
             "de0": torch.zeros(n_cap, dtype=c128, device=dev),
             "hd": torch.zeros(n_cap, dtype=rdt, device=dev),
             "src": torch.zeros(m_cap, dtype=long, device=dev),
+            "rowptr": torch.zeros(n_cap + 1, dtype=long, device=dev),  # with key.csr
             "dst": torch.zeros(m_cap, dtype=long, device=dev),
             "val": torch.zeros(m_cap, dtype=c128, device=dev),
             "lr": torch.zeros((), dtype=rdt, device=dev),
@@ -592,7 +603,6 @@ class OptimizerGraph:
         b = self._buf
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]
-        valid = mask > 0
         if self.shared_prefixes:
             tree = PrefixTree(b["node"], b["first"])
 
@@ -620,23 +630,17 @@ class OptimizerGraph:
         for k in range(n_inner):
             with torch.enable_grad():
                 lp = log_psi(tok).to(c128)
-            with torch.no_grad():
-                lpd = lp.detach()
-                psi = torch.exp(lpd - lpd.real.max())
-                prob = psi.abs() ** 2 * mask
-                num = torch.zeros_like(psi).index_add_(0, b["src"], b["val"] * psi[b["dst"]])
-                w = prob / prob.sum()
-                eloc = torch.where(valid, hd + num / psi, 0)
-                e = (w * eloc).real.sum()
-                bad = bad | (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
-            with torch.enable_grad():
+            with torch.no_grad():  # psi, the local energies and the loss's coefficients
+                rowptr = b["rowptr"] if self._key.csr else None
+                pairs = (b["src"], b["dst"], b["val"])
+                psi, coef, _, flag = local_energy.terms(lp.detach(), mask, hd, pairs, rowptr)
+                bad = bad | flag
                 if self._key.teacher:  # the teacher's pull added to the energy's coefficients
                     from cuscikit.nnqs.teacher import teacher_coefficients
 
-                    coef = w * (eloc - e) + b["tw"] * teacher_coefficients(psi, b["tc"], mask)
-                    loss = 2.0 * (lp.conj() * coef).real.sum()
-                else:
-                    loss = 2.0 * (w * (lp.conj() * (eloc - e))).real.sum()
+                    coef = coef + b["tw"] * teacher_coefficients(psi, b["tc"], mask)
+            with torch.enable_grad():
+                loss = 2.0 * (lp.conj() * coef).real.sum()
                 grads = self._grads(loss)
             with torch.no_grad():
                 if apply:

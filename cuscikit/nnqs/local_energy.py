@@ -1,0 +1,235 @@
+"""The local energies of the recorded optimiser stage's inner steps and the loss coefficients
+they give, in three Triton kernels on a GPU instead of some 40 small torch kernels.
+
+Each inner step of `cuscikit.nnqs.graphs.OptimizerGraph` turns ln psi over S (padded to a
+bucket; ``mask`` is 1 on the rows of S) into
+
+    psi   = exp(ln psi - max Re ln psi)
+    w     = |psi|^2 mask / sum |psi|^2 mask
+    num_x = sum_y H_xy psi_y                (the off-diagonal pairs of H_SS)
+    E_x   = H_xx + num_x / psi_x on the rows of S, 0 on padding
+    E     = Re sum_x w_x E_x
+    T_x   = w_x (E_x - E)                   (the coefficients of the loss 2 Re sum conj(ln psi) T)
+
+and a flag for any non-finite E_x or E (the stage is then undone). Between a pass's forward
+and backward work these were some 40 kernels of 1-6 us on the path the pass waits for, among
+them an ``index_add_`` of every pair (60 us an inner step for N2/STO-3G on an H100). On a CUDA
+device (or in Triton's interpreter) `terms` runs three kernels instead: one program for the
+maximum, psi and the normalisation; one program per 16 rows summing each row's pairs in order
+(the pairs in rows, `csr`: no atomic additions, so the sums are the same in every run); one
+program for E, the flag and T. Elsewhere it runs the torch operations (the pairs in any order,
+`index_add_`). The complex division is c10's (Smith's algorithm), so a row whose psi underflows
+gives what torch gives. ``ENABLED = False`` keeps the torch operations on a GPU too.
+
+Example:
+    >>> import torch
+    >>> lp = torch.tensor([0.0 + 0.1j, -0.5 + 0.0j], dtype=torch.complex128)
+    >>> pairs = (torch.tensor([0, 1]), torch.tensor([1, 0]),
+    ...          torch.tensor([-0.2 + 0j, -0.2 + 0j], dtype=torch.complex128))
+    >>> ones = torch.ones(2, dtype=torch.float64)
+    >>> psi, coef, e, bad = terms(lp, ones, torch.tensor([-1.0, 0.5], dtype=torch.float64),
+    ...                           pairs)
+    >>> round(float(e), 6), bool(bad)
+    (-0.773066, False)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
+
+__all__ = ["ENABLED", "csr", "kernels_for", "terms"]
+
+#: True (default): `terms` takes the Triton kernels on a CUDA device.
+ENABLED = True
+_ROWS = 16  # rows of a program of the pair sums
+_PAIRS = 32  # pairs of a row per step of that program
+_BLOCK = 1024  # rows per step of the single-program kernels
+
+
+def kernels_for(device: torch.device | str) -> bool:
+    """Whether `terms` takes the Triton kernels for tensors on ``device`` (then it wants the
+    pairs as `csr` gives them)."""
+    dev = torch.device(device)
+    return ENABLED and triton is not None and (dev.type == "cuda" or interpreting())
+
+
+def csr(src: torch.Tensor, dst: torch.Tensor, val: torch.Tensor, n_rows: int):
+    """The pairs ``(src, dst, val)`` of rows ``src`` in ``[0, n_rows)`` ordered by row (stable)
+    with the row pointer: ``(rowptr (n_rows + 1,), dst, val)``; row r's pairs are
+    ``rowptr[r]:rowptr[r + 1]``.
+
+    Example:
+        >>> rowptr, dst, val = csr(torch.tensor([2, 0, 2]), torch.tensor([5, 6, 7]),
+        ...                        torch.tensor([1.0, 2.0, 3.0]), 3)
+        >>> rowptr.tolist(), dst.tolist(), val.tolist()
+        ([0, 1, 1, 3], [6, 5, 7], [2.0, 1.0, 3.0])
+    """
+    src = src.to(torch.long)
+    order = torch.argsort(src, stable=True)
+    counts = torch.bincount(src, minlength=n_rows)
+    rowptr = torch.zeros(n_rows + 1, dtype=torch.long, device=src.device)
+    torch.cumsum(counts, 0, out=rowptr[1:])
+    return rowptr, dst[order].to(torch.long), val[order]
+
+
+def terms(lp, mask, hd, pairs, rowptr=None):
+    """``(psi, T, E, bad)`` of the module docstring for ln psi ``lp`` (complex128, n rows),
+    ``mask`` and the diagonal ``hd`` (float64, n) and the pairs ``(src, dst, val)`` of H_SS
+    (``val`` complex128). With ``rowptr`` (`csr`'s, the pairs in its order, ``src`` unused)
+    the Triton kernels run (`kernels_for` the device); without it the torch operations. ``E``
+    is a 0-d float64 tensor and ``bad`` a 0-d bool tensor; nothing waits on the device."""
+    if rowptr is not None:
+        return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr)
+    src, dst, val = pairs
+    psi = torch.exp(lp - lp.real.max())
+    prob = psi.abs() ** 2 * mask
+    num = torch.zeros_like(psi).index_add_(0, src, val * psi[dst])
+    w = prob / prob.sum()
+    eloc = torch.where(mask > 0, hd + num / psi, 0)
+    e = (w * eloc).real.sum()
+    bad = (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
+    return psi, w * (eloc - e), e, bad
+
+
+def _kernel_terms(lp, mask, hd, dst, val, rowptr):
+    n = lp.shape[0]
+    dev = lp.device
+    lp2 = torch.view_as_real(lp.contiguous())
+    val2 = torch.view_as_real(val.contiguous())
+    psi = torch.empty((n, 2), dtype=torch.float64, device=dev)
+    eloc = torch.empty((n, 2), dtype=torch.float64, device=dev)
+    coef = torch.empty((n, 2), dtype=torch.float64, device=dev)
+    programs = triton.cdiv(n, _ROWS)
+    part = torch.empty(programs, dtype=torch.float64, device=dev)
+    flags = torch.empty(programs, dtype=torch.int32, device=dev)
+    out = torch.empty(3, dtype=torch.float64, device=dev)  # normalisation, E, bad
+    _psi_kernel[(1,)](lp2, mask, psi, out, n, BLOCK=_BLOCK, num_warps=8)
+    _eloc_kernel[(programs,)](
+        psi, rowptr, dst, val2, hd, mask, out, eloc, part, flags, n,
+        ROWS=_ROWS, PAIRS=_PAIRS, num_warps=4,
+    )  # fmt: skip
+    _coef_kernel[(1,)](
+        psi, mask, eloc, out, part, flags, coef, n, programs,
+        BLOCK=_BLOCK, PARTS=pow2(programs), num_warps=8,
+    )  # fmt: skip
+    return (
+        torch.view_as_complex(psi),
+        torch.view_as_complex(coef),
+        out[1],
+        out[2] > 0.5,
+    )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _finite(x):
+        return (x == x) & (tl.abs(x) != float("inf"))
+
+    @triton.jit(do_not_specialize=["n"])
+    def _psi_kernel(lp, mask, psi, out, n, BLOCK: tl.constexpr):
+        """One program: m = max Re lp (NaN propagates), psi = exp(lp - m), out[0] = the sum
+        of |psi|^2 mask."""
+        offs = tl.arange(0, BLOCK)
+        top = tl.full((BLOCK,), float("-inf"), tl.float64)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            re = tl.load(lp + 2 * i, mask=i < n, other=float("-inf"))
+            top = tl.maximum(top, re, propagate_nan=tl.PropagateNan.ALL)
+        m = tl.max(top, 0)
+        m = tl.where(tl.max((top != top).to(tl.int32), 0) > 0, float("nan"), m)  # as torch's max
+        z = tl.zeros((BLOCK,), tl.float64)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            ok = i < n
+            re = tl.load(lp + 2 * i, mask=ok, other=0.0)
+            im = tl.load(lp + 2 * i + 1, mask=ok, other=0.0)
+            a = tl.exp(re - m)
+            pr = a * tl.cos(im)
+            pi = a * tl.sin(im)
+            tl.store(psi + 2 * i, pr, mask=ok)
+            tl.store(psi + 2 * i + 1, pi, mask=ok)
+            mk = tl.load(mask + i, mask=ok, other=0.0)
+            z += tl.where(ok, (pr * pr + pi * pi) * mk, 0.0)
+        tl.store(out, tl.sum(z, 0))
+
+    @triton.jit(do_not_specialize=["n"])
+    def _eloc_kernel(
+        psi, rowptr, dst, val, hd, mask, out, eloc, part, flags, n,
+        ROWS: tl.constexpr, PAIRS: tl.constexpr,
+    ):  # fmt: skip
+        """ROWS rows: num = the row's pairs summed in order, E = hd + num / psi (c10's
+        complex division) on the rows of S (0 on padding); part = sum w Re E over the rows,
+        flags = any non-finite E."""
+        pid = tl.program_id(0)
+        r = pid * ROWS + tl.arange(0, ROWS)
+        ok = r < n
+        start = tl.load(rowptr + r, mask=ok, other=0)
+        end = tl.load(rowptr + r + 1, mask=ok, other=0)
+        most = tl.max(end - start, 0)
+        acc_re = tl.zeros((ROWS,), tl.float64)
+        acc_im = tl.zeros((ROWS,), tl.float64)
+        k = tl.arange(0, PAIRS)
+        for step in range(0, most, PAIRS):
+            j = start[:, None] + step + k[None, :]
+            mk = j < end[:, None]
+            d = tl.load(dst + j, mask=mk, other=0)
+            vr = tl.load(val + 2 * j, mask=mk, other=0.0)
+            vi = tl.load(val + 2 * j + 1, mask=mk, other=0.0)
+            pr = tl.load(psi + 2 * d, mask=mk, other=0.0)
+            pi = tl.load(psi + 2 * d + 1, mask=mk, other=0.0)
+            acc_re += tl.sum(vr * pr - vi * pi, 1)
+            acc_im += tl.sum(vr * pi + vi * pr, 1)
+        c = tl.load(psi + 2 * r, mask=ok, other=1.0)
+        d = tl.load(psi + 2 * r + 1, mask=ok, other=0.0)
+        # (a + ib) / (c + id) as c10::complex divides (Smith's algorithm)
+        a, b = acc_re, acc_im
+        wide = tl.abs(c) >= tl.abs(d)
+        zero = (c == 0.0) & (d == 0.0)
+        rat = tl.where(wide, d / c, c / d)
+        scl = tl.where(wide, 1.0 / (c + d * rat), 1.0 / (d + c * rat))
+        qr = tl.where(wide, (a + b * rat) * scl, (a * rat + b) * scl)
+        qi = tl.where(wide, (b - a * rat) * scl, (b * rat - a) * scl)
+        qr = tl.where(zero, a / tl.abs(c), qr)
+        qi = tl.where(zero, b / tl.abs(d), qi)
+        mk_row = tl.load(mask + r, mask=ok, other=0.0)
+        valid = ok & (mk_row > 0)
+        h = tl.load(hd + r, mask=ok, other=0.0)
+        er = tl.where(valid, h + qr, 0.0)
+        ei = tl.where(valid, qi, 0.0)
+        tl.store(eloc + 2 * r, er, mask=ok)
+        tl.store(eloc + 2 * r + 1, ei, mask=ok)
+        w = (c * c + d * d) * mk_row / tl.load(out)
+        tl.store(part + pid, tl.sum(tl.where(ok, w * er, 0.0), 0))
+        bad = ok & ~(_finite(er) & _finite(ei))
+        tl.store(flags + pid, tl.max(bad.to(tl.int32), 0))
+
+    @triton.jit(do_not_specialize=["n", "parts"])
+    def _coef_kernel(
+        psi, mask, eloc, out, part, flags, coef, n, parts,
+        BLOCK: tl.constexpr, PARTS: tl.constexpr,
+    ):  # fmt: skip
+        """One program: E = the parts summed in order, bad = any flag or E not finite,
+        T = w (E_x - E); out[1] = E, out[2] = bad."""
+        p = tl.arange(0, PARTS)
+        e = tl.sum(tl.load(part + p, mask=p < parts, other=0.0), 0)
+        bad = tl.max(tl.load(flags + p, mask=p < parts, other=0), 0)
+        bad = bad | (~_finite(e)).to(tl.int32)
+        z = tl.load(out)
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            ok = i < n
+            c = tl.load(psi + 2 * i, mask=ok, other=0.0)
+            d = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
+            w = (c * c + d * d) * tl.load(mask + i, mask=ok, other=0.0) / z
+            er = tl.load(eloc + 2 * i, mask=ok, other=0.0)
+            ei = tl.load(eloc + 2 * i + 1, mask=ok, other=0.0)
+            tl.store(coef + 2 * i, w * (er - e), mask=ok)
+            tl.store(coef + 2 * i + 1, w * ei, mask=ok)
+        tl.store(out + 1, e)
+        tl.store(out + 2, bad.to(tl.float64))
+else:  # pragma: no cover - depends on the installation
+    _psi_kernel = _eloc_kernel = _coef_kernel = None
