@@ -44,7 +44,8 @@ the parameter gradients beside it, ``graph-phase`` only the phase MLP,
 the recorded stage writes only the per-stage values into its buffers
 (``OptimizerGraph.reuse_inputs``); ``graph-rewrite`` writes S's tokens, pairs and diagonal
 every iteration, ``graph-rewrite-one-gradient-stream`` also keeps the gradients on one stream
-(the stage as it was before both).
+(the stage as it was before both). ``graph-torch-energy`` computes the inner steps' local
+energies with torch's operations instead of `cuscikit.nnqs.local_energy`'s kernels.
 
 ``graph-onebatch`` records the stage only while |S| fits one batch of 16,384 (the eager stage
 above it); ``graph`` records it for any S whose autograd graph fits the GPU's free memory
@@ -91,6 +92,11 @@ from cuscikit.nnqs.graphs import OptimizerGraph
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 from cuscikit.sci.configs import all_determinants
 
+try:  # another version of the package (--reference, BASE_NNQS) may not have it
+    from cuscikit.nnqs import local_energy
+except ImportError:
+    local_energy = None
+
 VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
     "graph": {"graphs": True},
@@ -136,6 +142,8 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-one-gradient-stream": {"graphs": True, "gradient_streams": 1},
     "graph-gradient-streams-2": {"graphs": True, "gradient_streams": 2},
     "graph-gradient-streams-8": {"graphs": True, "gradient_streams": 8},
+    # the inner steps' local energies by torch's operations instead of `local_energy`'s kernels
+    "graph-torch-energy": {"graphs": True, "local_energy": False},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
@@ -152,6 +160,7 @@ _ASIDE_DEFAULTS = (
     aside.PHASE,
     getattr(aside, "GRADIENT_STREAMS", None),
     getattr(OptimizerGraph, "reuse_inputs", None),
+    getattr(local_energy, "ENABLED", None) if local_energy is not None else None,
 )
 
 
@@ -175,6 +184,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     reuse_inputs = options.pop("reuse_inputs", _ASIDE_DEFAULTS[3])
     if reuse_inputs is not None:
         OptimizerGraph.reuse_inputs = reuse_inputs
+    kernels = options.pop("local_energy", _ASIDE_DEFAULTS[4])
+    if kernels is not None:
+        local_energy.ENABLED = kernels
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
