@@ -26,6 +26,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Replace ``owner.name`` (a function or method) by one that records each call in the
+    returned list, then calls the original."""
+    original = getattr(owner, name)
+    calls: list = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def run_interpreted(script: str, timeout: float = 300):
     """Run a Python script in a fresh process under Triton's interpreter (the kernels on the
     CPU); skips without Triton, fails with the process's output if it fails. Returns its

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
 from cuscikit.nnqs.runner import LearningRateDecay, NonFiniteLossError  # noqa: E402
+from tests.conftest import count_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 COLUMNS = ["e_tot", "e_coupled", "e_variational", "e_pt2", "loss"]
@@ -288,14 +289,8 @@ def test_recorded_inference_writes_an_unchanged_input_once(monkeypatch):
 
     psi = Ansatz(10, (4, 4), seed=3, dtype=torch.float64, device="cuda")
     x = torch.as_tensor(all_determinants(10, (4, 4))[:500].view(np.int64), device="cuda")
-    calls = []
     tokens = Ansatz.tokens
-
-    def spy(self, configs):
-        calls.append(1)
-        return tokens(self, configs)
-
-    monkeypatch.setattr(Ansatz, "tokens", spy)
+    calls = count_calls(monkeypatch, Ansatz, "tokens")
     graph = InferenceGraph(psi)
 
     def check(configs, written):

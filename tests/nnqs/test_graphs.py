@@ -18,6 +18,7 @@ from cuscikit.nnqs.graphs import (
 )
 from cuscikit.nnqs.runner import LearningRateDecay, NonFiniteLossError, Runner
 from cuscikit.sci.configs import all_determinants
+from tests.conftest import count_calls
 
 COLUMNS = ["e_tot", "e_coupled", "e_variational", "loss", "n_space", "n_unique", "n_new"]
 
@@ -416,14 +417,7 @@ def test_the_stage_writes_what_depends_on_s_alone_once(monkeypatch):
     runner, S, w, de, res = stage_inputs(inner_steps=2)
     pairs = tuple(torch.as_tensor(a).clone() for a in res.space_pairs)
     hdiag = torch.as_tensor(res.hdiag).clone()
-    writes = []
-    spread = graphs.spread_rows
-
-    def spy(src, n_rows):
-        writes.append(1)
-        return spread(src, n_rows)
-
-    monkeypatch.setattr(graphs, "spread_rows", spy)
+    writes = count_calls(monkeypatch, graphs, "spread_rows")
     stages = []
     for reuse in (True, False):
         ansatz = copy.deepcopy(runner.ansatz)
