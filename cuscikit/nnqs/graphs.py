@@ -10,7 +10,8 @@ records the whole stage once per size bucket and replays it with one launch:
 2. the iteration's step: ln psi over S, L = 2 Re sum_x w(x) conj(ln psi(x)) (E_loc(x) - E),
    its gradient and AdamW;
 3. ``inner_steps`` times: ln psi over S, the Rayleigh quotient of psi on S with H_SS from the
-   iteration's pairs, its loss, gradient and AdamW;
+   iteration's pairs (`cuscikit.nnqs.local_energy`: three Triton kernels on a GPU, the pairs
+   stored by row), its loss, gradient and AdamW;
    With a teacher (``run(..., teacher=(weight, c))``, `cuscikit.nnqs.teacher`) every inner
    step adds ``weight`` times the teacher's coefficients on S to the energy's (the caller passes
    the iteration's step already combined: unit weights and the combined coefficients);
@@ -221,7 +222,8 @@ def unsupported_reason(ansatz, optimizer) -> str | None:
 def spread_rows(src: torch.Tensor, n_rows: int) -> torch.Tensor:
     """An order of the pairs with rows ``src`` (m,) in ``[0, n_rows)`` that takes every row's
     first pair, then every row's second pair, and so on: the local energies' ``index_add_``
-    then has consecutive threads add into different rows. In the order the pipeline gives
+    (the torch operations of `local_energy.terms`, where its kernels do not run) then has
+    consecutive threads add into different rows. In the order the pipeline gives
     (by row) a warp's 32 atomic additions all go to one address and run one after another.
     The sums are the same up to the order of their terms.
 
@@ -442,7 +444,8 @@ class OptimizerGraph:
     ) -> tuple[int, int]:
         """Write what depends on S alone into the buffers (allocated anew when the key does
         not fit them): the tokens (and prefix tree) padded by row 0, the row mask, the
-        diagonal and the pairs in `spread_rows` order; the per-stage rows zeroed. Returns
+        diagonal and the pairs, by row with a row pointer for `local_energy`'s kernels
+        (``key.csr``) or else in `spread_rows` order; the per-stage rows zeroed. Returns
         (rows, prefixes: 0 without `shared_prefixes`)."""
         tokens = self.ansatz.tokens(configs)
         n, m = tokens.shape[0], src.shape[0]
