@@ -26,7 +26,9 @@ and sums; the token embedding's gradient as a one-hot product instead of a sort,
 agrees to rounding). Both are on by default: on an H100 they took the default N2/STO-3G
 iteration from 40.60 to 35.95 ms and its recorded stage (five passes) from 11.31 to 9.57 ms
 (docs/performance.md, "Parameter gradients beside the pass"), with the gradients on one side
-stream; ``ENABLED = False`` and ``PHASE = False`` keep everything on one stream.
+stream; four gradient streams took the iteration after the teacher from 10.80 to 9.10 ms on
+another H100 (docs/performance.md, "The parameter gradients on four streams").
+``ENABLED = False`` and ``PHASE = False`` keep everything on one stream.
 
 The side streams, the tensors they hold and the streams waiting for a join are per device, as
 the autograd engine runs CUDA backward functions on a thread of its own: passes on one device
