@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ENABLED",
+    "GRADIENT_STREAMS",
     "PHASE",
     "branch",
     "branch_stream",
