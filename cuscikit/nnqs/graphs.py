@@ -469,13 +469,12 @@ class OptimizerGraph:
         b["mask"].zero_()[:n] = 1
         b["hd"].zero_()[:n].copy_(torch.as_tensor(hdiag).to(self.device))
         if self._key.csr:  # the pairs in rows, for `local_energy`'s kernels
-            rowptr, dst, val = local_energy.csr(src, dst, val, n_cap)
+            rowptr, src, dst, val = local_energy.csr(src, dst, val, n_cap)
             b["rowptr"].copy_(rowptr)
-            b["src"].zero_()
         else:
             order = spread_rows(src, n_cap)  # no two threads of a warp add into one row
             src, dst, val = src[order], dst[order], val[order]
-            b["src"].zero_()[:m].copy_(src)
+        b["src"].zero_()[:m].copy_(src)
         b["dst"].zero_()[:m].copy_(dst)
         b["val"].zero_()[:m].copy_(val)
         for name in ("w0", "de0", "tc"):  # the rows past n stay 0 while these inputs are held

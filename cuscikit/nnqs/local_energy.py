@@ -19,7 +19,9 @@ maximum, psi and the normalisation; one program per 16 rows summing each row's p
 (the pairs in rows, `csr`: no atomic additions, so the sums are the same in every run); one
 program for E, the flag and T. Elsewhere it runs the torch operations (the pairs in any order,
 `index_add_`). The complex division is c10's (Smith's algorithm), so a row whose psi underflows
-gives what torch gives. ``ENABLED = False`` keeps the torch operations on a GPU too.
+gives what torch gives. ``ENABLED = False`` keeps the torch operations on a GPU too; a kernel
+that fails to build turns them off for the process (with a warning, ``failed`` saying why) and
+the call takes the torch operations over the same pairs.
 
 Example:
     >>> import torch
@@ -35,6 +37,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
@@ -43,6 +47,7 @@ __all__ = ["ENABLED", "csr", "kernels_for", "terms"]
 
 #: True (default): `terms` takes the Triton kernels on a CUDA device.
 ENABLED = True
+failed: str | None = None  # why the kernels were turned off
 _ROWS = 16  # rows of a program of the pair sums
 _PAIRS = 32  # pairs of a row per step of that program
 _BLOCK = 1024  # rows per step of the single-program kernels
@@ -57,31 +62,35 @@ def kernels_for(device: torch.device | str) -> bool:
 
 def csr(src: torch.Tensor, dst: torch.Tensor, val: torch.Tensor, n_rows: int):
     """The pairs ``(src, dst, val)`` of rows ``src`` in ``[0, n_rows)`` ordered by row (stable)
-    with the row pointer: ``(rowptr (n_rows + 1,), dst, val)``; row r's pairs are
+    with the row pointer: ``(rowptr (n_rows + 1,), src, dst, val)``; row r's pairs are
     ``rowptr[r]:rowptr[r + 1]``.
 
     Example:
-        >>> rowptr, dst, val = csr(torch.tensor([2, 0, 2]), torch.tensor([5, 6, 7]),
-        ...                        torch.tensor([1.0, 2.0, 3.0]), 3)
-        >>> rowptr.tolist(), dst.tolist(), val.tolist()
-        ([0, 1, 1, 3], [6, 5, 7], [2.0, 1.0, 3.0])
+        >>> rowptr, src, dst, val = csr(torch.tensor([2, 0, 2]), torch.tensor([5, 6, 7]),
+        ...                             torch.tensor([1.0, 2.0, 3.0]), 3)
+        >>> rowptr.tolist(), src.tolist(), dst.tolist(), val.tolist()
+        ([0, 1, 1, 3], [0, 2, 2], [6, 5, 7], [2.0, 1.0, 3.0])
     """
     src = src.to(torch.long)
     order = torch.argsort(src, stable=True)
     counts = torch.bincount(src, minlength=n_rows)
     rowptr = torch.zeros(n_rows + 1, dtype=torch.long, device=src.device)
     torch.cumsum(counts, 0, out=rowptr[1:])
-    return rowptr, dst[order].to(torch.long), val[order]
+    return rowptr, src[order], dst[order].to(torch.long), val[order]
 
 
 def terms(lp, mask, hd, pairs, rowptr=None):
     """``(psi, T, E, bad)`` of the module docstring for ln psi ``lp`` (complex128, n rows),
     ``mask`` and the diagonal ``hd`` (float64, n) and the pairs ``(src, dst, val)`` of H_SS
-    (``val`` complex128). With ``rowptr`` (`csr`'s, the pairs in its order, ``src`` unused)
-    the Triton kernels run (`kernels_for` the device); without it the torch operations. ``E``
-    is a 0-d float64 tensor and ``bad`` a 0-d bool tensor; nothing waits on the device."""
-    if rowptr is not None:
-        return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr)
+    (``val`` complex128). With ``rowptr`` (`csr`'s, the pairs in its order) the Triton kernels
+    run (`kernels_for` the device); without it, or with the kernels turned off, the torch
+    operations. ``E`` is a 0-d float64 tensor and ``bad`` a 0-d bool tensor; nothing waits on
+    the device."""
+    if rowptr is not None and ENABLED:
+        try:
+            return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr)
+        except Exception as exc:  # noqa: BLE001 - a Triton that cannot build them here
+            _turn_off(exc)
     src, dst, val = pairs
     psi = torch.exp(lp - lp.real.max())
     prob = psi.abs() ** 2 * mask
@@ -91,6 +100,16 @@ def terms(lp, mask, hd, pairs, rowptr=None):
     e = (w * eloc).real.sum()
     bad = (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
     return psi, w * (eloc - e), e, bad
+
+
+def _turn_off(exc: Exception) -> None:
+    global ENABLED, failed
+    ENABLED, failed = False, f"{type(exc).__name__}: {exc}"
+    warnings.warn(
+        f"the local-energy kernels failed ({failed}); using torch's operations",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _kernel_terms(lp, mask, hd, dst, val, rowptr):

@@ -39,6 +39,33 @@ def test_terms_on_the_cpu_are_the_variational_energy():
     assert abs(complex(coef.sum())) < 1e-12
 
 
+def test_a_kernel_that_cannot_run_falls_back_to_the_torch_operations(monkeypatch):
+    """Where the kernels cannot run (here CPU tensors outside Triton's interpreter) `terms`
+    warns, turns them off for the process and gives the torch operations' values over the
+    same pairs in rows."""
+    from cuscikit.nnqs._triton import interpreting
+
+    if interpreting():
+        pytest.skip("the interpreter runs the kernels on CPU tensors")
+    monkeypatch.setattr(local_energy, "ENABLED", True)
+    monkeypatch.setattr(local_energy, "failed", None)
+    g = torch.Generator().manual_seed(2)
+    n = 20
+    lp = torch.randn(n, dtype=torch.complex128, generator=g)
+    mask, hd = torch.ones(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+    src = torch.randint(0, n, (80,), generator=g)
+    dst = torch.randint(0, n, (80,), generator=g)
+    val = torch.randn(80, dtype=torch.complex128, generator=g)
+    rowptr, src, dst, val = local_energy.csr(src, dst, val, n)
+    assert rowptr.tolist() == [int((src < r).sum()) for r in range(n + 1)]
+    want = local_energy.terms(lp, mask, hd, (src, dst, val))
+    with pytest.warns(RuntimeWarning, match="local-energy kernels failed"):
+        got = local_energy.terms(lp, mask, hd, (src, dst, val), rowptr)
+    assert not local_energy.ENABLED and local_energy.failed
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 _SCRIPT = textwrap.dedent(
     """
     import copy, torch
@@ -63,8 +90,8 @@ _SCRIPT = textwrap.dedent(
         if poke is not None:
             poke(lp)
         ref = le.terms(lp, mask, hd, (src, dst, val))
-        rowptr, d2, v2 = le.csr(src, dst, val, n)
-        return ref, le.terms(lp, mask, hd, (None, d2, v2), rowptr=rowptr)
+        rowptr, s2, d2, v2 = le.csr(src, dst, val, n)
+        return ref, le.terms(lp, mask, hd, (s2, d2, v2), rowptr=rowptr)
 
     # rows not a multiple of a program's, empty rows, a single row, unsorted pairs
     for args in [(70, 10, 600, 5), (16, 0, 40, None), (1, 0, 0, None), (130, 3, 2000, 7)]:
