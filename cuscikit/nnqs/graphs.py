@@ -239,12 +239,13 @@ def spread_rows(src: torch.Tensor, n_rows: int) -> torch.Tensor:
 
 
 class _Held(NamedTuple):
-    """What an `OptimizerGraph`'s buffers hold of S (`OptimizerGraph._write_space`): the
-    buffers, rows and prefixes, and the inputs they were written from, a copy of a host array
-    or a weak reference to a tensor with its version counter (so a tensor changed in place,
-    or another tensor, is written again; a weak reference keeps no memory alive)."""
+    """What a recording's static inputs hold (an `OptimizerGraph`'s buffers of S,
+    `OptimizerGraph._write_space`; an `InferenceGraph`'s recording of a bucket): where they
+    were written, rows and prefixes, and the inputs they were written from, a copy of a host
+    array or a weak reference to a tensor with its version counter (so a tensor changed in
+    place, or another tensor, is written again; a weak reference keeps no memory alive)."""
 
-    buf: dict
+    buf: object
     n: int
     prefixes: int
     inputs: tuple
@@ -678,20 +679,20 @@ class InferenceGraph:
             raise ValueError("InferenceGraph needs a cuscikit Ansatz (tokens, _log_psi_tokens)")
         self.ansatz, self.max_graphs = ansatz, int(max_graphs)
         self._graphs: dict[int, tuple] = {}
-        self._held = None  # (the input tensor, weakly, its version, its entry, rows): last written
+        self._held = None  # the input of the last call and its recording (`_Held`)
         self.captures = 0
 
     def __call__(self, configs) -> torch.Tensor:
         """ln psi (n,) of configurations (as `Ansatz.log_psi`), without gradient. The tensor
         of the last call, unchanged, is not written again (the iteration's S while it stays)."""
         held = self._held
-        if held is not None and held[0]() is configs and held[1] == configs._version:
-            cap = bucket(held[3])
-            if self._graphs.get(cap) is held[2]:
+        if held is not None and held.holds(configs):
+            cap = bucket(held.n)
+            if self._graphs.get(cap) is held.buf:
                 self._graphs[cap] = self._graphs.pop(cap)  # most recent last
-                graph, _, out = held[2]
+                graph, _, out = held.buf
                 graph.replay()
-                return out[: held[3]].clone()
+                return out[: held.n].clone()
         self._held = None
         tokens = self.ansatz.tokens(configs)
         n = tokens.shape[0]
@@ -707,7 +708,7 @@ class InferenceGraph:
         tok[:n].copy_(tokens)
         tok[n:].copy_(tokens[:1].expand(cap - n, -1))
         if torch.is_tensor(configs):
-            self._held = (weakref.ref(configs), configs._version, entry, n)
+            self._held = _Held.of(entry, n, 0, configs)
         graph.replay()
         return out[:n].clone()
 
