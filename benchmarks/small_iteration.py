@@ -222,15 +222,19 @@ def _timed(fn, piece: str):
 
 def _time_teacher(runner) -> None:
     """Time the teacher's host-side pieces of every iteration of this run: "solve" (the
-    eigensolve of H_SS or the reuse of the last one) and "loss" (the `teacher_loss` column),
-    both in the "energy" stage, and "pull" (its coefficients for the iteration's step, and the
-    eager inner steps'), in the "optimizer" stage."""
+    eigensolve of H_SS or the reuse of the last one) in the "energy" stage, and "pull" (its
+    coefficients and loss for the iteration's step, launched without waiting for the device)
+    in the "energy" stage too. A package from before `pull_and_loss` is timed by its
+    `fidelity_loss` ("loss") and `_with_teacher` ("pull", in the "optimizer" stage)."""
     import cuscikit.nnqs.runner as runner_module
     import cuscikit.nnqs.teacher as teacher_module
 
     if not _RUNNING:  # once per process: the module functions the Runner looks up per call
-        teacher_module.fidelity_loss = _timed(teacher_module.fidelity_loss, "loss")
-        runner_module._with_teacher = _timed(runner_module._with_teacher, "pull")
+        if hasattr(teacher_module, "pull_and_loss"):
+            teacher_module.pull_and_loss = _timed(teacher_module.pull_and_loss, "pull")
+        else:
+            teacher_module.fidelity_loss = _timed(teacher_module.fidelity_loss, "loss")
+            runner_module._with_teacher = _timed(runner_module._with_teacher, "pull")
     _RUNNING["runner"] = runner
     _TEACHER_S.clear()
     runner._teacher_solution = _timed(runner._teacher_solution, "solve")
@@ -388,6 +392,7 @@ def profile_run(runner, compile_too: bool) -> list:
     args, kw = seen["args"], seen["kw"]
     passes = 1 + int(args[5])  # the iteration's step and its inner steps
     rows = [_profile_stage("recorded stage", lambda: stage.run(*args, **kw), passes)]
+    _launch_time(stage)
     variants = []
     if compile_too:
         variants.append(("compiled ln psi", lambda: torch.compile(runner.ansatz._log_psi_tokens)))
@@ -403,6 +408,26 @@ def profile_run(runner, compile_too: bool) -> list:
         except Exception as exc:  # noqa: BLE001 - a lever that cannot be recorded is a result
             print(f"# {label}: failed: {type(exc).__name__}: {exc}", flush=True)
     return rows
+
+
+def _launch_time(stage, reps: int = 5) -> None:
+    """Print the host's time in ``replay()`` of the recorded stage (the graph's launch; the
+    device idle until its first kernel is submitted), the device idle before each."""
+    graph = getattr(stage, "_graph", None)
+    if graph is None:
+        return
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    print(
+        f"# recorded stage: replay() returns after {np.median(times) * 1e6:.0f} us on the host "
+        f"(median of {reps}, an idle device each time)",
+        flush=True,
+    )
 
 
 # the block and amplitude kernels' launch settings in `kernel_times`: rows of a program,

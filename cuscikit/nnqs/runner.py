@@ -122,18 +122,15 @@ class LearningRateDecay(Callback):
         return False
 
 
-def _with_teacher(w, de, psi, teach, rows: tuple[int, int] | None = None):
+def _with_teacher(w, de, pull, weight: float, rows: tuple[int, int] | None = None):
     """(weights, coefficients) for `Runner._backward_loss` with the teacher's pull added to
-    the energy's: unit weights and w * de + weight * `teacher_coefficients(psi, c)`, where
-    teach = (weight, c). psi and c cover all of S; w and de cover `rows` (lo, hi) of S, this
-    rank's (None: all of S), and so does the result."""
-    from cuscikit.nnqs.teacher import teacher_coefficients
-
-    pull = teacher_coefficients(psi, teach[1])
+    the energy's: unit weights and w * de + weight * pull, where pull is
+    `cuscikit.nnqs.teacher.teacher_coefficients` (psi, c) over all of S. w and de cover `rows`
+    (lo, hi) of S, this rank's (None: all of S), and so does the result."""
     if rows is not None:
         pull = pull[rows[0] : rows[1]]
     coef = w.to(de.device) * de
-    coef = coef + teach[0] * pull.to(coef.device)
+    coef = coef + weight * pull.to(coef.device)
     return torch.ones(len(coef), dtype=torch.float64, device=coef.device), coef
 
 
@@ -609,6 +606,7 @@ class Runner(Solver):
         self._graph_oom: int | None = None  # the bucket whose recording ran out of memory
         self._graphs_off: str | None = None
         self._teacher_last = None  # (S, energy, vector) of the last teacher solve
+        self._teacher_on_device = None  # (that vector, its copy on the device)
         self._teacher_released = False  # the hold's one-way end (`teacher_hold`)
         self._set_graph_inference()  # raises for graphs=True where graphs cannot run
         self._built_with = {k: getattr(self, k) for k in self._structural}
@@ -1023,7 +1021,10 @@ class Runner(Solver):
             if teach is None:
                 a, b = w, eloc - e
             else:
-                a, b = _with_teacher(w, eloc - e, psi, teach, (lo, hi))
+                from cuscikit.nnqs.teacher import teacher_coefficients
+
+                pull = teacher_coefficients(psi, teach[1])
+                a, b = _with_teacher(w, eloc - e, pull, teach[0], (lo, hi))
             if mini:  # the gradient from a draw of rows, unbiased (a and b are on dev)
                 rows, factor = systematic_draw(a * b, m_own, float(self.rng.random()))
                 self._backward_loss(rows_of[rows.cpu().numpy()], None, a[rows] * factor, b[rows])
@@ -1058,6 +1059,17 @@ class Runner(Solver):
         e_t, c = space_ground_state(r.hdiag, r.space_pairs, guess=guess, comm=self.comm)
         self._teacher_last = (np.array(S, copy=True), e_t, c)
         return e_t, c
+
+    def _teacher_vector(self, c: np.ndarray, device) -> torch.Tensor:
+        """The teacher's vector `c` (a solution of `_teacher_solution`) as a float64 tensor on
+        `device`, copied there once per solution (an unchanged S reuses its solution)."""
+        held = self._teacher_on_device
+        if held is None or held[0] is not c or held[1].device != torch.device(device):
+            held = self._teacher_on_device = (
+                c,
+                torch.as_tensor(c, dtype=torch.float64, device=device),
+            )
+        return held[1]
 
     def _teacher_guess(self, S: np.ndarray, r):
         """The eigensolve's start on S: the last solution on the rows S shares with the space
@@ -1192,15 +1204,16 @@ class Runner(Solver):
             extra["inner_steps"] = n_inner
             if self.teacher_hold > 0:
                 extra["teacher_released"] = self._teacher_released or release
-        psi_all = psi_s  # psi on all of S (gathered from the ranks where the teacher pulls)
+        pull = teacher_loss = None  # the teacher's coefficients over all of S, and its loss
         if lam > 0 and r.space_pairs is not None and n > 0:
-            from cuscikit.nnqs.teacher import fidelity_loss
+            from cuscikit.nnqs.teacher import pull_and_loss
 
             e_t, c = self._teacher_solution(S, r)
-            psi_all = self._all_rows(psi_s)
-            teach = (lam, torch.as_tensor(c, dtype=torch.float64, device=psi_s.device))
+            teach = (lam, self._teacher_vector(c, psi_s.device))
+            # psi gathered from the ranks; the loss is read after the optimiser stage, which
+            # waits for the device anyway
+            pull, teacher_loss = pull_and_loss(self._all_rows(psi_s), teach[1])
             extra["e_teacher"] = e_t
-            extra["teacher_loss"] = fidelity_loss(psi_all, teach[1])
         t["energy"] += time.perf_counter() - t0
 
         # Loss with detached E_loc and E, backward, AdamW.
@@ -1212,7 +1225,7 @@ class Runner(Solver):
             if teach is None:
                 graphed = self._graphed_stage(S, w, eloc_t, r, n_inner)
             else:  # the iteration's step with the teacher's pull, unit weights
-                w1, coef = _with_teacher(w, eloc_t, psi_all, teach, (lo, hi))
+                w1, coef = _with_teacher(w, eloc_t, pull, lam, (lo, hi))
                 graphed = self._graphed_stage(S, w1, coef, r, n_inner, teach)
         if graphed is not None:  # applied (or undone when the loss or the weights are bad)
             loss_val, finite = graphed
@@ -1224,7 +1237,7 @@ class Runner(Solver):
             if teach is None:
                 loss_val = self._backward_loss(S[lo:hi], lp_graph, w, eloc_t)
             else:  # this rank's rows, the teacher's pull from psi on all of S
-                pulled = _with_teacher(w, eloc_t, psi_all, teach, (lo, hi))
+                pulled = _with_teacher(w, eloc_t, pull, lam, (lo, hi))
                 loss_val = self._backward_loss(S[lo:hi], lp_graph, *pulled)
             if self.distributed:  # one gradient for every replica; the loss travels along
                 from cuscikit.nnqs.distributed import allreduce_gradients
@@ -1239,6 +1252,8 @@ class Runner(Solver):
             if not self._finite_weights():  # e.g. an infinite rate: keep the last good state
                 self._restore(before)
                 self._nonfinite_weights()
+        if teacher_loss is not None:
+            extra["teacher_loss"] = float(teacher_loss)
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|), or

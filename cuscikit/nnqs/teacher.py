@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["fidelity_loss", "space_ground_state", "teacher_coefficients"]
+__all__ = ["fidelity_loss", "pull_and_loss", "space_ground_state", "teacher_coefficients"]
 
 DENSE_LIMIT = 600
 """Spaces up to this size are diagonalised densely; larger ones by Davidson."""
@@ -203,6 +203,13 @@ def _parts(psi: torch.Tensor, c: torch.Tensor, mask: torch.Tensor | None = None)
     return p, q, torch.angle(rel * phase0.conj())
 
 
+def _loss(p: torch.Tensor, q: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """L_T from `_parts`, as a device scalar: the KL term over the rows where q > 0 (selected
+    by value, not by a mask's gather, so no host synchronisation) plus the phase term."""
+    kl = torch.where(q > 0, q * (q.log() - p.clamp_min(1e-300).log()), 0.0)
+    return kl.sum() + 2.0 * (q * (1.0 - torch.cos(delta))).sum()
+
+
 def fidelity_loss(psi, c) -> float:
     """L_T of the module docstring for psi (complex, any normalisation) and the teacher c on S.
 
@@ -215,10 +222,29 @@ def fidelity_loss(psi, c) -> float:
     """
     psi = torch.as_tensor(psi).to(torch.complex128)
     c = torch.as_tensor(c).to(torch.float64)
-    p, q, delta = _parts(psi, c)
-    mask = q > 0
-    kl = (q[mask] * (q[mask].log() - p[mask].clamp_min(1e-300).log())).sum()
-    return float(kl + 2.0 * (q * (1.0 - torch.cos(delta))).sum())
+    return float(_loss(*_parts(psi, c)))
+
+
+def pull_and_loss(psi: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`teacher_coefficients` (psi, c), `fidelity_loss` (psi, c) as a device scalar) from one
+    evaluation of their common parts, without a host synchronisation: the iteration's pull
+    and its ``teacher_loss``, read once the optimiser stage has waited for the device anyway.
+
+    Example:
+        >>> import torch
+        >>> c = torch.tensor([0.8, -0.6], dtype=torch.float64)
+        >>> psi = torch.tensor([0.6, 0.8], dtype=torch.complex128)
+        >>> t, loss = pull_and_loss(psi, c)
+        >>> bool(torch.equal(t, teacher_coefficients(psi, c))), float(loss) == fidelity_loss(psi, c)
+        (True, True)
+    """
+    psi = psi.to(torch.complex128)
+    p, q, delta = _parts(psi, c.to(psi.device))
+    return _coefficients(p, q, delta), _loss(p, q, delta)
+
+
+def _coefficients(p: torch.Tensor, q: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    return torch.complex(p - q, q * torch.sin(delta))
 
 
 def teacher_coefficients(
@@ -238,5 +264,4 @@ def teacher_coefficients(
         True
     """
     psi = psi.to(torch.complex128)
-    p, q, delta = _parts(psi, c.to(psi.device), mask)
-    return torch.complex(p - q, q * torch.sin(delta))
+    return _coefficients(*_parts(psi, c.to(psi.device), mask))

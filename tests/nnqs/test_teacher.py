@@ -482,3 +482,25 @@ def test_resume_names_the_teacher_settings_that_differ(tmp_path):
     ):
         assert part in text, text
     assert "teacher_gap" not in text and "teacher_hold" not in text, text
+
+
+def test_the_teacher_loss_column_is_the_fidelity_loss_of_the_iterations_psi(monkeypatch):
+    """The iteration's pull and loss come from one evaluation (`pull_and_loss`, read after the
+    optimiser stage): the column is `fidelity_loss` of the psi and c it was given, and the
+    pull is `teacher_coefficients` of them."""
+    seen = []
+    pull_and_loss = T.pull_and_loss
+
+    def spy(psi, c):
+        out = pull_and_loss(psi, c)
+        seen.append((psi.clone(), c.clone(), out[0].clone()))
+        return out
+
+    monkeypatch.setattr(T, "pull_and_loss", spy)
+    r = _runner(inner_steps=1, teacher=0.5)
+    rows = [r.step() for _ in range(3)]
+    assert len(seen) == 3
+    for row, (psi, c, pull) in zip(rows, seen, strict=True):
+        assert row["teacher_loss"] == T.fidelity_loss(psi, c)
+        assert torch.equal(pull, T.teacher_coefficients(psi, c))
+    assert rows[-1]["n_space"] > 1 and rows[-1]["teacher_loss"] > 0
