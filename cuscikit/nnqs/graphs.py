@@ -636,12 +636,10 @@ class OptimizerGraph:
             with torch.no_grad():  # psi, the local energies and the loss's coefficients
                 rowptr = b["rowptr"] if self._key.csr else None
                 pairs = (b["src"], b["dst"], b["val"])
-                psi, coef, _, flag = local_energy.terms(lp.detach(), mask, hd, pairs, rowptr)
+                # with a teacher, its pull added to the energy's coefficients
+                teach = (b["tw"], b["tc"]) if self._key.teacher else None
+                _, coef, _, flag = local_energy.terms(lp.detach(), mask, hd, pairs, rowptr, teach)
                 bad = bad | flag
-                if self._key.teacher:  # the teacher's pull added to the energy's coefficients
-                    from cuscikit.nnqs.teacher import teacher_coefficients
-
-                    coef = coef + b["tw"] * teacher_coefficients(psi, b["tc"], mask)
             with torch.enable_grad():
                 loss = 2.0 * (lp.conj() * coef).real.sum()
                 grads = self._grads(loss)

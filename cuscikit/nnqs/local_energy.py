@@ -11,17 +11,28 @@ bucket; ``mask`` is 1 on the rows of S) into
     E     = Re sum_x w_x E_x
     T_x   = w_x (E_x - E)                   (the coefficients of the loss 2 Re sum conj(ln psi) T)
 
-and a flag for any non-finite E_x or E (the stage is then undone). Between a pass's forward
-and backward work these were some 40 kernels of 1-6 us on the path the pass waits for, among
-them an ``index_add_`` of every pair (60 us an inner step for N2/STO-3G on an H100). On a CUDA
-device (or in Triton's interpreter) `terms` runs three kernels instead: one program for the
-maximum, psi and the normalisation; one program per 16 rows summing each row's pairs in order
-(the pairs in rows, `csr`: no atomic additions, so the sums are the same in every run); one
-program for E, the flag and T. Elsewhere it runs the torch operations (the pairs in any order,
-`index_add_`). The complex division is c10's (Smith's algorithm), so a row whose psi underflows
-gives what torch gives. ``ENABLED = False`` keeps the torch operations on a GPU too; a kernel
-that fails to build turns them off for the process (with a warning, ``failed`` saying why) and
-the call takes the torch operations over the same pairs.
+and a flag for any non-finite E_x or E (the stage is then undone). Between a pass's forward and
+backward work these were some 40 kernels of 1-6 us on the path the pass waits for, among them
+an ``index_add_`` of every pair (60 us an inner step for N2/STO-3G on an H100). With a teacher
+(``teacher=(tw, c)``, `cuscikit.nnqs.teacher`: its weight and its vector on S, 0 on padding) T
+also takes tw times the teacher's coefficients,
+`cuscikit.nnqs.teacher.teacher_coefficients` (psi, c, mask):
+
+    q_x = c_x^2 / sum c^2,   u_x = sign(c_x) psi_x / max(|psi_x|, 1e-300),   z = sum_x q_x u_x,
+    T_x += tw ((w_x - q_x) + i q_x sin(arg(u_x conj(z)))),
+
+another 35 torch kernels (about 100 us) an inner step.
+
+On a CUDA device (or in Triton's interpreter) `terms` runs three kernels instead: one program
+for the maximum, psi and the normalisation (and the teacher's sum of c^2 and z); one program
+per 16 rows summing each row's pairs in order (the pairs in rows, `csr`: no atomic additions,
+so the sums are the same in every run); one program for E, the flag and T (with the teacher's
+pull). Elsewhere it runs the torch operations (the pairs in any order, `index_add_`). The
+complex division is c10's (Smith's algorithm), so a row whose psi underflows gives what torch
+gives; the teacher's sin(arg v) of a unit v is Im v / |v|, which differs from torch's sin of
+torch's angle in the last bits. ``ENABLED = False`` keeps the torch operations on a GPU too; a
+kernel that fails to build turns them off for the process (with a warning, ``failed`` saying
+why) and the call takes the torch operations over the same pairs.
 
 Example:
     >>> import torch
@@ -79,16 +90,17 @@ def csr(src: torch.Tensor, dst: torch.Tensor, val: torch.Tensor, n_rows: int):
     return rowptr, src[order], dst[order].to(torch.long), val[order]
 
 
-def terms(lp, mask, hd, pairs, rowptr=None):
+def terms(lp, mask, hd, pairs, rowptr=None, teacher=None):
     """``(psi, T, E, bad)`` of the module docstring for ln psi ``lp`` (complex128, n rows),
     ``mask`` and the diagonal ``hd`` (float64, n) and the pairs ``(src, dst, val)`` of H_SS
-    (``val`` complex128). With ``rowptr`` (`csr`'s, the pairs in its order) the Triton kernels
-    run (`kernels_for` the device); without it, or with the kernels turned off, the torch
-    operations. ``E`` is a 0-d float64 tensor and ``bad`` a 0-d bool tensor; nothing waits on
-    the device."""
+    (``val`` complex128); ``teacher``: None or ``(tw, c)`` (a 0-d float64 weight and the
+    float64 vector, n rows, 0 on padding) whose pull T takes too. With ``rowptr`` (`csr`'s,
+    the pairs in its order) the Triton kernels run (`kernels_for` the device); without it, or
+    with the kernels turned off, the torch operations. ``E`` is a 0-d float64 tensor and
+    ``bad`` a 0-d bool tensor; nothing waits on the device."""
     if rowptr is not None and ENABLED:
         try:
-            return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr)
+            return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr, teacher)
         except Exception as exc:  # noqa: BLE001 - a Triton that cannot build them here
             _turn_off(exc)
     src, dst, val = pairs
@@ -99,7 +111,12 @@ def terms(lp, mask, hd, pairs, rowptr=None):
     eloc = torch.where(mask > 0, hd + num / psi, 0)
     e = (w * eloc).real.sum()
     bad = (~torch.isfinite(eloc)).any() | ~torch.isfinite(e)
-    return psi, w * (eloc - e), e, bad
+    coef = w * (eloc - e)
+    if teacher is not None:
+        from cuscikit.nnqs.teacher import teacher_coefficients
+
+        coef = coef + teacher[0] * teacher_coefficients(psi, teacher[1], mask)
+    return psi, coef, e, bad
 
 
 def _turn_off(exc: Exception) -> None:
@@ -112,7 +129,7 @@ def _turn_off(exc: Exception) -> None:
     )
 
 
-def _kernel_terms(lp, mask, hd, dst, val, rowptr):
+def _kernel_terms(lp, mask, hd, dst, val, rowptr, teacher=None):
     n = lp.shape[0]
     dev = lp.device
     lp2 = torch.view_as_real(lp.contiguous())
@@ -123,15 +140,18 @@ def _kernel_terms(lp, mask, hd, dst, val, rowptr):
     programs = triton.cdiv(n, _ROWS)
     part = torch.empty(programs, dtype=torch.float64, device=dev)
     flags = torch.empty(programs, dtype=torch.int32, device=dev)
-    out = torch.empty(3, dtype=torch.float64, device=dev)  # normalisation, E, bad
-    _psi_kernel[(1,)](lp2, mask, psi, out, n, BLOCK=_BLOCK, num_warps=8)
+    # normalisation, E, bad; the teacher's sum of c^2 and z (re, im)
+    out = torch.empty(6, dtype=torch.float64, device=dev)
+    tw, tc = teacher if teacher is not None else (out, mask)  # read only with TEACHER
+    has = teacher is not None
+    _psi_kernel[(1,)](lp2, mask, tc, psi, out, n, BLOCK=_BLOCK, TEACHER=has, num_warps=8)
     _eloc_kernel[(programs,)](
         psi, rowptr, dst, val2, hd, mask, out, eloc, part, flags, n,
         ROWS=_ROWS, PAIRS=_PAIRS, num_warps=4,
     )  # fmt: skip
     _coef_kernel[(1,)](
-        psi, mask, eloc, out, part, flags, coef, n, programs,
-        BLOCK=_BLOCK, PARTS=pow2(programs), num_warps=8,
+        psi, mask, eloc, out, part, flags, tc, tw, coef, n, programs,
+        BLOCK=_BLOCK, PARTS=pow2(programs), TEACHER=has, num_warps=8,
     )  # fmt: skip
     return (
         torch.view_as_complex(psi),
@@ -147,19 +167,47 @@ if triton is not None:
     def _finite(x):
         return (x == x) & (tl.abs(x) != float("inf"))
 
+    @triton.jit
+    def _unit(re, im):
+        """(re, im) / |(re, im)|, computed without under- or overflow; (1, 0) at 0."""
+        big = tl.maximum(tl.abs(re), tl.abs(im))
+        ok = big > 0
+        safe = tl.where(ok, big, 1.0)
+        a, b = re / safe, im / safe
+        r = tl.sqrt(a * a + b * b)
+        return tl.where(ok, a / r, 1.0), tl.where(ok, b / r, 0.0)
+
+    @triton.jit
+    def _phase(re, im):
+        """The teacher's phase factor as `cuscikit.nnqs.teacher` takes it: (re, im) / max(|.|,
+        1e-300), 1 at 0 (a value below 1e-300 in size is not made a unit)."""
+        big = tl.maximum(tl.abs(re), tl.abs(im))
+        ok = big > 0
+        safe = tl.where(ok, big, 1.0)
+        a, b = re / safe, im / safe
+        den = tl.maximum(big * tl.sqrt(a * a + b * b), 1e-300)
+        return tl.where(ok, re / den, 1.0), tl.where(ok, im / den, 0.0)
+
     @triton.jit(do_not_specialize=["n"])
-    def _psi_kernel(lp, mask, psi, out, n, BLOCK: tl.constexpr):
+    def _psi_kernel(lp, mask, tc, psi, out, n, BLOCK: tl.constexpr, TEACHER: tl.constexpr):
         """One program: m = max Re lp (NaN propagates), psi = exp(lp - m), out[0] = the sum
-        of |psi|^2 mask."""
+        of |psi|^2 mask; with a teacher out[3] = sum c^2 and out[4:6] = z = sum q u."""
         offs = tl.arange(0, BLOCK)
         top = tl.full((BLOCK,), float("-inf"), tl.float64)
+        cc = tl.zeros((BLOCK,), tl.float64)
         for start in range(0, n, BLOCK):
             i = start + offs
             re = tl.load(lp + 2 * i, mask=i < n, other=float("-inf"))
             top = tl.maximum(top, re, propagate_nan=tl.PropagateNan.ALL)
+            if TEACHER:
+                c = tl.load(tc + i, mask=i < n, other=0.0)
+                cc += c * c
         m = tl.max(top, 0)
         m = tl.where(tl.max((top != top).to(tl.int32), 0) > 0, float("nan"), m)  # as torch's max
+        q_sum = tl.sum(cc, 0)
         z = tl.zeros((BLOCK,), tl.float64)
+        zr = tl.zeros((BLOCK,), tl.float64)
+        zi = tl.zeros((BLOCK,), tl.float64)
         for start in range(0, n, BLOCK):
             i = start + offs
             ok = i < n
@@ -172,7 +220,18 @@ if triton is not None:
             tl.store(psi + 2 * i + 1, pi, mask=ok)
             mk = tl.load(mask + i, mask=ok, other=0.0)
             z += tl.where(ok, (pr * pr + pi * pi) * mk, 0.0)
+            if TEACHER:
+                c = tl.load(tc + i, mask=ok, other=0.0)
+                q = c * c / q_sum
+                ur, ui = _phase(pr, pi)
+                sign = tl.where(c < 0, -1.0, 1.0)
+                zr += tl.where(ok, q * (ur * sign), 0.0)
+                zi += tl.where(ok, q * (ui * sign), 0.0)
         tl.store(out, tl.sum(z, 0))
+        if TEACHER:
+            tl.store(out + 3, q_sum)
+            tl.store(out + 4, tl.sum(zr, 0))
+            tl.store(out + 5, tl.sum(zi, 0))
 
     @triton.jit(do_not_specialize=["n"])
     def _eloc_kernel(
@@ -227,16 +286,20 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "parts"])
     def _coef_kernel(
-        psi, mask, eloc, out, part, flags, coef, n, parts,
-        BLOCK: tl.constexpr, PARTS: tl.constexpr,
+        psi, mask, eloc, out, part, flags, tc, tw, coef, n, parts,
+        BLOCK: tl.constexpr, PARTS: tl.constexpr, TEACHER: tl.constexpr,
     ):  # fmt: skip
         """One program: E = the parts summed in order, bad = any flag or E not finite,
-        T = w (E_x - E); out[1] = E, out[2] = bad."""
+        T = w (E_x - E), plus the teacher's pull; out[1] = E, out[2] = bad."""
         p = tl.arange(0, PARTS)
         e = tl.sum(tl.load(part + p, mask=p < parts, other=0.0), 0)
         bad = tl.max(tl.load(flags + p, mask=p < parts, other=0), 0)
         bad = bad | (~_finite(e)).to(tl.int32)
         z = tl.load(out)
+        if TEACHER:  # the global phase: z / |z| (1 where z = 0)
+            weight = tl.load(tw)
+            q_sum = tl.load(out + 3)
+            gr, gi = _phase(tl.load(out + 4), tl.load(out + 5))
         offs = tl.arange(0, BLOCK)
         for start in range(0, n, BLOCK):
             i = start + offs
@@ -246,9 +309,22 @@ if triton is not None:
             w = (c * c + d * d) * tl.load(mask + i, mask=ok, other=0.0) / z
             er = tl.load(eloc + 2 * i, mask=ok, other=0.0)
             ei = tl.load(eloc + 2 * i + 1, mask=ok, other=0.0)
-            tl.store(coef + 2 * i, w * (er - e), mask=ok)
-            tl.store(coef + 2 * i + 1, w * ei, mask=ok)
+            tr = w * (er - e)
+            ti = w * ei
+            if TEACHER:
+                t = tl.load(tc + i, mask=ok, other=0.0)
+                q = t * t / q_sum
+                ur, ui = _phase(c, d)
+                sign = tl.where(t < 0, -1.0, 1.0)
+                ur, ui = ur * sign, ui * sign
+                # sin of the phase difference arg(u conj(g)), as Im / |.|
+                vr, vi = _unit(ur * gr + ui * gi, ui * gr - ur * gi)
+                tr += weight * (w - q)
+                ti += weight * (q * vi)
+            tl.store(coef + 2 * i, tr, mask=ok)
+            tl.store(coef + 2 * i + 1, ti, mask=ok)
         tl.store(out + 1, e)
         tl.store(out + 2, bad.to(tl.float64))
+
 else:  # pragma: no cover - depends on the installation
     _psi_kernel = _eloc_kernel = _coef_kernel = None
