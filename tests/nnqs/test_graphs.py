@@ -474,3 +474,34 @@ def test_spread_rows_takes_one_pair_of_each_row_per_round():
         assert len(set(zip(rounds, rows, strict=True))) == m  # no row twice a round
         shuffled = torch.as_tensor(gen.permutation(m))
         assert spread_rows(src[shuffled], n).numel() == m
+
+
+def test_the_step_counts_follow_the_optimisers_own_tensors():
+    """The stage reads and advances the AdamW step counts through views of the optimiser's
+    tensors, kept between stages: an eager step of the optimiser in between, and a
+    `load_state_dict` (new tensors), are seen, and every parameter ends at the same count."""
+    runner, S, w, de, res = stage_inputs(inner_steps=1)
+    opt = runner.optimizer
+    stage = OptimizerGraph(runner.ansatz, opt, use_graph=False)
+
+    def counts():
+        return {float(opt.state[p]["step"]) for p in runner.ansatz.parameters()}
+
+    start = counts().pop()
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
+    assert counts() == {start + 2}
+    loss = runner.ansatz.log_psi(S).real.sum()  # an eager AdamW step: + 1 on every tensor
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
+    assert counts() == {start + 5}
+    kept = stage._kept
+    opt.load_state_dict(opt.state_dict())  # the same values in new tensors
+    assert not kept.holds(opt.state)
+    stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
+    assert counts() == {start + 7} and stage._kept is not kept
+    p0 = next(runner.ansatz.parameters())
+    opt.state[p0]["step"] += 1  # in place: the kept views see it, and refuse the mismatch
+    with pytest.raises(ValueError, match="different AdamW step counts"):
+        stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
