@@ -531,12 +531,11 @@ class Pipeline:
                 if self.want_pairs and "pairs" not in sd.memo:
                     pairs.append(self._space_pairs(lo + a, offs, cfg, val, idx, in_space_L, S))
                 if self.pt2:  # sum_x H_ax psi(x) for every a outside S
-                    src, out, idx_out = sd.get(
+                    out, src_out, idx_out = sd.get(
                         ("outside S", i),
                         lambda o=offs, j=idx: self._outside(o, j, in_space_L),
                     )
-                    contrib = val * psi_s[a:b][src]
-                    index_add(acc_L, idx_out, contrib[out])
+                    index_add(acc_L, idx_out, val[out] * psi_s[a:b][src_out])
             hdiag = sd.get("hdiag", lambda: eng.diagonal(S_loc))
             eloc_c = hdiag + num_c / psi_s
             eloc_v = hdiag + num_v / psi_s
@@ -598,10 +597,11 @@ class Pipeline:
         return rows
 
     def _outside(self, offs, idx, in_space_L):
-        """(source of every coupled entry of a batch, which entries lie outside S, their rows
-        in L): what the PT2 sums of the batch add where."""
-        out = ~in_space_L[idx]
-        return self._sources_of(offs), out, idx[out]
+        """(the entries of a batch's coupled set that lie outside S, their sources within the
+        batch, their rows in L): what the PT2 sums of the batch add where. Indices, not a
+        mask, so that a reused S selects them without waiting on the device."""
+        out = self._nonzero(~in_space_L[idx])
+        return out, self._sources_of(offs)[out], idx[out]
 
     def _pt2_rows(self, sd: _SpaceData):
         """(rows of U_r outside S, their keys, their H_aa)."""
