@@ -3,7 +3,8 @@
 # defaults: 200 iterations, medians over iterations 20-200). Steps, run in the order given:
 #   before  float32, recorded optimiser stage, profiled (--profile), with the nnqs package of
 #           BASE_NNQS laid over this tree (e.g. the main branch's cuscikit/nnqs), alone on the GPU;
-#           VARIANTS (default: graph) picks the variants, e.g. "graph graph-teacher0"
+#           VARIANTS (default: graph) picks the variants, e.g. "graph graph-teacher0"; medians
+#           from iteration FROM (default 20) of ITERS (e.g. ITERS=320 FROM=230: after the teacher)
 #   kernels the training kernels alone (small_iteration.py --kernels): microseconds per call,
 #           the attention at 1/2/4 warps per program; "after" then runs with the fastest
 #   after   the same with this tree, alone on the GPU (VARIANTS too)
@@ -38,8 +39,8 @@ for step in "$@"; do
     before)
       # shellcheck disable=SC2086  # VARIANTS: words
       (cd benchmarks && PYTHONPATH=$base timeout "${T1:-40}" python3 small_iteration.py \
-        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile \
-        --json-out "$out/f32_before.json") > "$out/f32_before.log" 2>&1
+        --iterations "${ITERS:-200}" --from "${FROM:-20}" --variants ${VARIANTS:-graph} \
+        --profile --json-out "$out/f32_before.json") > "$out/f32_before.log" 2>&1
       echo "before: exit $? at $((SECONDS - t0)) s" ;;
     kernels)
       (cd benchmarks && timeout "${TK:-40}" python3 small_iteration.py --kernels) \
@@ -50,8 +51,8 @@ for step in "$@"; do
     after)
       # shellcheck disable=SC2086  # warps_arg: empty, or the option and its value; VARIANTS
       (cd benchmarks && timeout "${T1:-40}" python3 small_iteration.py ${warps_arg:-} \
-        --iterations "${ITERS:-200}" --variants ${VARIANTS:-graph} --profile \
-        --json-out "$out/f32_after.json") > "$out/f32_after.log" 2>&1
+        --iterations "${ITERS:-200}" --from "${FROM:-20}" --variants ${VARIANTS:-graph} \
+        --profile --json-out "$out/f32_after.json") > "$out/f32_after.log" 2>&1
       echo "after: exit $? at $((SECONDS - t0)) s" ;;
     side)
       (cd benchmarks && timeout "${T64:-80}" python3 small_iteration.py --float64 \
