@@ -67,6 +67,7 @@ __all__ = [
     "InferenceGraph",
     "OptimizerGraph",
     "bucket",
+    "pair_signature",
     "record",
     "saved_bytes_per_row",
     "spread_rows",
@@ -217,6 +218,31 @@ def unsupported_reason(ansatz, optimizer) -> str | None:
     if len({(p.dtype, p.device) for p in params}) != 1:
         return "the parameters do not share one dtype and device (flat AdamW buffers)"
     return None
+
+
+def pair_signature(ansatz, optimizer) -> tuple:
+    """What `unsupported_reason`'s verdict on the same ansatz and optimiser can change with,
+    read without walking the ansatz's modules (about 20 us against 150 for N2's 63
+    parameters): the objects, the optimiser's groups, flags and parameter list, and each
+    parameter's requires_grad, dtype and device. A caller may keep a verdict while this stays
+    equal (a new parameter module added to the ansatz alone is not seen; the optimiser would
+    not train it either way)."""
+    groups = optimizer.param_groups
+    g = groups[0] if groups else {}
+    params = g.get("params", ())
+    flags = tuple(g.get(k) for k in ("amsgrad", "maximize", "differentiable"))
+    return (
+        id(ansatz),
+        id(optimizer),
+        type(optimizer),
+        len(groups),
+        id(params),
+        len(params),
+        flags,
+        tuple([p.requires_grad for p in params]),
+        tuple([p.dtype for p in params]),
+        tuple([p.device for p in params]),
+    )
 
 
 def spread_rows(src: torch.Tensor, n_rows: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cuscikit import Molecule
-from cuscikit.nnqs import Ansatz
+from cuscikit.nnqs import Ansatz, graphs
 from cuscikit.nnqs.graphs import (
     OptimizerGraph,
     bucket,
@@ -412,8 +412,6 @@ def test_the_stage_writes_what_depends_on_s_alone_once(monkeypatch):
     steps do (new buffers), each of which writes S again."""
     import copy
 
-    from cuscikit.nnqs import graphs
-
     runner, S, w, de, res = stage_inputs(inner_steps=2)
     pairs = tuple(torch.as_tensor(a).clone() for a in res.space_pairs)
     hdiag = torch.as_tensor(res.hdiag).clone()
@@ -505,3 +503,22 @@ def test_the_step_counts_follow_the_optimisers_own_tensors():
     opt.state[p0]["step"] += 1  # in place: the kept views see it, and refuse the mismatch
     with pytest.raises(ValueError, match="different AdamW step counts"):
         stage.run(S, w, de, res.hdiag, res.space_pairs, 1)
+
+
+def test_the_graphs_verdict_is_checked_again_when_the_pair_changes(monkeypatch):
+    """The ansatz/optimiser check walks every parameter, so the Runner keeps its verdict
+    while `pair_signature` stays the same, and checks again when it changes: a frozen
+    parameter, another optimiser (the device is set to CUDA by hand: no CUDA call is made)."""
+    runner = make_runner()
+    runner.device = torch.device("cuda")
+    calls = count_calls(monkeypatch, graphs, "unsupported_reason")
+    assert runner._graphs_reason() is None and len(calls) == 1
+    assert runner._graphs_reason() is None and len(calls) == 1
+    p0 = next(runner.ansatz.parameters())
+    p0.requires_grad_(False)
+    assert "frozen" in runner._graphs_reason() and len(calls) == 2
+    assert "frozen" in runner._graphs_reason(fresh=False) and len(calls) == 2
+    p0.requires_grad_(True)
+    assert runner._graphs_reason() is None and len(calls) == 3
+    runner.optimizer = torch.optim.SGD(runner.ansatz.parameters())
+    assert "SGD" in runner._graphs_reason() and len(calls) == 4
