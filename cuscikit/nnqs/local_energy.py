@@ -54,7 +54,7 @@ import torch
 
 from cuscikit.nnqs._triton import interpreting, pow2, tl, triton
 
-__all__ = ["ENABLED", "csr", "kernels_for", "terms"]
+__all__ = ["ENABLED", "csr", "kernels_for", "teacher_pull", "terms"]
 
 #: True (default): `terms` takes the Triton kernels on a CUDA device.
 ENABLED = True
@@ -117,6 +117,27 @@ def terms(lp, mask, hd, pairs, rowptr=None, teacher=None):
 
         coef = coef + teacher[0] * teacher_coefficients(psi, teacher[1], mask)
     return psi, coef, e, bad
+
+
+def teacher_pull(psi: torch.Tensor, c: torch.Tensor):
+    """``(T, L_T)``: the teacher's coefficients `cuscikit.nnqs.teacher.teacher_coefficients`
+    (psi, c) and its loss `cuscikit.nnqs.teacher.fidelity_loss` (psi, c) as a 0-d tensor, in one
+    Triton program (`kernels_for` psi's device) instead of some 40 torch operations: the
+    iteration's pull, before the optimiser stage. psi complex128 and c float64, n rows each.
+    None where the kernels are off (the caller takes the torch operations)."""
+    if not (ENABLED and kernels_for(psi.device)):
+        return None
+    try:
+        n = psi.shape[0]
+        psi2 = torch.view_as_real(psi.to(torch.complex128).contiguous())
+        c = c.to(device=psi.device, dtype=torch.float64).contiguous()
+        pull = torch.empty((n, 2), dtype=torch.float64, device=psi.device)
+        loss = torch.empty(1, dtype=torch.float64, device=psi.device)
+        _pull_kernel[(1,)](psi2, c, pull, loss, n, BLOCK=_BLOCK, num_warps=8)
+    except Exception as exc:  # noqa: BLE001 - a Triton that cannot build it here
+        _turn_off(exc)
+        return None
+    return torch.view_as_complex(pull), loss[0]
 
 
 def _turn_off(exc: Exception) -> None:
@@ -326,5 +347,56 @@ if triton is not None:
         tl.store(out + 1, e)
         tl.store(out + 2, bad.to(tl.float64))
 
+    @triton.jit(do_not_specialize=["n"])
+    def _pull_kernel(psi, tc, pull, loss, n, BLOCK: tl.constexpr):
+        """One program: the teacher's T (as `_coef_kernel` adds it, with p = |psi|^2 / sum
+        |psi|^2 over all rows) and L_T = sum_{q > 0} q (ln q - ln max(p, 1e-300)) +
+        2 sum q (1 - cos(arg(u conj(g))))."""
+        offs = tl.arange(0, BLOCK)
+        pp = tl.zeros((BLOCK,), tl.float64)
+        cc = tl.zeros((BLOCK,), tl.float64)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            ok = i < n
+            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
+            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
+            c = tl.load(tc + i, mask=ok, other=0.0)
+            pp += pr * pr + pi * pi
+            cc += c * c
+        p_sum = tl.sum(pp, 0)
+        q_sum = tl.sum(cc, 0)
+        zr = tl.zeros((BLOCK,), tl.float64)
+        zi = tl.zeros((BLOCK,), tl.float64)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            ok = i < n
+            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
+            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
+            c = tl.load(tc + i, mask=ok, other=0.0)
+            ur, ui = _phase(pr, pi)
+            sign = tl.where(c < 0, -1.0, 1.0)
+            q = c * c / q_sum
+            zr += tl.where(ok, q * (ur * sign), 0.0)
+            zi += tl.where(ok, q * (ui * sign), 0.0)
+        gr, gi = _phase(tl.sum(zr, 0), tl.sum(zi, 0))
+        acc = tl.zeros((BLOCK,), tl.float64)
+        for start in range(0, n, BLOCK):
+            i = start + offs
+            ok = i < n
+            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
+            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
+            c = tl.load(tc + i, mask=ok, other=0.0)
+            p = (pr * pr + pi * pi) / p_sum
+            q = c * c / q_sum
+            ur, ui = _phase(pr, pi)
+            sign = tl.where(c < 0, -1.0, 1.0)
+            ur, ui = ur * sign, ui * sign
+            vr, vi = _unit(ur * gr + ui * gi, ui * gr - ur * gi)
+            tl.store(pull + 2 * i, p - q, mask=ok)
+            tl.store(pull + 2 * i + 1, q * vi, mask=ok)
+            has = ok & (q > 0)
+            kl = q * (tl.log(tl.where(has, q, 1.0)) - tl.log(tl.maximum(p, 1e-300)))
+            acc += tl.where(has, kl, 0.0) + tl.where(ok, 2.0 * q * (1.0 - vr), 0.0)
+        tl.store(loss, tl.sum(acc, 0))
 else:  # pragma: no cover - depends on the installation
-    _psi_kernel = _eloc_kernel = _coef_kernel = None
+    _psi_kernel = _eloc_kernel = _coef_kernel = _pull_kernel = None

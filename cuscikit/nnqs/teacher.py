@@ -229,6 +229,8 @@ def pull_and_loss(psi: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, tor
     """(`teacher_coefficients` (psi, c), `fidelity_loss` (psi, c) as a device scalar) from one
     evaluation of their common parts, without a host synchronisation: the iteration's pull
     and its ``teacher_loss``, read once the optimiser stage has waited for the device anyway.
+    On a GPU one Triton program (`cuscikit.nnqs.local_energy.teacher_pull`: the same values
+    to the last bits, sums in another order).
 
     Example:
         >>> import torch
@@ -238,7 +240,12 @@ def pull_and_loss(psi: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, tor
         >>> bool(torch.equal(t, teacher_coefficients(psi, c))), float(loss) == fidelity_loss(psi, c)
         (True, True)
     """
+    from cuscikit.nnqs import local_energy
+
     psi = psi.to(torch.complex128)
+    fused = local_energy.teacher_pull(psi, c)  # one Triton program on a GPU
+    if fused is not None:
+        return fused
     p, q, delta = _parts(psi, c.to(psi.device))
     return _coefficients(p, q, delta), _loss(p, q, delta)
 

@@ -112,6 +112,21 @@ _SCRIPT = textwrap.dedent(
                  lambda lp: lp.__setitem__(3, complex(-1000.0, 2.5))):
         ref, got = case(40, 4, 0, None, poke, True)
         torch.testing.assert_close(got[1], ref[1], rtol=0, atol=1e-13, equal_nan=True)
+    # the iteration's pull and the teacher's loss in one program, against the torch operations
+    from cuscikit.nnqs import teacher as T
+    for n in (1, 37, 1100):
+        lp = torch.complex(torch.rand(n, dtype=torch.float64, generator=g) * 4 - 3,
+                           torch.rand(n, dtype=torch.float64, generator=g) * 6 - 3)
+        if n > 5:
+            lp[3] = complex(-700.0, 2.5)  # |psi| below 1e-300: not made a unit, as torch's
+        psi = torch.exp(lp - lp.real.max())
+        c = torch.randn(n, dtype=torch.float64, generator=g)
+        c[torch.rand(n, generator=g) < 0.2] = 0.0
+        c[0] = 1.0
+        parts = T._parts(psi, c)
+        pull, loss = le.teacher_pull(psi, c)
+        assert float((pull - T._coefficients(*parts)).abs().max()) <= 1e-13, n
+        assert abs(float(loss) - float(T._loss(*parts))) <= 1e-12 * max(1.0, float(loss)), n
     # a row whose psi underflows to 0, a NaN: flagged by both
     for poke in (lambda lp: lp.__setitem__(3, complex(-800.0, 0.2)),
                  lambda lp: lp.__setitem__(5, complex(float("nan"), 0.0))):
@@ -161,7 +176,7 @@ _SCRIPT = textwrap.dedent(
 def test_kernels_match_the_torch_operations_in_the_interpreter():
     """float64: psi, T and E to 1e-13 on random spaces (padding, empty rows, a row of 100
     pairs, a single row), with and without a teacher's pull (T to 1e-13 also where psi is
-    tiny or 0), the same flag where psi underflows or is NaN; and one optimiser stage (LiH,
+    tiny or 0), the iteration's pull and loss (`teacher_pull`, 1e-13 / 1e-12), the same flag where psi underflows or is NaN; and one optimiser stage (LiH,
     two inner steps, with and without a teacher) with the kernels leaves the same weights as
     with the torch operations (1e-12; 1e-11 with the teacher)."""
     out = run_interpreted(_SCRIPT, timeout=600)
