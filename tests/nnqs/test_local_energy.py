@@ -176,8 +176,9 @@ _SCRIPT = textwrap.dedent(
 def test_kernels_match_the_torch_operations_in_the_interpreter():
     """float64: psi, T and E to 1e-13 on random spaces (padding, empty rows, a row of 100
     pairs, a single row), with and without a teacher's pull (T to 1e-13 also where psi is
-    tiny or 0), the iteration's pull and loss (`teacher_pull`, 1e-13 / 1e-12), the same flag where psi underflows or is NaN; and one optimiser stage (LiH,
-    two inner steps, with and without a teacher) with the kernels leaves the same weights as
-    with the torch operations (1e-12; 1e-11 with the teacher)."""
+    tiny or 0), the iteration's pull and loss (`teacher_pull`, 1e-13 / 1e-12), the same flag
+    where psi underflows or is NaN; and one optimiser stage (LiH, two inner steps, with and
+    without a teacher) with the kernels leaves the same weights as with the torch operations
+    (1e-12; 1e-11 with the teacher)."""
     out = run_interpreted(_SCRIPT, timeout=600)
     assert "ok" in out
