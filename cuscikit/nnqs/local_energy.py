@@ -209,6 +209,28 @@ if triton is not None:
         den = tl.maximum(big * tl.sqrt(a * a + b * b), 1e-300)
         return tl.where(ok, re / den, 1.0), tl.where(ok, im / den, 0.0)
 
+    @triton.jit
+    def _aligned(pr, pi, c, q_sum):
+        """(q, u) of a row: the teacher's weight c^2 / sum c^2 and psi's phase times sign(c)."""
+        ur, ui = _phase(pr, pi)
+        sign = tl.where(c < 0, -1.0, 1.0)
+        return c * c / q_sum, ur * sign, ui * sign
+
+    @triton.jit
+    def _pulled(pr, pi, c, q_sum, gr, gi):
+        """(q, cos, sin) of a row's phase difference arg(u conj(g)) from the global phase g,
+        as (Re, Im) / |.|."""
+        q, ur, ui = _aligned(pr, pi, c, q_sum)
+        vr, vi = _unit(ur * gr + ui * gi, ui * gr - ur * gi)
+        return q, vr, vi
+
+    @triton.jit
+    def _row(psi, tc, i, ok):
+        """psi (re, im) and the teacher's c of rows i."""
+        pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
+        pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
+        return pr, pi, tl.load(tc + i, mask=ok, other=0.0)
+
     @triton.jit(do_not_specialize=["n"])
     def _psi_kernel(lp, mask, tc, psi, out, n, BLOCK: tl.constexpr, TEACHER: tl.constexpr):
         """One program: m = max Re lp (NaN propagates), psi = exp(lp - m), out[0] = the sum
@@ -242,12 +264,9 @@ if triton is not None:
             mk = tl.load(mask + i, mask=ok, other=0.0)
             z += tl.where(ok, (pr * pr + pi * pi) * mk, 0.0)
             if TEACHER:
-                c = tl.load(tc + i, mask=ok, other=0.0)
-                q = c * c / q_sum
-                ur, ui = _phase(pr, pi)
-                sign = tl.where(c < 0, -1.0, 1.0)
-                zr += tl.where(ok, q * (ur * sign), 0.0)
-                zi += tl.where(ok, q * (ui * sign), 0.0)
+                q, ur, ui = _aligned(pr, pi, tl.load(tc + i, mask=ok, other=0.0), q_sum)
+                zr += tl.where(ok, q * ur, 0.0)
+                zi += tl.where(ok, q * ui, 0.0)
         tl.store(out, tl.sum(z, 0))
         if TEACHER:
             tl.store(out + 3, q_sum)
@@ -334,14 +353,9 @@ if triton is not None:
             ti = w * ei
             if TEACHER:
                 t = tl.load(tc + i, mask=ok, other=0.0)
-                q = t * t / q_sum
-                ur, ui = _phase(c, d)
-                sign = tl.where(t < 0, -1.0, 1.0)
-                ur, ui = ur * sign, ui * sign
-                # sin of the phase difference arg(u conj(g)), as Im / |.|
-                vr, vi = _unit(ur * gr + ui * gi, ui * gr - ur * gi)
+                q, _, sin = _pulled(c, d, t, q_sum, gr, gi)
                 tr += weight * (w - q)
-                ti += weight * (q * vi)
+                ti += weight * (q * sin)
             tl.store(coef + 2 * i, tr, mask=ok)
             tl.store(coef + 2 * i + 1, ti, mask=ok)
         tl.store(out + 1, e)
@@ -357,10 +371,7 @@ if triton is not None:
         cc = tl.zeros((BLOCK,), tl.float64)
         for start in range(0, n, BLOCK):
             i = start + offs
-            ok = i < n
-            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
-            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
-            c = tl.load(tc + i, mask=ok, other=0.0)
+            pr, pi, c = _row(psi, tc, i, i < n)
             pp += pr * pr + pi * pi
             cc += c * c
         p_sum = tl.sum(pp, 0)
@@ -370,33 +381,23 @@ if triton is not None:
         for start in range(0, n, BLOCK):
             i = start + offs
             ok = i < n
-            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
-            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
-            c = tl.load(tc + i, mask=ok, other=0.0)
-            ur, ui = _phase(pr, pi)
-            sign = tl.where(c < 0, -1.0, 1.0)
-            q = c * c / q_sum
-            zr += tl.where(ok, q * (ur * sign), 0.0)
-            zi += tl.where(ok, q * (ui * sign), 0.0)
+            pr, pi, c = _row(psi, tc, i, ok)
+            q, ur, ui = _aligned(pr, pi, c, q_sum)
+            zr += tl.where(ok, q * ur, 0.0)
+            zi += tl.where(ok, q * ui, 0.0)
         gr, gi = _phase(tl.sum(zr, 0), tl.sum(zi, 0))
         acc = tl.zeros((BLOCK,), tl.float64)
         for start in range(0, n, BLOCK):
             i = start + offs
             ok = i < n
-            pr = tl.load(psi + 2 * i, mask=ok, other=0.0)
-            pi = tl.load(psi + 2 * i + 1, mask=ok, other=0.0)
-            c = tl.load(tc + i, mask=ok, other=0.0)
+            pr, pi, c = _row(psi, tc, i, ok)
             p = (pr * pr + pi * pi) / p_sum
-            q = c * c / q_sum
-            ur, ui = _phase(pr, pi)
-            sign = tl.where(c < 0, -1.0, 1.0)
-            ur, ui = ur * sign, ui * sign
-            vr, vi = _unit(ur * gr + ui * gi, ui * gr - ur * gi)
+            q, cos, sin = _pulled(pr, pi, c, q_sum, gr, gi)
             tl.store(pull + 2 * i, p - q, mask=ok)
-            tl.store(pull + 2 * i + 1, q * vi, mask=ok)
+            tl.store(pull + 2 * i + 1, q * sin, mask=ok)
             has = ok & (q > 0)
             kl = q * (tl.log(tl.where(has, q, 1.0)) - tl.log(tl.maximum(p, 1e-300)))
-            acc += tl.where(has, kl, 0.0) + tl.where(ok, 2.0 * q * (1.0 - vr), 0.0)
+            acc += tl.where(has, kl, 0.0) + tl.where(ok, 2.0 * q * (1.0 - cos), 0.0)
         tl.store(loss, tl.sum(acc, 0))
 else:  # pragma: no cover - depends on the installation
     _psi_kernel = _eloc_kernel = _coef_kernel = _pull_kernel = None
