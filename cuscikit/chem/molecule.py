@@ -537,7 +537,11 @@ class Molecule:
 
             configs = from_occupations([a for a, _ in fillings], [b for _, b in fillings], n)
             diagonal = Hamiltonian.from_molecule(self).diagonal(configs)
-            fillings = [fillings[int(np.argmin(diagonal))]]
+            # the first of the lowest: fillings that tie (a spin flip of another) differ only
+            # by rounding, which would make the choice depend on the BLAS build
+            low = diagonal.min()
+            first = np.flatnonzero(diagonal <= low + 1e-10 * max(1.0, abs(low)))[0]
+            fillings = [fillings[int(first)]]
         if fillings:  # the aufbau filling when the shell is full
             self.metadata["start"] = {"alpha": fillings[0][0], "beta": fillings[0][1]}
         return self
