@@ -538,7 +538,7 @@ class Molecule:
             configs = from_occupations([a for a, _ in fillings], [b for _, b in fillings], n)
             diagonal = Hamiltonian.from_molecule(self).diagonal(configs)
             # the first of the lowest: fillings that tie (a spin flip of another) differ only
-            # by rounding, which would make the choice depend on the BLAS build
+            # by rounding, and which of them came out lower differed between machines
             low = diagonal.min()
             first = np.flatnonzero(diagonal <= low + 1e-10 * max(1.0, abs(low)))[0]
             fillings = [fillings[int(first)]]
