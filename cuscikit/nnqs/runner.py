@@ -824,9 +824,11 @@ class Runner(Solver):
             from cuscikit.nnqs.graphs import pair_signature, unsupported_reason
 
             kept = getattr(self, "_unsupported", None)  # (signature, verdict)
-            if kept is None or (fresh and pair_signature(self.ansatz, self.optimizer) != kept[0]):
+            if kept is None or fresh:
                 sig = pair_signature(self.ansatz, self.optimizer)
-                kept = self._unsupported = (sig, unsupported_reason(self.ansatz, self.optimizer))
+                if kept is None or sig != kept[0]:
+                    why = unsupported_reason(self.ansatz, self.optimizer)
+                    kept = self._unsupported = (sig, why)
             why = kept[1]
         if why is not None and self.graphs is True:
             raise ValueError(f"graphs=True, but {why}")
