@@ -315,6 +315,41 @@ def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
         assert float(st["step"]) == 2 * 3
 
 
+def test_a_recording_warms_up_with_one_inner_step(monkeypatch):
+    """The warm-ups before a recording run the iteration's step and one inner step, whatever
+    the stage's inner steps, and apply nothing; the recording itself runs them all."""
+    runner = with_body(make_runner(inner_steps=3))
+    calls = []
+
+    def log_psi(tokens):
+        calls.append(len(tokens))
+        return runner.ansatz._log_psi_tokens(tokens)
+
+    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False, log_psi=log_psi)
+    runner._graph_stage = stage
+    runner.run(1, progress=False)  # the stage's buffers and key, with 3 inner steps
+    assert stage._key.inner == 3 and len(calls) == 4
+    seen = {}
+
+    def fake_record(fn, device=None, *, warm_up=None, warm_ups=2):
+        before = [p.detach().clone() for p in stage.params]
+        for _ in range(warm_ups):
+            warm_up()
+        seen["warm-up passes"] = len(calls) - 4
+        seen["unchanged"] = all(
+            torch.equal(p, q) for p, q in zip(stage.params, before, strict=True)
+        )
+        fn()
+        seen["recorded passes"] = len(calls) - 4 - seen["warm-up passes"]
+        return None, None
+
+    monkeypatch.setattr(graphs, "record", fake_record)
+    stage._capture()
+    assert seen == {"warm-up passes": 2 * 2, "unchanged": True, "recorded passes": 4}
+    with pytest.raises(ValueError, match="inner steps"):
+        stage._body(apply=True, inner=1)
+
+
 @pytest.mark.parametrize("name", ["LiH", "Hubbard-6-ring-U4"])
 def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
     """`shared_prefix_training=True`, in the eager stage and in the graph body (teacher on, then
