@@ -585,7 +585,10 @@ def main():
     ap.add_argument("--trace-out", help="with --profile: write the profiles as Chrome traces here")
     ap.add_argument("--json-out", help="write the tables' rows as benchmarks/results keeps them")
     ap.add_argument("--note", default="", help="how the machine was shared, for --json-out")
-    ap.add_argument("--history-out", help="write each variant's energies (CSV) to this folder")
+    ap.add_argument(
+        "--history-out",
+        help="write each variant's energies, |S| and stage times (CSV) to this folder",
+    )
     ap.add_argument(
         "--reference",
         help="a --history-out folder of another run: each variant's energies are compared with "
@@ -656,7 +659,9 @@ def main():
             os.makedirs(args.history_out, exist_ok=True)
             for variant, h in hist.items():
                 path = os.path.join(args.history_out, f"{name}_{variant.replace(' ', '')}.csv")
-                h[["iteration", "e_coupled", "e_variational"]].to_csv(path, index=False)
+                cols = ["iteration", "e_coupled", "e_variational", "n_space", "t_total"]
+                cols += [f"t_{s}" for s in STAGES]
+                h[[c for c in cols if c in h]].to_csv(path, index=False)
         pairs = []
         first_variant = next(iter(hist))
         pairs += [(v, hist[v], first_variant, hist[first_variant]) for v in list(hist)[1:]]

@@ -24,6 +24,9 @@
 #           recorded with torch's kernels, recorded and eager with the Triton ones); the gpu
 #           tests of TEST_FILES (default: the kernels and the recorded stage), one pytest
 #           process per file, selected by TEST_K, with PYTEST_ARGS
+#   runs    whole default runs of RUN_ITERS iterations (default 2000): this tree's first with
+#           Triton's cache emptied (what it compiles: triton_cache.txt), then BASE_NNQS's package
+#           and this tree alternately, RUNS times each (default 2), the cache warm
 #   compare64  float64 over ITERS64 iterations of VARIANTS64 (default: graph graph-teacher0),
 #           BASE_NNQS's package first, then this tree compared with it variant by variant,
 #           while the gpu tests of TEST_FILES (default: the recorded stage and the pipeline)
@@ -123,6 +126,28 @@ for step in "$@"; do
       echo "compare64 branch: exit $? at $((SECONDS - t0)) s"
       wait
       echo "compare64: done at $((SECONDS - t0)) s" ;;
+    runs)
+      # whole default runs (RUN_ITERS iterations, default 2000) as a user starts them: Triton's
+      # cache emptied first (TRITON_CACHE_DIR under $out), this tree's first process compiles
+      # (its kernels counted by name in triton_cache.txt), then BASE_NNQS's package and this
+      # tree alternately, RUNS times each (default 2), with the cache warm
+      export TRITON_CACHE_DIR="$out/triton_cache"
+      rm -rf "$TRITON_CACHE_DIR"
+      whole() {  # label, PYTHONPATH
+        (cd benchmarks && PYTHONPATH=$2 timeout "${TW:-150}" python3 small_iteration.py \
+          --iterations "${RUN_ITERS:-2000}" --variants graph --json-out "$out/run_$1.json" \
+          --history-out "$out/hist_$1") > "$out/run_$1.log" 2>&1
+        echo "runs $1: exit $? at $((SECONDS - t0)) s"
+      }
+      whole cold "$root"
+      find "$TRITON_CACHE_DIR" -name "*.json" ! -name "__grp__*" -exec basename {} .json \; \
+        | sort | uniq -c | sort -rn > "$out/triton_cache.txt"
+      for k in $(seq "${RUNS:-2}"); do
+        [ -n "$base" ] && whole "base$k" "$base"
+        whole "tree$k" "$root"
+      done
+      for f in "$out"/run_*.log; do echo "$(basename "$f" .log): $(grep "^\['" "$f")"; done
+      rm -rf "$TRITON_CACHE_DIR" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done
