@@ -526,6 +526,8 @@ class OptimizerGraph:
             tree = prefix_tree(tokens)
         key = self.key_for(n, m, inner_steps, teacher is not None, len(tree.first) if tree else 0)
         if not self._fits(key):
+            if key.csr:  # room for a quarter more pairs: the kernels read a row's pairs only
+                key = key._replace(pairs=bucket(m + m // 4))
             self._allocate(key, tokens.shape[1], exp_avg, exp_avg_sq)
         b = self._buf
         n_cap = self._key.rows  # the recording's bucket: key's, or a larger one it fits

@@ -180,6 +180,45 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
             torch.testing.assert_close(p, want[k], rtol=0, atol=1e-10, msg=k)
 
 
+def test_a_recording_has_room_for_more_pairs():
+    """A recording whose pairs lie in rows (`local_energy`'s kernels) allocates room for a
+    quarter more pairs: S grown by a few configurations, with more H_SS pairs than its first
+    allocation's bucket held (N2 grows from 1,806 to 1,824 configurations, 162,196 to 165,592
+    pairs, between two iterations), replays the same recording."""
+    import copy
+
+    from cuscikit.nnqs.graphs import OptimizerGraph, bucket
+
+    runner = _runner("N2", graphs=True, topk=1024)
+    runner.run(5, progress=False)
+    seen = _next_stage(runner)
+    configs, w, de, hdiag, (src, dst, val), inner = seen["args"][:6]
+    assert seen["kw"].get("teacher") is None
+    n, m = len(configs), len(src)
+    last = torch.maximum(torch.as_tensor(src), torch.as_tensor(dst)).cpu()
+    # the largest first part of S in the same row bucket whose pairs fall in a smaller bucket
+    part = next(
+        k
+        for k in range(n - 1, 0, -1)
+        if bucket(k) < bucket(n) or bucket(int((last < k).sum())) < bucket(m)
+    )
+    keep = last < part
+    m_part = int(keep.sum())
+    assert bucket(part) == bucket(n), "no smaller pair bucket within S's row bucket"
+    assert bucket(m_part) < bucket(m) and m <= m_part + m_part // 4
+    ansatz = copy.deepcopy(runner.ansatz)
+    opt = torch.optim.AdamW(ansatz.parameters())
+    opt.load_state_dict(copy.deepcopy(seen["adamw"]))
+    stage = OptimizerGraph(ansatz, opt)
+    pairs_part = tuple(
+        torch.as_tensor(a)[keep.to(torch.as_tensor(a).device)] for a in (src, dst, val)
+    )
+    stage.run(configs[:part], w[:part], de[:part], hdiag[:part], pairs_part, inner)
+    assert stage._key.csr and stage._key.pairs == bucket(m_part + m_part // 4)
+    stage.run(configs, w, de, hdiag, (src, dst, val), inner)
+    assert stage.captures == 1 and stage.replays == 2
+
+
 def test_aside_functions_in_a_recorded_graph(monkeypatch):
     """`aside.linear` and `aside.embed` with the second stream inside a recorded CUDA graph:
     every gradient equals torch's one-stream pass (float64, 1e-12), replay after replay with
