@@ -87,7 +87,7 @@ import torch
 from _common import machine, print_table, write_json
 
 from cuscikit import Ansatz, Molecule, Runner
-from cuscikit.nnqs import aside, fused_ops
+from cuscikit.nnqs import aside, fused_ops, graphs
 from cuscikit.nnqs.graphs import OptimizerGraph
 from cuscikit.nnqs.runner import STAGES, LearningRateDecay
 from cuscikit.sci.configs import all_determinants
@@ -108,6 +108,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-noreuse": {"graphs": True, "reuse_space": False},
     "graph-teacher0-noreuse": {"graphs": True, "teacher": 0, "reuse_space": False},
     "graph-torch-ops": {"graphs": True, "fused_ops": False},
+    # without the next iteration's ln psi over S queued right after the recorded stage
+    # (``graphs.PREFETCH = False``)
+    "graph-noprefetch": {"graphs": True, "prefetch": False},
     "eager-torch-ops": {"graphs": False, "fused_ops": False},
     # each transformer block of the training pass as one Triton kernel each way
     # (``fused_ops.BLOCK_ENABLED``)
@@ -187,6 +190,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     kernels = options.pop("local_energy", _ASIDE_DEFAULTS[4])
     if kernels is not None:
         local_energy.ENABLED = kernels
+    prefetch = options.pop("prefetch", True)
+    if hasattr(graphs, "PREFETCH"):  # a package with the prefetch
+        graphs.PREFETCH = prefetch
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
@@ -629,6 +635,9 @@ def main():
             reused = getattr(runner._pipeline, "reused", None)
             if reused is not None:
                 label += f" (S reused {reused}x)"
+            prefetched = getattr(runner._pipeline.inference_graph, "prefetched", None)
+            if prefetched:
+                label += f" (prefetched {prefetched}x)"
             if runner._graphs_off is not None:
                 label += " (graphs failed: eager)"
                 print("#", runner._graphs_off)

@@ -53,6 +53,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import NamedTuple
 
@@ -75,6 +76,9 @@ __all__ = [
 ]
 
 _MIN_BUCKET = 64
+#: True: the Runner queues the next iteration's ln psi over S (`InferenceGraph.prefetch`)
+#: right after its recorded optimiser stage, ahead of the host's wait for the stage.
+PREFETCH = True
 _SIDE_STREAMS: dict = {}
 
 
@@ -405,6 +409,11 @@ class OptimizerGraph:
         self._kept = None  # the optimiser's state tensors, while it holds them (`_KeptState`)
         self.captures = 0  # graphs recorded so far (one per new bucket or new state tensors)
         self.replays = 0
+        #: None, or a function queued on the device right after a replay, before the host
+        #: waits for the stage's flags (which then waits for the stage alone): the Runner's
+        #: `InferenceGraph.prefetch` of the next iteration's ln psi over S
+        self.after_replay = None
+        self._flags_host = None  # pinned copy of the flags, and the event after it
 
     # ----------------------------------------------------------------------------- state
     def _state(self) -> tuple[list, list, float]:
@@ -497,7 +506,7 @@ class OptimizerGraph:
         else:
             self._body(apply=True)
         self.replays += 1
-        loss, bad, finite = b["flags"].tolist()
+        loss, bad, finite = self._flags()
         ok = bad == 0 and finite == 1 and loss == loss and abs(loss) != float("inf")
         with torch.no_grad():
             if not ok:  # the moments were not written yet: only the weights go back
@@ -508,6 +517,27 @@ class OptimizerGraph:
                 for a in self._kept.step_views:  # the step counts, through their numpy views
                     a += 1 + inner_steps
         return loss, bad == 0, finite == 1
+
+    def _flags(self) -> list[float]:
+        """(loss, bad, finite) of the stage just queued. With `after_replay` on a CUDA device
+        they are copied to pinned memory first, and the host waits for that copy alone, not
+        for what `after_replay` queues after it."""
+        flags = self._buf["flags"]
+        if self.after_replay is None or flags.device.type != "cuda":
+            return flags.tolist()
+        if self._flags_host is None:
+            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self._flags_host = host, torch.cuda.Event()
+        host, copied = self._flags_host
+        host.copy_(flags, non_blocking=True)
+        copied.record()
+        try:
+            self.after_replay()
+        except Exception as exc:  # noqa: BLE001 - the stage is applied: its result stands
+            self.after_replay = None
+            warnings.warn(f"after the recorded stage: {exc}", RuntimeWarning, stacklevel=3)
+        copied.synchronize()
+        return host.tolist()
 
     def _write_space(
         self, configs, src, dst, val, hdiag, inner_steps, teacher, exp_avg, exp_avg_sq
@@ -755,18 +785,41 @@ class InferenceGraph:
         self.ansatz, self.max_graphs = ansatz, int(max_graphs)
         self._graphs: dict[int, tuple] = {}
         self._held = None  # the input of the last call and its recording (`_Held`)
+        self._ready = None  # (recording, the parameters' versions) of a `prefetch`
         self.captures = 0
+        self.prefetched = 0  # calls answered by a prefetch
+
+    def _versions(self) -> tuple:
+        return tuple(p._version for p in self.ansatz.parameters())
+
+    def prefetch(self) -> bool:
+        """Replay the recording of the last call's input now, so that the next call with that
+        input returns its result without replaying, if the parameters have not changed since
+        (their version counters: an optimiser step, a `load_state_dict` or any in-place write
+        through autograd's tensors). The Runner calls it right after the recorded optimiser
+        stage, so that the device computes ln psi over the next iteration's S while the host
+        finishes the iteration. Returns whether it replayed."""
+        held = self._held
+        if held is None or self._graphs.get(bucket(held.n)) is not held.buf:
+            return False
+        held.buf[0].replay()
+        self._ready = (held.buf, self._versions())
+        return True
 
     def __call__(self, configs) -> torch.Tensor:
         """ln psi (n,) of configurations (as `Ansatz.log_psi`), without gradient. The tensor
-        of the last call, unchanged, is not written again (the iteration's S while it stays)."""
-        held = self._held
+        of the last call, unchanged, is not written again (the iteration's S while it stays),
+        nor computed again after a `prefetch` with the same parameters."""
+        held, ready, self._ready = self._held, self._ready, None
         if held is not None and held.holds(configs):
             cap = bucket(held.n)
             if self._graphs.get(cap) is held.buf:
                 self._graphs[cap] = self._graphs.pop(cap)  # most recent last
                 graph, _, out = held.buf
-                graph.replay()
+                if ready is not None and ready[0] is held.buf and ready[1] == self._versions():
+                    self.prefetched += 1
+                else:
+                    graph.replay()
                 return out[: held.n].clone()
         self._held = None
         tokens = self.ansatz.tokens(configs)

@@ -122,6 +122,35 @@ class LearningRateDecay(Callback):
         return False
 
 
+def _read_later(t: torch.Tensor):
+    """A function returning the float value of the device scalar ``t`` as it is now. On a CUDA
+    device the value is copied to pinned memory at once, without waiting, and the function
+    waits for that copy alone, not for the work queued after it (the next iteration's ln psi
+    over S, queued after the recorded optimiser stage).
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor(2.5)
+        >>> read = _read_later(x)
+        >>> _ = x.fill_(0.0)
+        >>> read()
+        2.5
+    """
+    if t.device.type != "cuda":
+        value = float(t)
+        return lambda: value
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> float:
+        copied.synchronize()
+        return float(host)
+
+    return read
+
+
 def _with_teacher(w, de, pull, weight: float, rows: tuple[int, int] | None = None):
     """(weights, coefficients) for `Runner._backward_loss` with the teacher's pull added to
     the energy's: unit weights and w * de + weight * pull, where pull is
@@ -860,15 +889,18 @@ class Runner(Solver):
             return None
         if n_inner and r.space_pairs is None:
             return None
+        from cuscikit.nnqs import graphs
         from cuscikit.nnqs.graphs import OptimizerGraph
 
         try:
             stage = self._graph_stage
             if stage is None or stage.shared_prefixes != self.shared_prefix_training:
-                self._graph_stage = OptimizerGraph(
+                stage = self._graph_stage = OptimizerGraph(
                     self.ansatz, self.optimizer, shared_prefixes=self.shared_prefix_training
                 )
-            loss, inner_ok, finite = self._graph_stage.run(
+            infer = self._pipeline.inference_graph
+            stage.after_replay = infer.prefetch if infer is not None and graphs.PREFETCH else None
+            loss, inner_ok, finite = stage.run(
                 S, w, de, r.hdiag, r.space_pairs, n_inner, teacher=teach
             )
         except torch.OutOfMemoryError:
@@ -1218,6 +1250,7 @@ class Runner(Solver):
             # psi gathered from the ranks; the loss is read after the optimiser stage, which
             # waits for the device anyway
             pull, teacher_loss = pull_and_loss(self._all_rows(psi_s), teach[1])
+            teacher_loss = _read_later(teacher_loss)
             extra["e_teacher"] = e_t
         t["energy"] += time.perf_counter() - t0
 
@@ -1258,7 +1291,7 @@ class Runner(Solver):
                 self._restore(before)
                 self._nonfinite_weights()
         if teacher_loss is not None:
-            extra["teacher_loss"] = float(teacher_loss)
+            extra["teacher_loss"] = teacher_loss()
         t["optimizer"] = time.perf_counter() - t0
 
         # Growth: S <- S + top-K new configurations (capped, dropping the smallest |psi|), or

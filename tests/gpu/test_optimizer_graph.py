@@ -355,6 +355,67 @@ def test_recorded_inference_writes_an_unchanged_input_once(monkeypatch):
     check(x, 1)
 
 
+def test_a_prefetch_serves_the_next_call_while_the_weights_stay():
+    """`InferenceGraph.prefetch` replays the last input's recording; the next call with that
+    input returns it without replaying while the weights are the same, and computes anew
+    after an in-place change of a weight or for another input. Every value equals the
+    module's (float64, 1e-12)."""
+    from cuscikit.nnqs.graphs import InferenceGraph
+    from cuscikit.sci.configs import all_determinants
+
+    psi = Ansatz(10, (4, 4), seed=3, dtype=torch.float64, device="cuda")
+    x = torch.as_tensor(all_determinants(10, (4, 4))[:500].view(np.int64), device="cuda")
+    graph = InferenceGraph(psi)
+    assert not graph.prefetch()  # nothing held yet
+
+    def check(configs, prefetched):
+        got = graph(configs)
+        with torch.no_grad():
+            ref = psi.log_psi(configs)
+        assert float((got - ref).abs().max()) <= 1e-12
+        assert graph.prefetched == prefetched
+        return got
+
+    before = check(x, 0)
+    assert graph.prefetch()
+    with torch.no_grad():  # a step after the prefetch: its value is stale
+        for p in psi.parameters():
+            p.mul_(1.01)
+    after = check(x, 0)
+    assert float((after - before).abs().max()) > 1e-6
+    assert graph.prefetch()
+    with torch.no_grad():  # a step before it: the prefetch computed with it
+        for p in psi.parameters():
+            p.mul_(1.01)
+    assert graph.prefetch()
+    check(x, 1)
+    check(x, 1)  # a prefetch serves one call
+    assert graph.prefetch()
+    check(x[:300], 1)  # another input
+    check(x, 1)
+
+
+def test_prefetch_leaves_a_run_unchanged(monkeypatch):
+    """A recorded run with the teacher: with the next iteration's ln psi over S queued after
+    each stage (`graphs.PREFETCH`, the default) and used, and without, the same history to
+    1e-10 over the iterations the path reproduces itself (float64), teacher_loss included."""
+    from cuscikit.nnqs import graphs
+
+    runs = {}
+    for on in (True, False):
+        monkeypatch.setattr(graphs, "PREFETCH", on)
+        # top-K 1,024: S is the whole sector, unchanged, from iteration 6 on
+        r = _runner("N2", graphs=True, teacher=1.0, teacher_until=20, topk=1024)
+        r.run(8, progress=False)
+        runs[on] = r
+    assert runs[True]._pipeline.inference_graph.prefetched >= 2
+    assert runs[False]._pipeline.inference_graph.prefetched == 0
+    for c in [*COLUMNS, "teacher_loss"]:
+        np.testing.assert_allclose(
+            runs[True].history[c], runs[False].history[c], rtol=0, atol=1e-10, err_msg=c
+        )
+
+
 def test_recordings_leave_no_memory_behind():
     """A graphed run records several graphs; once the runner is gone, the device memory it
     held is free again (one warm-up stream per device: no workspace kept per recording)."""
