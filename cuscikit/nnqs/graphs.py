@@ -18,7 +18,9 @@ records the whole stage once per size bucket and replays it with one launch:
 4. flags: the loss of step 2, whether any inner step met a non-finite local energy, whether the
    weights are finite.
 
-The host reads the flags once, after the replay. The arithmetic is that of the eager stage in
+The host reads the flags once, after the replay; with ``after_replay`` set (the Runner's
+`InferenceGraph.prefetch`), from a pinned copy, so that the work it queues after the stage
+runs while the host finishes the iteration. The arithmetic is that of the eager stage in
 `cuscikit.nnqs.runner.Runner`, written for static shapes: S and the H_SS pairs are padded to a
 bucket (rows of weight zero that repeat the first configuration, pairs of value zero), and the
 AdamW update is the one of `torch.optim.AdamW` (not amsgrad) with the rate and the step count
@@ -40,7 +42,9 @@ since S is the same in every step of it) with the tree padded to a bucket of its
 values and gradients to rounding, fewer rows where S shares prefixes.
 
 `InferenceGraph` does the same for ln psi without gradient (the iteration's inference over S
-and the coupled set when they fit one batch): one recorded forward pass per size bucket.
+and the coupled set when they fit one batch): one recorded forward pass per size bucket, and
+its `prefetch` replays the last input's pass ahead of the next call (the next iteration's S,
+queued right after the recorded stage), which then returns it if the weights are the same.
 
 Example:
     >>> import torch
