@@ -17,7 +17,8 @@ first few dozen iterations, and against the eager path's own spread after that.
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
-``--history-out DIR`` writes each variant's energies; ``--reference DIR`` compares each variant
+``--history-out DIR`` writes each variant's energies, |S| and stage times per iteration;
+``--reference DIR`` compares each variant
 with the same variant's energies in DIR (another process, e.g. another version of the package).
 ``--trace-out DIR`` (with --profile) writes the profiled iteration and the profiled stage replay
 as gzipped Chrome traces (per-stream kernel timelines, for Perfetto).
@@ -28,6 +29,9 @@ each transformer block of the pass as one kernel each way (``fused_ops.BLOCK_ENA
 ``graph-amplitude`` and ``eager-amplitude`` the whole ln|psi| (``fused_ops.AMPLITUDE_ENABLED``). A
 run's "run s" includes the Triton compilation of the first use in the process (about 9 s on
 the H200 for the N2 shapes).
+
+``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
+queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
 
 ``graph-shared`` and ``eager-shared`` run the passes with gradient over S's prefix tree
 (`Runner(shared_prefix_training=True)`): ``--variants graph graph-shared`` on a lattice,

@@ -1247,8 +1247,8 @@ class Runner(Solver):
 
             e_t, c = self._teacher_solution(S, r)
             teach = (lam, self._teacher_vector(c, psi_s.device))
-            # psi gathered from the ranks; the loss is read after the optimiser stage, which
-            # waits for the device anyway
+            # psi gathered from the ranks; the loss is read after the optimiser stage, from a
+            # copy made now (a read then would wait for the work queued after the stage)
             pull, teacher_loss = pull_and_loss(self._all_rows(psi_s), teach[1])
             teacher_loss = _read_later(teacher_loss)
             extra["e_teacher"] = e_t
