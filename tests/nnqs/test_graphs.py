@@ -52,6 +52,21 @@ def with_body(runner):
     return runner
 
 
+def counting_stage(inner_steps):
+    """A LiH runner whose optimiser stage is the graph body, run without capturing, over an
+    ln psi that notes the rows of every pass: (runner, stage, rows of each pass so far)."""
+    runner = with_body(make_runner(inner_steps=inner_steps))
+    calls = []
+
+    def log_psi(tokens):
+        calls.append(len(tokens))
+        return runner.ansatz._log_psi_tokens(tokens)
+
+    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False, log_psi=log_psi)
+    runner._graph_stage = stage
+    return runner, stage, calls
+
+
 def test_graphs_option_on_the_cpu():
     runner = make_runner()
     assert runner.graphs == "auto" and not runner.graphs_active
@@ -296,15 +311,7 @@ def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
     """``log_psi`` is what the stage evaluates (once per pass); the AdamW moments are written
     back into the optimiser's own per-parameter tensors, not views of the flat buffers, so a
     checkpoint keeps its layout."""
-    runner = with_body(make_runner(inner_steps=2))
-    calls = []
-
-    def log_psi(tokens):
-        calls.append(len(tokens))
-        return runner.ansatz._log_psi_tokens(tokens)
-
-    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False, log_psi=log_psi)
-    runner._graph_stage = stage
+    runner, stage, calls = counting_stage(inner_steps=2)
     runner.run(2, progress=False)
     assert len(calls) == 2 * 3 and all(n == bucket(n) for n in calls)
     for p in runner.ansatz.parameters():
@@ -318,15 +325,7 @@ def test_stage_uses_the_given_log_psi_and_keeps_per_parameter_state():
 def test_a_recording_warms_up_with_one_inner_step(monkeypatch):
     """The warm-ups before a recording run the iteration's step and one inner step, whatever
     the stage's inner steps, and apply nothing; the recording itself runs them all."""
-    runner = with_body(make_runner(inner_steps=3))
-    calls = []
-
-    def log_psi(tokens):
-        calls.append(len(tokens))
-        return runner.ansatz._log_psi_tokens(tokens)
-
-    stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False, log_psi=log_psi)
-    runner._graph_stage = stage
+    runner, stage, calls = counting_stage(inner_steps=3)
     runner.run(1, progress=False)  # the stage's buffers and key, with 3 inner steps
     assert stage._key.inner == 3 and len(calls) == 4
     seen = {}
