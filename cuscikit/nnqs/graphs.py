@@ -73,6 +73,7 @@ __all__ = [
     "OptimizerGraph",
     "bucket",
     "pair_signature",
+    "read_later",
     "record",
     "saved_bytes_per_row",
     "spread_rows",
@@ -120,6 +121,35 @@ def record(fn, device=None, *, warm_up=None, warm_ups: int = 2):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+def read_later(t: torch.Tensor):
+    """A function returning ``t.tolist()`` as ``t`` is now (a float for a 0-d tensor). On a
+    CUDA device ``t`` is copied to pinned memory at once, without waiting, and the function
+    waits for that copy alone, not for the work queued after it (the recorded stage's flags
+    and the teacher's loss, read while the next iteration's ln psi over S runs).
+
+    Example:
+        >>> import torch
+        >>> x = torch.tensor(2.5)
+        >>> read = read_later(x)
+        >>> _ = x.fill_(0.0)
+        >>> read()
+        2.5
+    """
+    if t.device.type != "cuda":
+        value = t.tolist()
+        return lambda: value
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read():
+        copied.synchronize()
+        return host.tolist()
+
+    return read
 
 
 def bucket(n: int) -> int:
@@ -417,7 +447,6 @@ class OptimizerGraph:
         #: waits for the stage's flags (which then waits for the stage alone): the Runner's
         #: `InferenceGraph.prefetch` of the next iteration's ln psi over S
         self.after_replay = None
-        self._flags_host = None  # pinned copy of the flags, and the event after it
 
     # ----------------------------------------------------------------------------- state
     def _state(self) -> tuple[list, list, float]:
@@ -527,21 +556,15 @@ class OptimizerGraph:
         they are copied to pinned memory first, and the host waits for that copy alone, not
         for what `after_replay` queues after it."""
         flags = self._buf["flags"]
-        if self.after_replay is None or flags.device.type != "cuda":
+        if self.after_replay is None:
             return flags.tolist()
-        if self._flags_host is None:
-            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
-            self._flags_host = host, torch.cuda.Event()
-        host, copied = self._flags_host
-        host.copy_(flags, non_blocking=True)
-        copied.record()
+        read = read_later(flags)
         try:
             self.after_replay()
         except Exception as exc:  # noqa: BLE001 - the stage is applied: its result stands
             self.after_replay = None
             warnings.warn(f"after the recorded stage: {exc}", RuntimeWarning, stacklevel=3)
-        copied.synchronize()
-        return host.tolist()
+        return read()
 
     def _write_space(
         self, configs, src, dst, val, hdiag, inner_steps, teacher, exp_avg, exp_avg_sq

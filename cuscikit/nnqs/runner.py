@@ -122,35 +122,6 @@ class LearningRateDecay(Callback):
         return False
 
 
-def _read_later(t: torch.Tensor):
-    """A function returning the float value of the device scalar ``t`` as it is now. On a CUDA
-    device the value is copied to pinned memory at once, without waiting, and the function
-    waits for that copy alone, not for the work queued after it (the next iteration's ln psi
-    over S, queued after the recorded optimiser stage).
-
-    Example:
-        >>> import torch
-        >>> x = torch.tensor(2.5)
-        >>> read = _read_later(x)
-        >>> _ = x.fill_(0.0)
-        >>> read()
-        2.5
-    """
-    if t.device.type != "cuda":
-        value = float(t)
-        return lambda: value
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-
-    def read() -> float:
-        copied.synchronize()
-        return float(host)
-
-    return read
-
-
 def _with_teacher(w, de, pull, weight: float, rows: tuple[int, int] | None = None):
     """(weights, coefficients) for `Runner._backward_loss` with the teacher's pull added to
     the energy's: unit weights and w * de + weight * pull, where pull is
@@ -1243,6 +1214,7 @@ class Runner(Solver):
                 extra["teacher_released"] = self._teacher_released or release
         pull = teacher_loss = None  # the teacher's coefficients over all of S, and its loss
         if lam > 0 and r.space_pairs is not None and n > 0:
+            from cuscikit.nnqs.graphs import read_later
             from cuscikit.nnqs.teacher import pull_and_loss
 
             e_t, c = self._teacher_solution(S, r)
@@ -1250,7 +1222,7 @@ class Runner(Solver):
             # psi gathered from the ranks; the loss is read after the optimiser stage, from a
             # copy made now (a read then would wait for the work queued after the stage)
             pull, teacher_loss = pull_and_loss(self._all_rows(psi_s), teach[1])
-            teacher_loss = _read_later(teacher_loss)
+            teacher_loss = read_later(teacher_loss)
             extra["e_teacher"] = e_t
         t["energy"] += time.perf_counter() - t0
 

@@ -228,7 +228,7 @@ def fidelity_loss(psi, c) -> float:
 def pull_and_loss(psi: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(`teacher_coefficients` (psi, c), `fidelity_loss` (psi, c) as a device scalar) from one
     evaluation of their common parts, without a host synchronisation: the iteration's pull
-    and its ``teacher_loss``, read once the optimiser stage has waited for the device anyway.
+    and its ``teacher_loss``, which the Runner reads after the optimiser stage.
     On a GPU one Triton program (`cuscikit.nnqs.local_energy.teacher_pull`: the same values
     to the last bits, sums in another order).
 
