@@ -518,11 +518,18 @@ class Ansatz(nn.Module):
     # ------------------------------------------------------------------ amplitude
     def _logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """Transformer logits (n, L, 4) for input sequences (n, L) starting with the start token."""
-        length = inputs.shape[1]
+        return self._head_logits(self._hidden(inputs))
+
+    def _hidden(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The last block's output (n, L, d) for input sequences (n, L)."""
         h = aside.embed(inputs, self.token_embedding.weight, self.position_embedding.weight)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.ln_f(h)) + self.logit_bias[:length]
+        return h
+
+    def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits (n, L, 4) from the last block's output ``h``: ln_f, the head, the offsets."""
+        return self.head(self.ln_f(h)) + self.logit_bias[: h.shape[1]]
 
     def _shared_logits(self, inputs: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
         """`_logits` of the input sequences ``inputs`` (n, L) computed once per distinct prefix
@@ -604,6 +611,10 @@ class Ansatz(nn.Module):
             logits = self._shared_logits(work.inputs, tree)
         else:
             logits = self._logits(work.inputs)
+        return self._masked_log_softmax(logits, work)
+
+    @staticmethod
+    def _masked_log_softmax(logits: torch.Tensor, work: _TokenWork) -> torch.Tensor:
         logp = torch.log_softmax(logits.masked_fill(work.softmax_fill, -math.inf), dim=-1)
         return logp.masked_fill(work.out_fill, -math.inf)
 
@@ -630,7 +641,16 @@ class Ansatz(nn.Module):
             fused = fused_ops.amplitude(self, tokens)  # when switched on: one kernel each way
             if fused is not None:
                 return fused
-        logp = self.log_conditionals(tokens, tree).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            work = self._token_work(tokens)
+            h = self._hidden(work.inputs)
+            # a training pass on a GPU: ln_f, the head and what follows as one kernel each way
+            amp = fused_ops.amplitude_tail(self, h, tokens)
+            if amp is not None:
+                return amp
+            logp = self._masked_log_softmax(self._head_logits(h), work)
+        else:
+            logp = self.log_conditionals(tokens, tree)
+        logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         return 0.5 * logp.sum(dim=1)
 
     def phase(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -668,12 +688,19 @@ class Ansatz(nn.Module):
         return torch.cat(parts)
 
     def _log_psi_tokens(self, tokens: torch.Tensor, tree: PrefixTree | None = None) -> torch.Tensor:
+        return torch.complex(*self._log_psi_parts(tokens, tree))
+
+    def _log_psi_parts(
+        self, tokens: torch.Tensor, tree: PrefixTree | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ln|psi|, phi)`` of token rows, both in ln|psi|'s dtype (one dtype under
+        autocast): a loss of the two real parts takes its gradient without complex tensors."""
         side = aside.branch_stream(tokens)  # in the recorded stage with aside.PHASE: a stream
         with aside.branch(side, tokens):  # the phase MLP beside the transformer, both ways
             phase = self.phase(tokens)
         amp = self.log_amplitude(tokens, tree)
         aside.merge(side, phase)
-        return torch.complex(amp, phase.to(amp.dtype))  # one dtype under autocast
+        return amp, phase.to(amp.dtype)
 
     def forward(
         self, configs: np.ndarray | torch.Tensor, batch_size: int | None = None

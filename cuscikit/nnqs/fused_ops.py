@@ -58,8 +58,10 @@ __all__ = [
     "BLOCK_ENABLED",
     "COARSE_PRODUCTS",
     "ENABLED",
+    "TAIL_ENABLED",
     "active",
     "amplitude",
+    "amplitude_tail",
     "block",
     "causal_attention",
     "layer_norm",
@@ -76,6 +78,9 @@ _ATTN_WARPS = 1  # warps per attention program (an H200: the N2/cc-pVDZ training
 # positions, 1.71 us a configuration at 1 warp, 1.88 at 2, 1.86 at 4, with torch's attention
 # 2.36; N2/STO-3G's calls equal within the launch time; `small_iteration.py --kernels` and
 # tools/profile_large_iteration.py time 1/2/4)
+# heads an attention program takes one after another (0: all of them): one program per
+# sequence and head (1) or per sequence (0), each head's loads and products as before
+_ATTN_HEADS = 1
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 _coarse_failed: str | None = None  # why `block` and `amplitude` were turned off
@@ -100,6 +105,12 @@ _LAUNCH_STAGES = 1
 #: the tensor cores; float32-like accuracy, not torch's rounding). Float64 is unaffected.
 COARSE_PRODUCTS = "ieee"
 _POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
+#: True (default): a training pass runs the amplitude's tail (ln_f, the head and the masked
+#: log-softmax, summed over positions) as one kernel each way (`amplitude_tail`).
+TAIL_ENABLED = True
+_TAIL_ROWS = 64  # rows (sequences x padded positions) of a tail program
+_TAIL_WARPS = 4
+_tail_failed: str | None = None  # why `amplitude_tail` was turned off
 
 
 def active(x: torch.Tensor) -> bool:
@@ -219,15 +230,15 @@ if triton is not None:
 
     @triton.jit
     def _attn_rows(
-        L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr
+        h, L: tl.constexpr, LP: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HDP: tl.constexpr
     ):
-        """The tile of a program of either attention kernel: sequence ``program_id(0)``, head
-        ``program_id(1)``. Offsets of its queries in ``qkv`` (LP, HDP; keys ``d`` further,
-        values ``2 d``), of its rows in ``y`` (same shape), of its log-sum-exps (LP,), with
-        their masks, and the causal mask (LP, LP): query i sees keys j <= i."""
+        """The tile of head ``h`` of sequence ``program_id(0)`` in either attention kernel
+        (a program takes HG heads: ``h`` is ``program_id(1) HG`` plus one of them). Offsets
+        of its queries in ``qkv`` (LP, HDP; keys ``d`` further, values ``2 d``), of its rows
+        in ``y`` (same shape), of its log-sum-exps (LP,), with their masks, and the causal
+        mask (LP, LP): query i sees keys j <= i."""
         d = H * HD
         seq = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
         pos = tl.arange(0, LP)
         col = tl.arange(0, HDP)
         pmask = pos < L
@@ -264,20 +275,24 @@ if triton is not None:
         HD: tl.constexpr,
         HDP: tl.constexpr,
         PREC: tl.constexpr,
+        HG: tl.constexpr,
     ):
         d = H * HD
-        mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
-        q = _scaled(tl.load(qkv_ptr + q_at, mask=mask2, other=0.0), scale_hi, scale_lo, PREC)
-        k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
-        v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
-        s = tl.where(seen, _mm(q, tl.trans(k), PREC), float("-inf"))
-        s = tl.where(pmask[:, None], s, 0.0)  # padded query rows: finite, never stored
-        m = tl.max(s, 1)
-        p = tl.exp(s - m[:, None])
-        l_sum = tl.sum(p, 1)
-        y = _mm(p, v, PREC) / l_sum[:, None]
-        tl.store(y_ptr + y_at, y, mask=mask2)
-        tl.store(lse_ptr + lse_at, m + tl.log(l_sum), mask=pmask)
+        for hh in tl.static_range(HG):
+            h = tl.program_id(1) * HG + hh
+            mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(h, L, LP, H, HD, HDP)
+            q = tl.load(qkv_ptr + q_at, mask=mask2, other=0.0)
+            q = _scaled(q, scale_hi, scale_lo, PREC)
+            k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
+            v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
+            s = tl.where(seen, _mm(q, tl.trans(k), PREC), float("-inf"))
+            s = tl.where(pmask[:, None], s, 0.0)  # padded query rows: finite, never stored
+            m = tl.max(s, 1)
+            p = tl.exp(s - m[:, None])
+            l_sum = tl.sum(p, 1)
+            y = _mm(p, v, PREC) / l_sum[:, None]
+            tl.store(y_ptr + y_at, y, mask=mask2)
+            tl.store(lse_ptr + lse_at, m + tl.log(l_sum), mask=pmask)
 
     @triton.jit
     def _attn_bwd_kernel(
@@ -294,25 +309,28 @@ if triton is not None:
         HD: tl.constexpr,
         HDP: tl.constexpr,
         PREC: tl.constexpr,
+        HG: tl.constexpr,
     ):
         d = H * HD
-        mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(L, LP, H, HD, HDP)
-        q = tl.load(qkv_ptr + q_at, mask=mask2, other=0.0)
-        k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
-        v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
-        dy = tl.load(dy_ptr + y_at, mask=mask2, other=0.0)
-        y = tl.load(y_ptr + y_at, mask=mask2, other=0.0)
-        lse = tl.load(lse_ptr + lse_at, mask=pmask, other=0.0)
-        delta = tl.sum(dy * y, 1)  # sum_j p_ij dp_ij = dy_i . y_i
-        s = _mm(_scaled(q, scale_hi, scale_lo, PREC), tl.trans(k), PREC)
-        p = tl.where(seen, tl.exp(s - lse[:, None]), 0.0)
-        ds = p * (_mm(dy, tl.trans(v), PREC) - delta[:, None])
-        dq = _mm(ds, k, PREC)
-        dk = _mm(tl.trans(ds), q, PREC)
-        dv = _mm(tl.trans(p), dy, PREC)
-        tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, PREC), mask=mask2)
-        tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, PREC), mask=mask2)
-        tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
+        for hh in tl.static_range(HG):
+            h = tl.program_id(1) * HG + hh
+            mask2, pmask, q_at, y_at, lse_at, seen = _attn_rows(h, L, LP, H, HD, HDP)
+            q = tl.load(qkv_ptr + q_at, mask=mask2, other=0.0)
+            k = tl.load(qkv_ptr + q_at + d, mask=mask2, other=0.0)
+            v = tl.load(qkv_ptr + q_at + 2 * d, mask=mask2, other=0.0)
+            dy = tl.load(dy_ptr + y_at, mask=mask2, other=0.0)
+            y = tl.load(y_ptr + y_at, mask=mask2, other=0.0)
+            lse = tl.load(lse_ptr + lse_at, mask=pmask, other=0.0)
+            delta = tl.sum(dy * y, 1)  # sum_j p_ij dp_ij = dy_i . y_i
+            s = _mm(_scaled(q, scale_hi, scale_lo, PREC), tl.trans(k), PREC)
+            p = tl.where(seen, tl.exp(s - lse[:, None]), 0.0)
+            ds = p * (_mm(dy, tl.trans(v), PREC) - delta[:, None])
+            dq = _mm(ds, k, PREC)
+            dk = _mm(tl.trans(ds), q, PREC)
+            dv = _mm(tl.trans(p), dy, PREC)
+            tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, PREC), mask=mask2)
+            tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, PREC), mask=mask2)
+            tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
 
     # ------------------------------------------------------------------ whole blocks
     # A block's parameters lie flat at one pointer, in the module's order (`_layer_ptrs`); a
@@ -672,6 +690,91 @@ if triton is not None:
         ok = tl.sum((pick & allowed).to(tl.int32), 1) > 0
         return lp, ex / se[:, None], ok, pick, x, xhat, rstd, wh
 
+    @triton.jit
+    def _amp_out(
+        h, c, wf, amp_ptr, n, pos, valid, target, used_a, used_b, eps_hi, eps_lo,
+        L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+        NA: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """ln|psi| = 1/2 sum of the rows' log p of their targets, from the last block's
+        output h (`_amp_head`), stored for the program's BN sequences; -inf where a target
+        is not allowed."""
+        lp, _, ok, _, _, _, _, _ = _amp_head(
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
+        )
+        lp = tl.where(valid, lp, 0.0)
+        bad = (valid & ~ok).to(tl.int32)
+        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, LP)), 1)
+        amp = tl.where(tl.sum(tl.reshape(bad, (BN, LP)), 1) > 0, float("-inf"), amp)
+        ob = tl.program_id(0) * BN + tl.arange(0, BN)
+        tl.store(amp_ptr + ob, amp, mask=ob < n)
+
+    @triton.jit
+    def _amp_head_bwd(
+        h, c, wf, gf, damp_ptr, n, seq, pos, valid, target, used_a, used_b, eps_hi, eps_lo,
+        L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+        NA: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """The backward pass of `_amp_out` for the gradient damp of ln|psi|: the program's
+        partial gradients of ln_f, the head and the logit offsets at gf (the layout of wf),
+        and the gradient of h, returned."""
+        _, prob, ok, pick, x, xhat, rstd, wh = _amp_head(
+            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
+        )
+        # d ln|psi| / d logits = (onehot(target) - p) / 2 on the rows that count
+        gr = 0.5 * tl.load(damp_ptr + seq, mask=seq < n, other=0.0)
+        gr = tl.where(valid & ok, gr, 0.0)
+        dl = gr[:, None] * (pick.to(h.dtype) - prob)
+        c16 = tl.arange(0, 16)
+        real = c16 < 4
+        tl.store(
+            gf + 2 * D + c16[:, None] * D + c[None, :],
+            _mm(tl.trans(dl), x, PREC),
+            mask=real[:, None],
+        )
+        tl.store(gf + 6 * D + c16, tl.sum(dl, 0), mask=real)
+        i = tl.arange(0, LP)
+        tl.store(
+            gf + 6 * D + 4 + i[:, None] * 4 + c16[None, :],
+            tl.sum(tl.reshape(dl, (BN, LP, 16)), 0),
+            mask=(i < L)[:, None] & real[None, :],
+        )
+        dx = _mm(dl, tl.trans(wh), PREC)
+        tl.store(gf + c, tl.sum(dx * xhat, 0))
+        tl.store(gf + D + c, tl.sum(dx, 0))
+        return _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
+
+    @triton.jit(do_not_specialize=["n"])
+    def _tail_fwd_kernel(
+        tok_ptr, wf, h_ptr, amp_ptr, n, eps_hi, eps_lo,
+        L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+        NA: tl.constexpr, NB: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """`_amp_out` of BN sequences per program from the last block's output h (n, L, D)."""
+        seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        _, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        _amp_out(h, c, wf, amp_ptr, n, pos, valid, target, used_a, used_b, eps_hi, eps_lo,
+                 L, LP, BN, D, NA, NB, PREC)  # fmt: skip
+
+    @triton.jit(do_not_specialize=["n"])
+    def _tail_bwd_kernel(
+        tok_ptr, wf, h_ptr, damp_ptr, dh_ptr, part_ptr, n, eps_hi, eps_lo,
+        L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+        NA: tl.constexpr, NB: tl.constexpr, NW: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """`_amp_head_bwd` of BN sequences per program: the gradient of h and this program's
+        row (NW numbers, the layout of wf) of the parameters' partial gradients."""
+        seq, pos, valid, offs, mask, c = _blk_rows(n, L, LP, BN, D)
+        _, target, used_a, used_b = _amp_tokens(tok_ptr, seq, pos, n, L, LP)
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        g = part_ptr + tl.program_id(0).to(tl.int64) * NW
+        dh = _amp_head_bwd(
+            h, c, wf, g, damp_ptr, n, seq, pos, valid, target, used_a, used_b, eps_hi,
+            eps_lo, L, LP, BN, D, NA, NB, PREC,
+        )  # fmt: skip
+        tl.store(dh_ptr + offs, tl.where(mask, dh, 0.0), mask=mask)
+
     @triton.jit(do_not_specialize=["n"])
     def _amp_fwd_kernel(
         tok_ptr,
@@ -710,15 +813,8 @@ if triton is not None:
             tl.store(hs_ptr + (2 * layer + 1) * n * L * D + offs, h1, mask=mask)
         tl.store(hs_ptr + 2 * NL * n * L * D + offs, h, mask=mask)
         wf = w + (5 + L) * D + NL * NP
-        lp, _, ok, _, _, _, _, _ = _amp_head(
-            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
-        )
-        lp = tl.where(valid, lp, 0.0)
-        bad = (valid & ~ok).to(tl.int32)
-        amp = 0.5 * tl.sum(tl.reshape(lp, (BN, LP)), 1)
-        amp = tl.where(tl.sum(tl.reshape(bad, (BN, LP)), 1) > 0, float("-inf"), amp)
-        ob = tl.program_id(0) * BN + tl.arange(0, BN)
-        tl.store(amp_ptr + ob, amp, mask=ob < n)
+        _amp_out(h, c, wf, amp_ptr, n, pos, valid, target, used_a, used_b, eps_hi, eps_lo,
+                 L, LP, BN, D, NA, NB, PREC)  # fmt: skip
 
     @triton.jit(do_not_specialize=["n"])
     def _amp_bwd_kernel(
@@ -754,32 +850,11 @@ if triton is not None:
         g = part_ptr + tl.program_id(0).to(tl.int64) * NW
         h = tl.load(hs_ptr + 2 * NL * n * L * D + offs, mask=mask, other=0.0)
         wf = w + (5 + L) * D + NL * NP
-        _, prob, ok, pick, x, xhat, rstd, wh = _amp_head(
-            h, c, wf, pos, target, used_a, used_b, eps_hi, eps_lo, L, D, NA, NB, PREC
-        )
-        # d ln|psi| / d logits = (onehot(target) - p) / 2 on the rows that count
-        gr = 0.5 * tl.load(damp_ptr + seq, mask=seq < n, other=0.0)
-        gr = tl.where(valid & ok, gr, 0.0)
-        dl = gr[:, None] * (pick.to(h.dtype) - prob)
-        c16 = tl.arange(0, 16)
-        real = c16 < 4
-        gf = g + (5 + L) * D + NL * NP
-        tl.store(
-            gf + 2 * D + c16[:, None] * D + c[None, :],
-            _mm(tl.trans(dl), x, PREC),
-            mask=real[:, None],
-        )
-        tl.store(gf + 6 * D + c16, tl.sum(dl, 0), mask=real)
+        dh = _amp_head_bwd(
+            h, c, wf, g + (5 + L) * D + NL * NP, damp_ptr, n, seq, pos, valid, target, used_a,
+            used_b, eps_hi, eps_lo, L, LP, BN, D, NA, NB, PREC,
+        )  # fmt: skip
         i = tl.arange(0, LP)
-        tl.store(
-            gf + 6 * D + 4 + i[:, None] * 4 + c16[None, :],
-            tl.sum(tl.reshape(dl, (BN, LP, 16)), 0),
-            mask=(i < L)[:, None] & real[None, :],
-        )
-        dx = _mm(dl, tl.trans(wh), PREC)
-        tl.store(gf + c, tl.sum(dx * xhat, 0))
-        tl.store(gf + D + c, tl.sum(dx, 0))
-        dh = _blk_ln_bwd(dx, xhat, rstd, wf, c, D)
         for back in range(NL):
             layer = NL - 1 - back
             h = tl.load(hs_ptr + 2 * layer * n * L * D + offs, mask=mask, other=0.0)
@@ -866,6 +941,13 @@ class _LayerNorm(torch.autograd.Function):
         return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
 
 
+def _heads_per_program(n_heads: int) -> int:
+    """Heads an attention program takes one after another: `_ATTN_HEADS` (0: all), or the
+    largest divisor of ``n_heads`` below it."""
+    want = n_heads if _ATTN_HEADS <= 0 else min(_ATTN_HEADS, n_heads)
+    return max(h for h in range(1, want + 1) if n_heads % h == 0)
+
+
 class _CausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, n_heads):
@@ -877,9 +959,11 @@ class _CausalAttention(torch.autograd.Function):
         scale = _split(1.0 / math.sqrt(hd))
         consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), _prec(qkv.dtype))
         if n:
-            grid = (n, n_heads)
+            hg = _heads_per_program(n_heads)
             with _on(qkv):
-                _attn_fwd_kernel[grid](qkv, y, lse, *scale, *consts, num_warps=_ATTN_WARPS)
+                _attn_fwd_kernel[(n, n_heads // hg)](
+                    qkv, y, lse, *scale, *consts, hg, num_warps=_ATTN_WARPS
+                )
         ctx.save_for_backward(qkv, y, lse)
         ctx.consts, ctx.scale = consts, scale
         return y
@@ -890,9 +974,9 @@ class _CausalAttention(torch.autograd.Function):
         n = qkv.shape[0]
         dqkv = torch.empty_like(qkv)
         if n:
-            grid = (n, ctx.consts[2])
+            hg = _heads_per_program(ctx.consts[2])
             with _on(qkv):
-                _attn_bwd_kernel[grid](
+                _attn_bwd_kernel[(n, ctx.consts[2] // hg)](
                     qkv,
                     y,
                     dy.contiguous(),
@@ -900,6 +984,7 @@ class _CausalAttention(torch.autograd.Function):
                     dqkv,
                     *ctx.scale,
                     *ctx.consts,
+                    hg,
                     num_warps=_ATTN_WARPS,
                 )
         return dqkv, None
@@ -1200,6 +1285,104 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
         _turn_off(exc, coarse=True)
         return None
+
+
+class _AmplitudeTail(torch.autograd.Function):
+    """ln_f, the head and the masked log-softmax of `Ansatz.log_amplitude` (its tail) as one
+    kernel each way from the last block's output; the tail's parameters flat in ``wf``."""
+
+    @staticmethod
+    def forward(ctx, h, tokens, ln_w, ln_b, head_w, head_b, offsets, consts, eps, stream):
+        n = h.shape[0]
+        wf = _flat((ln_w, ln_b, head_w, head_b, offsets))
+        amp = torch.empty(n, dtype=h.dtype, device=h.device)
+        if n:
+            with _on(h):
+                _tail_fwd_kernel[(triton.cdiv(n, consts[2]),)](
+                    tokens, wf, h, amp, n, *eps, *consts, num_warps=_TAIL_WARPS
+                )
+        ctx.save_for_backward(h, tokens, wf)
+        ctx.consts, ctx.eps, ctx.stream = consts, eps, stream
+        ctx.sizes = [p.numel() for p in (ln_w, ln_b, head_w, head_b, offsets)]
+        ctx.shapes = [p.shape for p in (ln_w, ln_b, head_w, head_b, offsets)]
+        return amp
+
+    @staticmethod
+    def backward(ctx, damp):
+        h, tokens, wf = ctx.saved_tensors
+        n = h.shape[0]
+        programs = triton.cdiv(n, ctx.consts[2])
+        dh = torch.empty_like(h)
+        part = _part_rows(programs, wf, n)
+        if n:
+            with _on(h):
+                _tail_bwd_kernel[(programs,)](
+                    tokens, wf, h, damp.contiguous(), dh, part, n, *ctx.eps, *ctx.consts[:6],
+                    wf.numel(), ctx.consts[6], num_warps=_TAIL_WARPS,
+                )  # fmt: skip
+        with aside.fork(ctx.stream, part):  # the parameters' sums beside the pass
+            sums = part.sum(0)
+        grads = [g.view(s) for g, s in zip(sums.split(ctx.sizes), ctx.shapes, strict=True)]
+        return (dh, None, *grads, None, None, None)
+
+
+def tail_unsupported(ansatz, h: torch.Tensor, tokens: torch.Tensor) -> str | None:
+    """Why `amplitude_tail` leaves this pass to the module (None: it runs fused)."""
+    n, length, d = h.shape
+    if tuple(tokens.shape) != (n, length) or length != ansatz.norb:
+        return "tokens not of shape (n, norb)"
+    if d not in (16, 32, 64):
+        return f"d_model {d} (the fused tail runs 16, 32 and 64)"
+    if length > _MAX_LENGTH:
+        return f"{length} positions (at most {_MAX_LENGTH})"
+    params = (ansatz.ln_f.weight, ansatz.ln_f.bias, ansatz.head.weight, ansatz.head.bias)
+    if ansatz.head.bias is None or any(p.dtype != h.dtype for p in (*params, ansatz.logit_bias)):
+        return "parameters of another dtype, or a head without bias"
+    if h.numel() >= _MAX_ELEMENTS:
+        return "too many rows for 32-bit offsets"
+    return None
+
+
+def amplitude_tail(ansatz, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+    """``ln|psi|`` (n,) of ``tokens`` (n, L) from the output ``h`` (n, L, d) of the Ansatz's
+    last block: ln_f, the head, the logit offsets, the masked log-softmax, the pick of each
+    position's token and the sum over positions (`Ansatz.log_amplitude`'s tail, some ten
+    kernels each way in torch) as one Triton kernel each way; the backward kernel writes the
+    gradient of h and one row of partial parameter gradients per program, summed in a fixed
+    order (beside the pass inside `aside.gradients_aside`). None where it does not apply
+    (``TAIL_ENABLED`` off, not `active`, `tail_unsupported`), so the caller runs the
+    module's tail."""
+    if not TAIL_ENABLED or _tail_failed is not None or not active(h):
+        return None
+    if tail_unsupported(ansatz, h, tokens) is not None:
+        return None
+    n, length, d = h.shape
+    lp = max(16, pow2(length))
+    consts = (length, lp, max(1, _TAIL_ROWS // lp), d, *ansatz.nelec, _prec(h.dtype))
+    params = (ansatz.ln_f.weight, ansatz.ln_f.bias, ansatz.head.weight, ansatz.head.bias)
+    try:
+        return _AmplitudeTail.apply(
+            h.contiguous(),
+            tokens.contiguous(),
+            *params,
+            ansatz.logit_bias,
+            consts,
+            _split(float(ansatz.ln_f.eps)),
+            aside.stream_for(h),
+        )
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
+        _turn_off_tail(exc)
+        return None
+
+
+def _turn_off_tail(exc: Exception) -> None:
+    global _tail_failed
+    _tail_failed = f"{type(exc).__name__}: {exc}"
+    warnings.warn(
+        f"the fused amplitude tail failed ({_tail_failed}); using the module's tail",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):

@@ -158,3 +158,55 @@ def test_coarse_paths_match_torch(_coarse_paths_off, path, dtype, tol, products,
     for a, b in zip(got, ref, strict=True):
         assert _err(a, b) < tol * max(1.0, float(b.abs().max()))
     _assert_replays(grads, got)
+
+
+@pytest.fixture
+def _tail_restored():
+    fused_ops._POISON = True  # a gradient entry that no program writes stays NaN
+    yield
+    fused_ops.TAIL_ENABLED, fused_ops._POISON = True, False
+    assert fused_ops._tail_failed is None, fused_ops._tail_failed
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 3e-5)])
+@pytest.mark.parametrize("system,d", [("N2", None), ("Hubbard-10-chain-U4", None), ("N2", 16)])
+def test_amplitude_tail_matches_the_module(_tail_restored, dtype, tol, system, d):
+    """The amplitude's tail as one kernel each way (`fused_ops.amplitude_tail`) against the
+    module's tail (the same LayerNorm and attention kernels before it): ln|psi| (-inf on the
+    same rows, among them configurations outside the sector) and every gradient (relative to
+    each gradient's largest entry), with a gradient that reaches the out-of-sector rows; and a
+    recorded pass replays it."""
+    mol = Molecule.load(system)
+    psi = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda", d_model=d)
+    with torch.no_grad():
+        for p in psi.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tok = psi.tokens(psi.sample(8000, generator=1)[0])
+    off = tok[:5].clone()
+    off[:, 0] = 3 - off[:, 0]  # one spin more, one less: outside the sector
+    tok = torch.cat((tok, off))
+    weight = torch.linspace(-1, 1, len(tok), dtype=dtype, device="cuda")
+    params = list(psi.parameters())
+
+    def grads():
+        amp, phase = psi._log_psi_parts(tok)
+        gp = torch.ones_like(phase)
+        return [amp.detach(), *torch.autograd.grad((amp, phase), params, (weight, gp))]
+
+    fused_ops.TAIL_ENABLED = False
+    ref = grads()
+    fused_ops.TAIL_ENABLED = True
+    got = grads()
+    assert type(psi.log_amplitude(tok).grad_fn).__name__ == "_AmplitudeTailBackward"
+    assert torch.equal(torch.isinf(got[0]), torch.isinf(ref[0]))
+    assert int(torch.isinf(ref[0]).sum()) >= 5
+    fin = torch.isfinite(ref[0])
+    assert _err(got[0][fin], ref[0][fin]) < tol * max(1.0, float(ref[0][fin].abs().max()))
+    for a, b in zip(got[1:], ref[1:], strict=True):
+        assert _err(a, b) < tol * max(1.0, float(b.abs().max()))
+
+    def grads_finite():  # a recording compares values: -inf == -inf is not within 1e-12
+        out = grads()
+        return [torch.where(fin, out[0], 0.0), *out[1:]]
+
+    _assert_replays(grads_finite, [torch.where(fin, got[0], 0.0), *got[1:]])

@@ -77,8 +77,12 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
             assert err(y, y0) < tol, ("ln", dt, m, d, err(y, y0))
             for a, c in zip(gr, gr0):
                 assert err(a, c) < tol * max(1.0, float(c.abs().max())), ("ln grad", dt, m, d)
-        # attention: the Ansatz's written-out form; head width and length not powers of two
-        for n, length, h, hd in ((5, 4, 2, 4), (3, 3, 3, 3), (2, 28, 2, 3)):
+        # attention: the Ansatz's written-out form; head width and length not powers of two;
+        # one head a program, all heads of a sequence in one, two heads of three (one)
+        cases = ((5, 4, 2, 4, 1), (3, 3, 3, 3, 1), (2, 28, 2, 3, 1), (5, 4, 2, 4, 0),
+                 (3, 3, 3, 3, 2), (4, 10, 4, 8, 0))
+        for n, length, h, hd, heads in cases:
+            fo._ATTN_HEADS = heads
             d = h * hd
             qkv = torch.randn(n, length, 3 * d, dtype=dt, generator=g).requires_grad_()
             y = fo.causal_attention(qkv, h)
@@ -95,13 +99,15 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
             (gq0,) = torch.autograd.grad((y0 * gy).sum(), qkv)
             assert err(y, y0) < tol, ("attn", dt, n, length, err(y, y0))
             assert err(gq, gq0) < tol, ("attn grad", dt, n, length, err(gq, gq0))
+        fo._ATTN_HEADS = 1
 
     long = torch.zeros(2, 33, 12, dtype=torch.float64, requires_grad=True)
     assert fo.causal_attention(long, 2) is None  # past 32 positions: torch's attention
 
     # the Ansatz takes them in a training pass; its gradient equals torch's kernels' gradient
-    calls = {"ln": 0, "attn": 0}
+    calls = {"ln": 0, "attn": 0, "tail": 0}
     ln_apply, attn_apply = fo._LayerNorm.apply, fo._CausalAttention.apply
+    tail_apply = fo._AmplitudeTail.apply
     def count(key, f):
         def wrapped(*a):
             calls[key] += 1
@@ -109,18 +115,20 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
         return wrapped
     fo._LayerNorm.apply = count("ln", ln_apply)
     fo._CausalAttention.apply = count("attn", attn_apply)
+    fo._AmplitudeTail.apply = count("tail", tail_apply)
     psi = Ansatz(4, (2, 1), d_model=8, n_heads=2, n_layers=1, phase_hidden=(4,), seed=0,
                  dtype=torch.float64)
     x = all_determinants(4, (2, 1))
     grads = {on: log_psi_grads(psi, x, "ENABLED", on) for on in (True, False)}
-    assert calls == {"ln": 3, "attn": 1}, calls
+    # d_model 8: ln_f stays a LayerNorm kernel (the fused tail runs d_model 16, 32 and 64)
+    assert calls == {"ln": 3, "attn": 1, "tail": 0}, calls
     assert fo._failed is None
     worst = max(err(a, b) for a, b in zip(grads[True], grads[False]))
     assert worst < 1e-12, worst
     with torch.no_grad():  # inference keeps torch's kernels
         fo.ENABLED = True
         psi.log_psi(x)
-    assert calls == {"ln": 3, "attn": 1}, calls
+    assert calls == {"ln": 3, "attn": 1, "tail": 0}, calls
     print("ok", worst)
     """
 )
@@ -276,6 +284,54 @@ def test_fused_block_in_triton_interpreter():
     block, on the CPU."""
     # about 6.5 minutes alone on a 2-core CI machine (the interpreter runs every program)
     out = run_interpreted(_BLOCK_INTERPRETED, timeout=900)
+    assert "ok" in out
+
+
+_TAIL_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
+    """
+
+    fo._POISON = True  # a partial-gradient entry that no program writes stays NaN
+    for dt, tol in ((torch.float64, 1e-12), (torch.float32, 3e-5)):
+        for norb, nelec, d in ((6, (3, 2), 16), (10, (5, 5), 32)):
+            psi = Ansatz(norb, nelec, d_model=d, n_layers=1, phase_hidden=(4,), seed=1,
+                         dtype=dt)
+            tok = psi.tokens(all_determinants(norb, nelec)[:77])
+            off = tok[:3].clone()
+            off[:, 0] = 3 - off[:, 0]  # outside the sector
+            tok = torch.cat((tok, off))
+            weight = torch.linspace(-1, 1, len(tok), dtype=dt)
+            out = {}
+            for on in (True, False):
+                fo.TAIL_ENABLED = on
+                amp, phase = psi._log_psi_parts(tok)
+                grads = torch.autograd.grad((amp, phase), list(psi.parameters()),
+                                            (weight, torch.ones_like(phase)))
+                out[on] = (amp.detach(), grads, type(amp.grad_fn).__name__)
+            assert out[True][2] == "_AmplitudeTailBackward", out[True][2]
+            assert out[False][2] != "_AmplitudeTailBackward", out[False][2]
+            a1, a0 = out[True][0], out[False][0]
+            assert torch.equal(torch.isinf(a1), torch.isinf(a0)) and int(a0.isinf().sum()) == 3
+            fin = torch.isfinite(a0)
+            assert err(a1[fin], a0[fin]) < tol, ("tail", dt, d, err(a1[fin], a0[fin]))
+            for g1, g0 in zip(out[True][1], out[False][1]):
+                assert err(g1, g0) < tol * max(1.0, float(g0.abs().max())), ("tail grad", dt, d)
+    assert fo._tail_failed is None
+    psi = Ansatz(4, (2, 1), d_model=8, n_heads=2, seed=0, dtype=torch.float64)
+    tok = psi.tokens(all_determinants(4, (2, 1)))
+    h = torch.zeros(len(tok), 4, 8, dtype=torch.float64, requires_grad=True)
+    assert "d_model 8" in fo.tail_unsupported(psi, h, tok)
+    assert fo.amplitude_tail(psi, h, tok) is None
+    print("ok")
+    """
+)
+
+
+def test_amplitude_tail_in_triton_interpreter():
+    """ln_f, the head and the masked log-softmax as one kernel each way: ln|psi| (-inf on the
+    same rows, among them configurations outside the sector) and every parameter gradient
+    against the module's tail (float64 1e-12, float32 3e-5 relative), a gradient reaching
+    the out-of-sector rows too, on the CPU; an unsupported width is left to the module."""
+    out = run_interpreted(_TAIL_INTERPRETED, timeout=600)
     assert "ok" in out
 
 
