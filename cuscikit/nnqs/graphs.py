@@ -66,6 +66,7 @@ import torch
 from torch.autograd.graph import increment_version
 
 from cuscikit.nnqs import aside, local_energy
+from cuscikit.nnqs._triton import interpreting, tl, triton
 from cuscikit.nnqs.ansatz import PrefixTree, reuse_token_work
 
 __all__ = [
@@ -81,6 +82,11 @@ __all__ = [
 ]
 
 _MIN_BUCKET = 64
+#: True (default): the flat AdamW step's moments and update are one Triton kernel on a GPU
+#: (`_adamw`) instead of eight torch kernels.
+ADAMW_KERNEL = True
+_adamw_failed: str | None = None  # why the AdamW kernel was turned off
+_ADAMW_BLOCK = 1024
 #: True: the Runner queues the next iteration's ln psi over S (`InferenceGraph.prefetch`)
 #: right after its recorded optimiser stage, ahead of the host's wait for the stage.
 PREFETCH = True
@@ -433,6 +439,8 @@ class OptimizerGraph:
         self.ansatz, self.optimizer, self.use_graph = ansatz, optimizer, bool(use_graph)
         self.shared_prefixes = shared_prefixes
         self.log_psi = log_psi if log_psi is not None else ansatz._log_psi_tokens
+        # the default: ln|psi| and phi apart, the loss's gradient written by the local energies
+        self._parts = ansatz._log_psi_parts if log_psi is None else None
         self.params = list(ansatz.parameters())
         self.sizes = [p.numel() for p in self.params]
         self.device = self.params[0].device
@@ -685,9 +693,9 @@ class OptimizerGraph:
         self.captures += 1
 
     # ----------------------------------------------------------------------------- body
-    def _grads(self, loss: torch.Tensor) -> list[torch.Tensor]:
+    def _grads(self, outputs, grad_outputs=None) -> list[torch.Tensor]:
         # every parameter has a gradient here (an unused one is an error, not a zero step)
-        grads = list(torch.autograd.grad(loss, self.params))
+        grads = list(torch.autograd.grad(outputs, self.params, grad_outputs))
         aside.join(self.device)  # the gradients computed on the side streams
         return grads
 
@@ -699,10 +707,13 @@ class OptimizerGraph:
         pdt = self.params[0].dtype
         lr, steps = b["lr"], b["step"] + b["ahead"]
         bias1 = 1 - torch.pow(beta1, steps)
+        # the step's constants as torch's kernels take Python floats: in the parameters' dtype
+        consts = (1 - beta1, beta2, 1 - beta2, float(g["eps"]))
         return {
             "decay": (1 - lr * float(g["weight_decay"])).to(pdt),
             "bias2_sqrt": torch.sqrt(1 - torch.pow(beta2, steps)).to(pdt),
             "rate": (lr / bias1).to(pdt),
+            "consts": torch.tensor(consts, dtype=torch.float64).to(device=lr.device, dtype=pdt),
         }
 
     def _adamw(self, grads: list[torch.Tensor], k: int, sc: dict) -> None:
@@ -717,14 +728,15 @@ class OptimizerGraph:
         torch.cat([t.reshape(-1) for t in grads], out=grad)
         if wd:
             torch._foreach_mul_(self.params, sc["decay"])
-        m.lerp_(grad, 1 - beta1)
-        v.mul_(beta2)
-        v.addcmul_(grad, grad, value=1 - beta2)
-        torch.sqrt(v, out=d)
-        d.div_(sc["bias2_sqrt"][k])
-        d.add_(eps)
-        torch.div(m, d, out=u)
-        u.mul_(sc["rate"][k])
+        if not _adamw_moments(m, v, grad, u, sc, k):
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2)
+            v.addcmul_(grad, grad, value=1 - beta2)
+            torch.sqrt(v, out=d)
+            d.div_(sc["bias2_sqrt"][k])
+            d.add_(eps)
+            torch.div(m, d, out=u)
+            u.mul_(sc["rate"][k])
         torch._foreach_sub_(self.params, b["u_views"])
 
     def _body(self, apply: bool, inner: int | None = None) -> None:
@@ -738,16 +750,28 @@ class OptimizerGraph:
             self._steps(apply, self._key.inner if inner is None else int(inner))
 
     def _steps(self, apply: bool, n_inner: int) -> None:
+        """The passes. With the default ln psi each pass gives ln|psi| and phi apart and the
+        loss 2 Re sum conj(ln psi) T enters autograd as its gradient (2 Re T, 2 Im T) with
+        respect to them, written by `local_energy.terms` (the same numbers as autograd's
+        through the complex loss, without its dozen kernels each way); with a caller's
+        ``log_psi``, through the complex loss."""
         b = self._buf
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]
-        if self.shared_prefixes:
-            tree = PrefixTree(b["node"], b["first"])
+        tree = PrefixTree(b["node"], b["first"]) if self.shared_prefixes else None
+        parts = self._parts
 
-            def log_psi(t):
-                return self.log_psi(t, tree)
-        else:
-            log_psi = self.log_psi
+        def forward():  # (autograd's outputs, ln psi for the local energies)
+            with torch.enable_grad():
+                if parts is not None:
+                    amp, phase = parts(tok, tree)
+                    return (amp, phase), (amp.detach(), phase.detach())
+                lp = (self.log_psi(tok) if tree is None else self.log_psi(tok, tree)).to(c128)
+                return lp, lp.detach()
+
+        def complex_lp(lp):
+            return torch.complex(*lp).to(c128) if parts is not None else lp
+
         sc = None
         with torch.no_grad():
             if apply:
@@ -756,35 +780,129 @@ class OptimizerGraph:
                 torch.cat([t.reshape(-1) for t in b["exp_avg_sq"]], out=b["v"])
                 sc = self._scalars()
         # The iteration's step: the loss with the pipeline's weights and local energies.
-        with torch.enable_grad():
-            lp = log_psi(tok).to(c128)
-            loss0 = 2.0 * (b["w0"] * (lp.conj() * b["de0"])).real.sum()
-            grads = self._grads(loss0)
+        out0, lp0 = forward()
+        if parts is not None:
+            with torch.no_grad():  # d loss / d (ln|psi|, phi) = 2 w (Re, Im) (E_loc - E)
+                g0 = (2.0 * b["w0"])[:, None] * torch.view_as_real(b["de0"])
+                g0 = out0[0].new_empty((2, tok.shape[0])).copy_(g0.t())
+            grads = self._grads(out0, (g0[0], g0[1]))
+        else:
+            with torch.enable_grad():
+                grads = self._grads(2.0 * (b["w0"] * (out0.conj() * b["de0"])).real.sum())
         with torch.no_grad():
             if apply:
                 self._adamw(grads, 0, sc)
         bad = torch.zeros((), dtype=torch.bool, device=tok.device)
+        rowptr = b["rowptr"] if self._key.csr else None
+        pairs = (b["src"], b["dst"], b["val"])
+        # with a teacher, its pull added to the energy's coefficients
+        teach = (b["tw"], b["tc"]) if self._key.teacher else None
         for k in range(n_inner):
-            with torch.enable_grad():
-                lp = log_psi(tok).to(c128)
+            out, lp = forward()
             with torch.no_grad():  # psi, the local energies and the loss's coefficients
-                rowptr = b["rowptr"] if self._key.csr else None
-                pairs = (b["src"], b["dst"], b["val"])
-                # with a teacher, its pull added to the energy's coefficients
-                teach = (b["tw"], b["tc"]) if self._key.teacher else None
-                _, coef, _, flag = local_energy.terms(lp.detach(), mask, hd, pairs, rowptr, teach)
+                g = None
+                if parts is not None:
+                    g = torch.empty((2, tok.shape[0]), dtype=lp[0].dtype, device=tok.device)
+                _, coef, _, flag = local_energy.terms(lp, mask, hd, pairs, rowptr, teach, g)
                 bad = bad | flag
-            with torch.enable_grad():
-                loss = 2.0 * (lp.conj() * coef).real.sum()
-                grads = self._grads(loss)
+            if parts is not None:
+                grads = self._grads(out, (g[0], g[1]))
+            else:
+                with torch.enable_grad():
+                    grads = self._grads(2.0 * (out.conj() * coef).real.sum())
             with torch.no_grad():
                 if apply:
                     self._adamw(grads, 1 + k, sc)
         with torch.no_grad():
+            loss0 = 2.0 * (b["w0"] * (complex_lp(lp0).conj() * b["de0"])).real.sum()
             zeros = torch._foreach_mul(self.params, 0.0)  # 0 where finite, NaN elsewhere
             finite = torch.isfinite(torch.stack(torch._foreach_norm(zeros))).all()
-            flags = (loss0.detach(), bad.to(loss0.dtype), finite.to(loss0.dtype))
+            flags = (loss0, bad.to(loss0.dtype), finite.to(loss0.dtype))
             b["flags"].copy_(torch.stack(flags))
+
+
+def _adamw_moments(m, v, grad, u, sc: dict, k: int) -> bool:
+    """AdamW's moments and update of step ``k`` of the stage over the flat buffers in one
+    Triton kernel (a GPU, or Triton's interpreter): the eight operations of `_adamw`'s torch
+    form, in the same order and each rounded as there (square root and divisions correctly
+    rounded; a multiplication and an addition may fuse into one rounding). False where it does
+    not run (``ADAMW_KERNEL`` off, no Triton, a CPU tensor, a kernel that failed: warned once),
+    so the caller runs the torch form."""
+    global _adamw_failed
+    if not ADAMW_KERNEL or triton is None or _adamw_failed is not None:
+        return False
+    if not (m.is_cuda or interpreting()):
+        return False
+    n = m.numel()
+    try:
+        _adamw_kernel[(triton.cdiv(n, _ADAMW_BLOCK),)](
+            grad,
+            m,
+            v,
+            u,
+            sc["consts"],
+            sc["bias2_sqrt"],
+            sc["rate"],
+            k,
+            n,
+            BLOCK=_ADAMW_BLOCK,
+            F64=m.dtype == torch.float64,
+        )
+    except Exception as exc:  # noqa: BLE001 - a Triton that cannot build it here: torch's form
+        _adamw_failed = f"{type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"the AdamW kernel failed ({_adamw_failed}); using torch's operations",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["k", "n"])
+    def _adamw_kernel(
+        g_ptr,
+        m_ptr,
+        v_ptr,
+        u_ptr,
+        c_ptr,
+        b2_ptr,
+        rate_ptr,
+        k,
+        n,
+        BLOCK: tl.constexpr,
+        F64: tl.constexpr,
+    ):
+        """m = lerp(m, g, 1 - beta1); v = v beta2 + (1 - beta2) g g; u = m / (sqrt(v) /
+        sqrt(1 - beta2^t) + eps) * lr / (1 - beta1^t), with the constants at c_ptr (1 - beta1,
+        beta2, 1 - beta2, eps) and step k's bias terms at b2_ptr[k] and rate_ptr[k]."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = i < n
+        g = tl.load(g_ptr + i, mask=ok, other=0.0)
+        m = tl.load(m_ptr + i, mask=ok, other=0.0)
+        v = tl.load(v_ptr + i, mask=ok, other=0.0)
+        w1, beta2, w2, eps = (
+            tl.load(c_ptr),
+            tl.load(c_ptr + 1),
+            tl.load(c_ptr + 2),
+            tl.load(c_ptr + 3),
+        )
+        m = m + w1 * (g - m)  # torch's lerp for a weight below 0.5
+        v = v * beta2
+        v = v + w2 * g * g
+        if F64:  # float64's square root and division round correctly as written
+            d = tl.sqrt(v) / tl.load(b2_ptr + k) + eps
+            u = m / d * tl.load(rate_ptr + k)
+        else:  # float32's need asking for it (the defaults approximate)
+            d = tl.div_rn(tl.sqrt_rn(v), tl.load(b2_ptr + k)) + eps
+            u = tl.div_rn(m, d) * tl.load(rate_ptr + k)
+        tl.store(m_ptr + i, m, mask=ok)
+        tl.store(v_ptr + i, v, mask=ok)
+        tl.store(u_ptr + i, u, mask=ok)
+else:  # pragma: no cover - depends on the installation
+    _adamw_kernel = None
 
 
 class InferenceGraph:

@@ -90,19 +90,24 @@ def csr(src: torch.Tensor, dst: torch.Tensor, val: torch.Tensor, n_rows: int):
     return rowptr, src[order], dst[order].to(torch.long), val[order]
 
 
-def terms(lp, mask, hd, pairs, rowptr=None, teacher=None):
-    """``(psi, T, E, bad)`` of the module docstring for ln psi ``lp`` (complex128, n rows),
+def terms(lp, mask, hd, pairs, rowptr=None, teacher=None, grad=None):
+    """``(psi, T, E, bad)`` of the module docstring for ln psi ``lp`` (complex128, n rows, or
+    the pair ``(ln|psi|, phi)`` of real tensors of any floating dtype, taken as complex128),
     ``mask`` and the diagonal ``hd`` (float64, n) and the pairs ``(src, dst, val)`` of H_SS
     (``val`` complex128); ``teacher``: None or ``(tw, c)`` (a 0-d float64 weight and the
-    float64 vector, n rows, 0 on padding) whose pull T takes too. With ``rowptr`` (`csr`'s,
-    the pairs in its order) the Triton kernels run (`kernels_for` the device); without it, or
-    with the kernels turned off, the torch operations. ``E`` is a 0-d float64 tensor and
-    ``bad`` a 0-d bool tensor; nothing waits on the device."""
+    float64 vector, n rows, 0 on padding) whose pull T takes too. ``grad``: None, or a real
+    tensor (2, n) that gets the gradient of the loss 2 Re sum conj(ln psi) T with respect to
+    ln|psi| and phi, (2 Re T, 2 Im T), in its dtype. With ``rowptr`` (`csr`'s, the pairs in
+    its order) the Triton kernels run (`kernels_for` the device); without it, or with the
+    kernels turned off, the torch operations. ``E`` is a 0-d float64 tensor and ``bad`` a 0-d
+    bool tensor; nothing waits on the device."""
     if rowptr is not None and ENABLED:
         try:
-            return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr, teacher)
+            return _kernel_terms(lp, mask, hd, pairs[1], pairs[2], rowptr, teacher, grad)
         except Exception as exc:  # noqa: BLE001 - a Triton that cannot build them here
             _turn_off(exc)
+    if isinstance(lp, (tuple, list)):
+        lp = torch.complex(*(t.to(torch.float64) for t in lp))
     src, dst, val = pairs
     psi = torch.exp(lp - lp.real.max())
     prob = psi.abs() ** 2 * mask
@@ -116,6 +121,8 @@ def terms(lp, mask, hd, pairs, rowptr=None, teacher=None):
         from cuscikit.nnqs.teacher import teacher_coefficients
 
         coef = coef + teacher[0] * teacher_coefficients(psi, teacher[1], mask)
+    if grad is not None:
+        grad.copy_(2.0 * torch.view_as_real(coef).t())
     return psi, coef, e, bad
 
 
@@ -150,10 +157,15 @@ def _turn_off(exc: Exception) -> None:
     )
 
 
-def _kernel_terms(lp, mask, hd, dst, val, rowptr, teacher=None):
-    n = lp.shape[0]
-    dev = lp.device
-    lp2 = torch.view_as_real(lp.contiguous())
+def _kernel_terms(lp, mask, hd, dst, val, rowptr, teacher=None, grad=None):
+    if isinstance(lp, (tuple, list)):  # ln|psi| and phi: read with stride 1
+        re, im = (t.contiguous() for t in lp)
+        stride = 1
+    else:  # complex128: the real and imaginary parts interleaved
+        lp2 = torch.view_as_real(lp.contiguous())
+        re, im, stride = lp2[:, 0], lp2[:, 1], 2
+    n = re.shape[0]
+    dev = re.device
     val2 = torch.view_as_real(val.contiguous())
     psi = torch.empty((n, 2), dtype=torch.float64, device=dev)
     eloc = torch.empty((n, 2), dtype=torch.float64, device=dev)
@@ -165,14 +177,15 @@ def _kernel_terms(lp, mask, hd, dst, val, rowptr, teacher=None):
     out = torch.empty(6, dtype=torch.float64, device=dev)
     tw, tc = teacher if teacher is not None else (out, mask)  # read only with TEACHER
     has = teacher is not None
-    _psi_kernel[(1,)](lp2, mask, tc, psi, out, n, BLOCK=_BLOCK, TEACHER=has, num_warps=8)
+    _psi_kernel[(1,)](re, im, stride, mask, tc, psi, out, n, BLOCK=_BLOCK, TEACHER=has, num_warps=8)
     _eloc_kernel[(programs,)](
         psi, rowptr, dst, val2, hd, mask, out, eloc, part, flags, n,
         ROWS=_ROWS, PAIRS=_PAIRS, num_warps=4,
     )  # fmt: skip
+    g = grad if grad is not None else coef  # written only with GRAD
     _coef_kernel[(1,)](
-        psi, mask, eloc, out, part, flags, tc, tw, coef, n, programs,
-        BLOCK=_BLOCK, PARTS=pow2(programs), TEACHER=has, num_warps=8,
+        psi, mask, eloc, out, part, flags, tc, tw, coef, g, g.stride(0), n, programs,
+        BLOCK=_BLOCK, PARTS=pow2(programs), TEACHER=has, GRAD=grad is not None, num_warps=8,
     )  # fmt: skip
     return (
         torch.view_as_complex(psi),
@@ -232,15 +245,18 @@ if triton is not None:
         return pr, pi, tl.load(tc + i, mask=ok, other=0.0)
 
     @triton.jit(do_not_specialize=["n"])
-    def _psi_kernel(lp, mask, tc, psi, out, n, BLOCK: tl.constexpr, TEACHER: tl.constexpr):
+    def _psi_kernel(
+        lre, lim, stride, mask, tc, psi, out, n, BLOCK: tl.constexpr, TEACHER: tl.constexpr
+    ):
         """One program: m = max Re lp (NaN propagates), psi = exp(lp - m), out[0] = the sum
-        of |psi|^2 mask; with a teacher out[3] = sum c^2 and out[4:6] = z = sum q u."""
+        of |psi|^2 mask; with a teacher out[3] = sum c^2 and out[4:6] = z = sum q u. Row i
+        of lp is (lre[stride i], lim[stride i]), taken as float64."""
         offs = tl.arange(0, BLOCK)
         top = tl.full((BLOCK,), float("-inf"), tl.float64)
         cc = tl.zeros((BLOCK,), tl.float64)
         for start in range(0, n, BLOCK):
             i = start + offs
-            re = tl.load(lp + 2 * i, mask=i < n, other=float("-inf"))
+            re = tl.load(lre + stride * i, mask=i < n, other=float("-inf")).to(tl.float64)
             top = tl.maximum(top, re, propagate_nan=tl.PropagateNan.ALL)
             if TEACHER:
                 c = tl.load(tc + i, mask=i < n, other=0.0)
@@ -254,8 +270,8 @@ if triton is not None:
         for start in range(0, n, BLOCK):
             i = start + offs
             ok = i < n
-            re = tl.load(lp + 2 * i, mask=ok, other=0.0)
-            im = tl.load(lp + 2 * i + 1, mask=ok, other=0.0)
+            re = tl.load(lre + stride * i, mask=ok, other=0.0).to(tl.float64)
+            im = tl.load(lim + stride * i, mask=ok, other=0.0).to(tl.float64)
             a = tl.exp(re - m)
             pr = a * tl.cos(im)
             pi = a * tl.sin(im)
@@ -324,13 +340,14 @@ if triton is not None:
         bad = ok & ~(_finite(er) & _finite(ei))
         tl.store(flags + pid, tl.max(bad.to(tl.int32), 0))
 
-    @triton.jit(do_not_specialize=["n", "parts"])
+    @triton.jit(do_not_specialize=["n", "parts", "g_stride"])
     def _coef_kernel(
-        psi, mask, eloc, out, part, flags, tc, tw, coef, n, parts,
-        BLOCK: tl.constexpr, PARTS: tl.constexpr, TEACHER: tl.constexpr,
+        psi, mask, eloc, out, part, flags, tc, tw, coef, g, g_stride, n, parts,
+        BLOCK: tl.constexpr, PARTS: tl.constexpr, TEACHER: tl.constexpr, GRAD: tl.constexpr,
     ):  # fmt: skip
         """One program: E = the parts summed in order, bad = any flag or E not finite,
-        T = w (E_x - E), plus the teacher's pull; out[1] = E, out[2] = bad."""
+        T = w (E_x - E), plus the teacher's pull; out[1] = E, out[2] = bad. With GRAD, rows
+        g[0] and g[g_stride] also get 2 Re T and 2 Im T in g's dtype."""
         p = tl.arange(0, PARTS)
         e = tl.sum(tl.load(part + p, mask=p < parts, other=0.0), 0)
         bad = tl.max(tl.load(flags + p, mask=p < parts, other=0), 0)
@@ -358,6 +375,9 @@ if triton is not None:
                 ti += weight * (q * sin)
             tl.store(coef + 2 * i, tr, mask=ok)
             tl.store(coef + 2 * i + 1, ti, mask=ok)
+            if GRAD:
+                tl.store(g + i, (2.0 * tr).to(g.dtype.element_ty), mask=ok)
+                tl.store(g + g_stride + i, (2.0 * ti).to(g.dtype.element_ty), mask=ok)
         tl.store(out + 1, e)
         tl.store(out + 2, bad.to(tl.float64))
 

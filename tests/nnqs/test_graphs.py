@@ -556,3 +556,120 @@ def test_the_graphs_verdict_is_checked_again_when_the_pair_changes(monkeypatch):
     assert runner._graphs_reason() is None and len(calls) == 3
     runner.optimizer = torch.optim.SGD(runner.ansatz.parameters())
     assert "SGD" in runner._graphs_reason() and len(calls) == 4
+
+
+def test_the_loss_gradient_of_the_two_parts_is_autograds_of_the_complex_loss():
+    """By default each pass hands autograd ln|psi| and phi with the loss's gradient (2 Re T,
+    2 Im T) instead of the complex loss 2 Re sum conj(ln psi) T: one pass's parameter
+    gradients are those of the complex loss (float32: to rounding, the phase MLP's last bias
+    gradient sums its column in another order than from the complex gradient's strided
+    imaginary part; float64: bitwise here), and the weights after three stages (with a
+    teacher) those of the stage that takes the complex loss (a caller's ``log_psi``)."""
+    x = all_determinants(6, (3, 2))[:50]
+    n = len(x)
+    g = torch.Generator().manual_seed(1)
+    coef = torch.randn(n, generator=g, dtype=torch.complex128)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 0.0)):
+        psi = Ansatz(6, (3, 2), seed=3, dtype=dtype, phase_hidden=(16,))
+        params, tok = list(psi.parameters()), psi.tokens(x)
+        lp = psi._log_psi_tokens(tok).to(torch.complex128)
+        want = torch.autograd.grad(2.0 * (lp.conj() * coef).real.sum(), params)
+        amp, phase = psi._log_psi_parts(tok)
+        grad = torch.empty((2, n), dtype=dtype).copy_(2.0 * torch.view_as_real(coef).t())
+        got = torch.autograd.grad((amp, phase), params, (grad[0], grad[1]))
+        for a, b in zip(got, want, strict=True):
+            assert float((a - b).abs().max()) <= tol * float(b.abs().max())
+    w = torch.rand(n, generator=g, dtype=torch.float64)
+    w /= w.sum()
+    de = torch.randn(n, generator=g, dtype=torch.complex128)
+    hd = torch.randn(n, generator=g, dtype=torch.float64)
+    src, dst = torch.randint(0, n, (300,), generator=g), torch.randint(0, n, (300,), generator=g)
+    val = 0.1 * torch.randn(300, generator=g, dtype=torch.float64).to(torch.complex128)
+    teacher = (0.5, torch.randn(n, generator=g, dtype=torch.float64).numpy())
+    weights = []
+    for complex_loss in (False, True):
+        psi = Ansatz(6, (3, 2), seed=3, dtype=torch.float64, phase_hidden=(16,))
+        opt = torch.optim.AdamW(psi.parameters(), lr=1e-2)
+        stage = OptimizerGraph(
+            psi, opt, use_graph=False, log_psi=psi._log_psi_tokens if complex_loss else None
+        )
+        assert (stage._parts is None) == complex_loss
+        for _ in range(3):
+            loss, ok, finite = stage.run(x, w, de, hd, (src, dst, val), 3, teacher=teacher)
+            assert ok and finite
+        weights.append([p.detach().clone() for p in psi.parameters()])
+    assert max(float((a - b).abs().max()) for a, b in zip(*weights, strict=True)) <= 1e-12
+    start = Ansatz(6, (3, 2), seed=3, dtype=torch.float64, phase_hidden=(16,)).parameters()
+    assert (
+        max(float((a - b.detach()).abs().max()) for a, b in zip(weights[0], start, strict=True))
+        > 1e-3
+    )
+
+
+_ADAMW_INTERPRETED = """
+import torch
+from cuscikit import Ansatz
+from cuscikit.nnqs import fused_ops, graphs, local_energy
+from cuscikit.nnqs.graphs import OptimizerGraph
+from cuscikit.sci.configs import all_determinants
+
+g = torch.Generator().manual_seed(0)
+for dt, tol in ((torch.float64, 1e-15), (torch.float32, 3e-7)):
+    n = 5000  # several programs, the last one partial
+    grad = torch.randn(n, generator=g, dtype=torch.float64).to(dt) * 1e-2
+    m0 = torch.randn(n, generator=g, dtype=torch.float64).to(dt) * 1e-2
+    v0 = torch.rand(n, generator=g, dtype=torch.float64).to(dt) * 1e-4
+    consts = torch.tensor((0.1, 0.999, 1 - 0.999, 1e-8), dtype=torch.float64).to(dt)
+    sc = {"consts": consts, "bias2_sqrt": torch.tensor([0.3, 0.05], dtype=dt),
+          "rate": torch.tensor([1e-3, 2e-3], dtype=dt)}
+    m1, v1, u1 = m0.clone(), v0.clone(), torch.full((n,), float("nan"), dtype=dt)
+    assert graphs._adamw_moments(m1, v1, grad, u1, sc, 1)
+    m2, v2 = m0.clone(), v0.clone()
+    m2.lerp_(grad, 0.1)
+    v2.mul_(0.999)
+    v2.addcmul_(grad, grad, value=1 - 0.999)
+    u2 = m2 / (torch.sqrt(v2) / sc["bias2_sqrt"][1] + 1e-8) * sc["rate"][1]
+    for a, b in ((m1, m2), (v1, v2), (u1, u2)):
+        assert float((a - b).abs().max()) <= tol * float(b.abs().max()), (dt, a, b)
+# a stage (float64, weight decay) with the kernel and with torch's operations
+fused_ops.ENABLED = local_energy.ENABLED = False  # the interpreter's time for AdamW alone
+x = all_determinants(6, (3, 2))[:50]
+w = torch.full((50,), 1 / 50, dtype=torch.float64)
+de = torch.randn(50, generator=g, dtype=torch.complex128)
+pairs = (torch.arange(49), torch.arange(1, 50), torch.full((49,), -0.1 + 0j))
+out = []
+for on in (True, False):
+    graphs.ADAMW_KERNEL = on
+    psi = Ansatz(6, (3, 2), seed=3, dtype=torch.float64, d_model=16, n_layers=1,
+                 phase_hidden=(16,))
+    opt = torch.optim.AdamW(psi.parameters(), lr=1e-2, weight_decay=0.01)
+    stage = OptimizerGraph(psi, opt, use_graph=False)
+    for _ in range(2):
+        assert stage.run(x, w, de, torch.zeros(50, dtype=torch.float64), pairs, 2)[1]
+    out.append([p.detach().clone() for p in psi.parameters()])
+assert graphs._adamw_failed is None
+worst = max(float((a - b).abs().max()) for a, b in zip(*out))
+assert worst < 1e-11, worst
+print("ok", worst)
+"""
+
+
+def test_adamw_kernel_in_triton_interpreter():
+    """The flat AdamW step's moments and update in one Triton kernel: against torch's eight
+    operations to rounding (float64 1e-15, float32 3e-7 of the largest entry) over several
+    programs, and two stages with it and without it to 1e-11 in the weights (float64, AdamW's
+    first steps enlarge last-bit differences), on the CPU."""
+    from tests.conftest import run_interpreted
+
+    out = run_interpreted(_ADAMW_INTERPRETED, timeout=300)
+    assert "ok" in out
+
+
+def test_adamw_kernel_stays_off_on_the_cpu():
+    """Without the interpreter a CPU stage keeps torch's AdamW operations."""
+    from cuscikit.nnqs._triton import interpreting
+
+    if interpreting():
+        pytest.skip("the Triton interpreter runs the kernel on the CPU")
+    t = torch.zeros(4)
+    assert not graphs._adamw_moments(t, t.clone(), t.clone(), t.clone(), {}, 0)

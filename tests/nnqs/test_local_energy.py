@@ -39,6 +39,28 @@ def test_terms_on_the_cpu_are_the_variational_energy():
     assert abs(complex(coef.sum())) < 1e-12
 
 
+def test_terms_take_the_two_real_parts_and_write_the_loss_gradient():
+    """ln psi as ``(ln|psi|, phi)`` (float32 here) gives what its complex128 value gives, and
+    ``grad`` gets (2 Re T, 2 Im T) in the parts' dtype: the gradient of 2 Re sum conj(ln psi) T
+    that autograd takes through the complex loss, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    n = 15
+    amp = torch.randn(n, generator=g, requires_grad=True)
+    phase = torch.randn(n, generator=g, requires_grad=True)
+    mask, hd = torch.ones(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64, generator=g)
+    src, dst = torch.randint(0, n, (60,), generator=g), torch.randint(0, n, (60,), generator=g)
+    val = torch.randn(60, dtype=torch.complex128, generator=g)
+    lp = torch.complex(amp, phase).to(torch.complex128)
+    grad = torch.empty((2, n))
+    got = local_energy.terms((amp.detach(), phase.detach()), mask, hd, (src, dst, val), grad=grad)
+    want = local_energy.terms(lp.detach(), mask, hd, (src, dst, val))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    ga, gp = torch.autograd.grad(2.0 * (lp.conj() * want[1]).real.sum(), (amp, phase))
+    assert torch.equal(grad[0], ga) and torch.equal(grad[1], gp)
+    assert float(grad.abs().max()) > 0
+
+
 def test_a_kernel_that_cannot_run_falls_back_to_the_torch_operations(monkeypatch):
     """Where the kernels cannot run (here CPU tensors outside Triton's interpreter) `terms`
     warns, turns them off for the process and gives the torch operations' values over the
@@ -107,6 +129,27 @@ _SCRIPT = textwrap.dedent(
             err = float((a - b).abs().max())
             assert err <= 1e-13 * max(1.0, float(a.abs().max())), (args, name, err)
         assert not bool(ref[3]) and not bool(got[3]), args
+    # ln psi as the pair (ln|psi|, phi) in float64 or float32 (read as float64), and the
+    # loss's gradient (2 Re T, 2 Im T) written in the pair's dtype, kernels and torch alike
+    for dt in (torch.float64, torch.float32):
+        n = 70
+        pair = ((torch.rand(n, dtype=torch.float64, generator=g) * 4 - 3).to(dt),
+                (torch.rand(n, dtype=torch.float64, generator=g) * 6 - 3).to(dt))
+        lpc = torch.complex(*pair).to(torch.complex128)
+        mask, hd = torch.ones(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)
+        src = torch.randint(0, n, (500,), generator=g)
+        dst = torch.randint(0, n, (500,), generator=g)
+        val = torch.randn(500, dtype=torch.complex128, generator=g) * 0.1
+        c = torch.randn(n, dtype=torch.float64, generator=g)
+        t = (torch.tensor(0.3, dtype=torch.float64), c)
+        rowptr, s2, d2, v2 = le.csr(src, dst, val, n)
+        for rp, pairs in ((rowptr, (s2, d2, v2)), (None, (src, dst, val))):
+            grad = torch.full((2, n), float("nan"), dtype=dt)
+            got = le.terms(pair, mask, hd, pairs, rp, t, grad)
+            want = le.terms(lpc, mask, hd, pairs, rp, t)
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a, b), (dt, rp is None)
+            assert torch.equal(grad, (2.0 * torch.view_as_real(want[1]).t()).to(dt))
     # the teacher's pull where psi is tiny (its phase still counts) or exactly 0
     for poke in (lambda lp: lp.__setitem__(3, complex(-700.0, 2.5)),
                  lambda lp: lp.__setitem__(3, complex(-1000.0, 2.5))):
