@@ -30,6 +30,13 @@ each transformer block of the pass as one kernel each way (``fused_ops.BLOCK_ENA
 run's "run s" includes the Triton compilation of the first use in the process (about 9 s on
 the H200 for the N2 shapes).
 
+``graph-module-tail`` runs the amplitude's tail (ln_f, the head, the masked log-softmax and
+the sum over positions) with the module's kernels instead of one Triton kernel each way
+(``fused_ops.TAIL_ENABLED = False``); ``graph-torch-adamw`` runs the recorded stage's flat
+AdamW step as torch's eight kernels instead of one (``graphs.ADAMW_KERNEL = False``);
+``graph-attn-heads-all`` (``-2``) runs every head (two heads) of a sequence in one attention
+program instead of one head a program (``fused_ops._ATTN_HEADS``).
+
 ``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
 queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
 
@@ -151,6 +158,14 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-gradient-streams-8": {"graphs": True, "gradient_streams": 8},
     # the inner steps' local energies by torch's operations instead of `local_energy`'s kernels
     "graph-torch-energy": {"graphs": True, "local_energy": False},
+    # the amplitude's tail (ln_f, head, masked log-softmax) by the module's kernels instead of
+    # one Triton kernel each way (``fused_ops.TAIL_ENABLED = False``)
+    "graph-module-tail": {"graphs": True, "tail": False},
+    # the flat AdamW step as torch's eight kernels instead of one (``graphs.ADAMW_KERNEL``)
+    "graph-torch-adamw": {"graphs": True, "adamw_kernel": False},
+    # the training pass's attention kernels with every head of a sequence in one program
+    "graph-attn-heads-all": {"graphs": True, "attn_heads": 0},
+    "graph-attn-heads-2": {"graphs": True, "attn_heads": 2},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
@@ -183,6 +198,15 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     fused_ops.BLOCK_ENABLED = options.pop("fused_block", False)
     fused_ops.AMPLITUDE_ENABLED = options.pop("fused_amplitude", False)
     fused_ops.COARSE_PRODUCTS = options.pop("coarse_products", "ieee")
+    tail = options.pop("tail", True)
+    if hasattr(fused_ops, "TAIL_ENABLED"):  # a package with the fused tail
+        fused_ops.TAIL_ENABLED = tail
+    attn_heads = options.pop("attn_heads", 1)
+    if hasattr(fused_ops, "_ATTN_HEADS"):  # a package with the option
+        fused_ops._ATTN_HEADS = attn_heads
+    adamw_kernel = options.pop("adamw_kernel", True)
+    if hasattr(graphs, "ADAMW_KERNEL"):  # a package with the AdamW kernel
+        graphs.ADAMW_KERNEL = adamw_kernel
     aside.ENABLED = options.pop("aside", _ASIDE_DEFAULTS[0])
     aside.PHASE = options.pop("aside_phase", _ASIDE_DEFAULTS[1])
     streams = options.pop("gradient_streams", _ASIDE_DEFAULTS[2])
@@ -206,7 +230,11 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     t0 = time.perf_counter()
     runner.run(iterations, [LearningRateDecay.over_tail(iterations)], progress=False)
     torch.cuda.synchronize()
-    for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
+    for what, why in (
+        ("Triton", fused_ops._failed),
+        ("fused", fused_ops._coarse_failed),
+        ("tail", getattr(fused_ops, "_tail_failed", None)),
+    ):
         if why is not None:  # the run (and any after it) took the module's pass instead
             print(f"# the {what} training kernels were turned off: {why}", flush=True)
     return runner, time.perf_counter() - t0
@@ -554,7 +582,11 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
     fused_ops.AMPLITUDE_ENABLED = False
     fused_ops._TILES.update(keep)
     fused_ops.COARSE_PRODUCTS = "ieee"
-    for what, why in (("Triton", fused_ops._failed), ("fused", fused_ops._coarse_failed)):
+    for what, why in (
+        ("Triton", fused_ops._failed),
+        ("fused", fused_ops._coarse_failed),
+        ("tail", getattr(fused_ops, "_tail_failed", None)),
+    ):
         if why is not None:
             print(f"# the {what} training kernels were turned off: {why}", flush=True)
     print_table(
