@@ -32,8 +32,9 @@ the H200 for the N2 shapes).
 
 ``graph-module-tail`` runs the amplitude's tail (ln_f, the head, the masked log-softmax and
 the sum over positions) with the module's kernels instead of one Triton kernel each way
-(``fused_ops.TAIL_ENABLED = False``); ``graph-torch-adamw`` runs the recorded stage's flat
-AdamW step as torch's eight kernels instead of one (``graphs.ADAMW_KERNEL = False``);
+(``fused_ops.TAIL_ENABLED = False``); ``graph-adamw-kernel`` runs the recorded stage's flat
+AdamW step's moments and update as one Triton kernel instead of torch's eight
+(``graphs.ADAMW_KERNEL = True``; off by default);
 ``graph-attn-heads-all`` (``-2``) runs every head (two heads) of a sequence in one attention
 program instead of one head a program (``fused_ops._ATTN_HEADS``).
 
@@ -161,8 +162,8 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the amplitude's tail (ln_f, head, masked log-softmax) by the module's kernels instead of
     # one Triton kernel each way (``fused_ops.TAIL_ENABLED = False``)
     "graph-module-tail": {"graphs": True, "tail": False},
-    # the flat AdamW step as torch's eight kernels instead of one (``graphs.ADAMW_KERNEL``)
-    "graph-torch-adamw": {"graphs": True, "adamw_kernel": False},
+    # the flat AdamW step's moments and update as one Triton kernel (``graphs.ADAMW_KERNEL``)
+    "graph-adamw-kernel": {"graphs": True, "adamw_kernel": True},
     # the training pass's attention kernels with every head of a sequence in one program
     "graph-attn-heads-all": {"graphs": True, "attn_heads": 0},
     "graph-attn-heads-2": {"graphs": True, "attn_heads": 2},
@@ -204,7 +205,7 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     attn_heads = options.pop("attn_heads", 1)
     if hasattr(fused_ops, "_ATTN_HEADS"):  # a package with the option
         fused_ops._ATTN_HEADS = attn_heads
-    adamw_kernel = options.pop("adamw_kernel", True)
+    adamw_kernel = options.pop("adamw_kernel", False)
     if hasattr(graphs, "ADAMW_KERNEL"):  # a package with the AdamW kernel
         graphs.ADAMW_KERNEL = adamw_kernel
     aside.ENABLED = options.pop("aside", _ASIDE_DEFAULTS[0])

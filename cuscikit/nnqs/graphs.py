@@ -82,9 +82,10 @@ __all__ = [
 ]
 
 _MIN_BUCKET = 64
-#: True (default): the flat AdamW step's moments and update are one Triton kernel on a GPU
-#: (`_adamw`) instead of eight torch kernels.
-ADAMW_KERNEL = True
+#: True: the flat AdamW step's moments and update are one Triton kernel on a GPU (`_adamw`)
+#: instead of eight torch kernels. Off by default: checked in Triton's interpreter only, its
+#: speed on a GPU not measured (docs/performance.md, "#tail").
+ADAMW_KERNEL = False
 _adamw_failed: str | None = None  # why the AdamW kernel was turned off
 _ADAMW_BLOCK = 1024
 #: True: the Runner queues the next iteration's ln psi over S (`InferenceGraph.prefetch`)
@@ -707,13 +708,17 @@ class OptimizerGraph:
         pdt = self.params[0].dtype
         lr, steps = b["lr"], b["step"] + b["ahead"]
         bias1 = 1 - torch.pow(beta1, steps)
-        # the step's constants as torch's kernels take Python floats: in the parameters' dtype
-        consts = (1 - beta1, beta2, 1 - beta2, float(g["eps"]))
+        # AdamW's kernel takes the step's constants as torch's kernels take Python floats, in
+        # the parameters' dtype (filled on the device: no copy from the host in a recording)
+        consts = torch.empty(4 if ADAMW_KERNEL else 0, dtype=pdt, device=lr.device)
+        if ADAMW_KERNEL:
+            for i, c in enumerate((1 - beta1, beta2, 1 - beta2, float(g["eps"]))):
+                consts[i].fill_(c)
         return {
             "decay": (1 - lr * float(g["weight_decay"])).to(pdt),
             "bias2_sqrt": torch.sqrt(1 - torch.pow(beta2, steps)).to(pdt),
             "rate": (lr / bias1).to(pdt),
-            "consts": torch.tensor(consts, dtype=torch.float64).to(device=lr.device, dtype=pdt),
+            "consts": consts,
         }
 
     def _adamw(self, grads: list[torch.Tensor], k: int, sc: dict) -> None:
@@ -752,9 +757,10 @@ class OptimizerGraph:
     def _steps(self, apply: bool, n_inner: int) -> None:
         """The passes. With the default ln psi each pass gives ln|psi| and phi apart and the
         loss 2 Re sum conj(ln psi) T enters autograd as its gradient (2 Re T, 2 Im T) with
-        respect to them, written by `local_energy.terms` (the same numbers as autograd's
-        through the complex loss, without its dozen kernels each way); with a caller's
-        ``log_psi``, through the complex loss."""
+        respect to them, written by `local_energy.terms` (the numbers autograd forms through
+        the complex loss, without its dozen kernels each way; only the phase MLP's last bias
+        sums its column in another order); with a caller's ``log_psi``, through the complex
+        loss."""
         b = self._buf
         c128 = torch.complex128
         tok, mask, hd = b["tok"], b["mask"], b["hd"]

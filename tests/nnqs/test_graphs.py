@@ -357,19 +357,19 @@ def test_shared_prefixes_change_only_the_rounding(name, monkeypatch):
     import cuscikit.nnqs.ansatz as ansatz_module
 
     built, passes = [], []
-    tree_of, log_psi_tokens = ansatz_module.prefix_tree, Ansatz._log_psi_tokens
+    tree_of, log_psi_parts = ansatz_module.prefix_tree, Ansatz._log_psi_parts
 
     def spy(tokens):
         built.append(tokens.shape[0])
         return tree_of(tokens)
 
-    def spy_pass(self, tokens, tree=None):  # the passes given a tree
+    def spy_pass(self, tokens, tree=None):  # the passes given a tree (both stages' passes)
         if tree is not None:
             passes.append(tokens.shape[0])
-        return log_psi_tokens(self, tokens, tree)
+        return log_psi_parts(self, tokens, tree)
 
     monkeypatch.setattr(ansatz_module, "prefix_tree", spy)
-    monkeypatch.setattr(Ansatz, "_log_psi_tokens", spy_pass)
+    monkeypatch.setattr(Ansatz, "_log_psi_parts", spy_pass)
     kw = {"inner_steps": 2, "teacher": 1.0, "teacher_until": 3, "teacher_inner_steps": 3}
     decay = LearningRateDecay(start=1, end=4, final_lr=1e-4)
     plain = make_runner(name, graphs=False, **kw).run(4, [decay], progress=False)
@@ -418,7 +418,7 @@ def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
     tokens once (`reuse_token_work`), not once a pass."""
     runner, S, w, de, res = stage_inputs(inner_steps=3)
     calls, passes = [], []
-    allowed, log_psi_tokens = Ansatz._allowed, Ansatz._log_psi_tokens
+    allowed, log_psi_parts = Ansatz._allowed, Ansatz._log_psi_parts
 
     def spy(self, *args):
         calls.append(1)
@@ -426,10 +426,10 @@ def test_the_stage_computes_what_depends_on_the_tokens_once(monkeypatch):
 
     def spy_pass(self, tokens, tree=None):
         passes.append(1)
-        return log_psi_tokens(self, tokens, tree)
+        return log_psi_parts(self, tokens, tree)
 
     monkeypatch.setattr(Ansatz, "_allowed", spy)
-    monkeypatch.setattr(Ansatz, "_log_psi_tokens", spy_pass)
+    monkeypatch.setattr(Ansatz, "_log_psi_parts", spy_pass)
     stage = OptimizerGraph(runner.ansatz, runner.optimizer, use_graph=False)
     stage.run(S, w, de, res.hdiag, res.space_pairs, 3)
     assert len(passes) == 4 and len(calls) == 1
@@ -613,6 +613,7 @@ from cuscikit.nnqs import fused_ops, graphs, local_energy
 from cuscikit.nnqs.graphs import OptimizerGraph
 from cuscikit.sci.configs import all_determinants
 
+graphs.ADAMW_KERNEL = True  # off by default
 g = torch.Generator().manual_seed(0)
 for dt, tol in ((torch.float64, 1e-15), (torch.float32, 3e-7)):
     n = 5000  # several programs, the last one partial
@@ -665,11 +666,13 @@ def test_adamw_kernel_in_triton_interpreter():
     assert "ok" in out
 
 
-def test_adamw_kernel_stays_off_on_the_cpu():
-    """Without the interpreter a CPU stage keeps torch's AdamW operations."""
+def test_adamw_kernel_stays_off_on_the_cpu(monkeypatch):
+    """Without the interpreter a CPU stage keeps torch's AdamW operations, switch on or off."""
     from cuscikit.nnqs._triton import interpreting
 
     if interpreting():
         pytest.skip("the Triton interpreter runs the kernel on the CPU")
+    assert not graphs.ADAMW_KERNEL  # off by default
+    monkeypatch.setattr(graphs, "ADAMW_KERNEL", True)
     t = torch.zeros(4)
     assert not graphs._adamw_moments(t, t.clone(), t.clone(), t.clone(), {}, 0)
