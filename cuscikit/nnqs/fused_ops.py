@@ -5,19 +5,25 @@ backward pass over S is tens of thousands of rows of width 32, and torch's gener
 made for wider rows: LayerNorm's weight and bias gradients run as one thread block for the
 whole batch (about 50 us a call on an H200), its forward as one block per row, and the
 attention products of 10 x 10 per head as batched cuBLAS GEMVs of tens of microseconds. This
-module gives two autograd functions with one Triton kernel each way:
+module gives three autograd functions with one Triton kernel each way:
 
 - `layer_norm`: a program normalises a tile of rows; the backward writes the input gradient
   and one row of partial weight/bias sums per program, summed by one reduction (a fixed order:
   the result does not depend on scheduling).
 - `causal_attention`: softmax(q k^T / sqrt(hd), causal) v of every head, read straight from the
   ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes one
-  head of one sequence (the grid: sequences x heads) as matrices (positions, head width), both
+  head of one sequence (the grid: sequences x heads; `_ATTN_HEADS` > 1 takes several heads one
+  after another) as matrices (positions, head width), both
   padded to powers of two of at least 16, and forms the whole score matrix (positions x
   positions) with matrix products (float32 FMAs, no TF32; float64 products in float64); the
   backward recomputes the probabilities from the saved log-sum-exp and takes the gradients of
   q, k and v as five such products, written in the ``qkv`` layout. Both kernels take their
   offsets and masks from one helper, `_attn_rows`.
+- `amplitude_tail`: the amplitude's tail after the last block (ln_f, the head, the logit
+  offsets, the masked log-softmax, the pick of each position's token and the sum over
+  positions) in one kernel each way (``TAIL_ENABLED``), with the head code of the
+  whole-amplitude kernels below; the backward kernel writes the last block's input gradient
+  and a row of partial parameter gradients per program.
 
 The arithmetic is that of `torch.nn.functional.layer_norm` and of the written-out attention in
 `cuscikit.nnqs.ansatz` (same formulas, other summation orders): float64 agrees to rounding
