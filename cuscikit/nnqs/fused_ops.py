@@ -1250,13 +1250,14 @@ def _amplitude_params(ansatz) -> list[torch.Tensor]:
     params = [ansatz.token_embedding.weight, ansatz.position_embedding.weight]
     for blk in ansatz.blocks:
         params += _block_params(blk)
-    return params + [
-        ansatz.ln_f.weight,
-        ansatz.ln_f.bias,
-        ansatz.head.weight,
-        ansatz.head.bias,
-        ansatz.logit_bias,
-    ]
+    return params + _tail_params(ansatz)
+
+
+def _tail_params(ansatz) -> list[torch.Tensor]:
+    """The parameters after the last block in the kernels' order: ln_f, the head, the logit
+    offsets (the layout `_amp_head` reads)."""
+    head = ansatz.head
+    return [ansatz.ln_f.weight, ansatz.ln_f.bias, head.weight, head.bias, ansatz.logit_bias]
 
 
 def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -1309,7 +1310,6 @@ class _AmplitudeTail(torch.autograd.Function):
                 )
         ctx.save_for_backward(h, tokens, wf)
         ctx.consts, ctx.eps, ctx.stream = consts, eps, stream
-        ctx.sizes = [p.numel() for p in (ln_w, ln_b, head_w, head_b, offsets)]
         ctx.shapes = [p.shape for p in (ln_w, ln_b, head_w, head_b, offsets)]
         return amp
 
@@ -1328,7 +1328,8 @@ class _AmplitudeTail(torch.autograd.Function):
                 )  # fmt: skip
         with aside.fork(ctx.stream, part):  # the parameters' sums beside the pass
             sums = part.sum(0)
-        grads = [g.view(s) for g, s in zip(sums.split(ctx.sizes), ctx.shapes, strict=True)]
+        sizes = [s.numel() for s in ctx.shapes]
+        grads = [g.view(s) for g, s in zip(sums.split(sizes), ctx.shapes, strict=True)]
         return (dh, None, *grads, None, None, None)
 
 
@@ -1341,8 +1342,7 @@ def tail_unsupported(ansatz, h: torch.Tensor, tokens: torch.Tensor) -> str | Non
         return f"d_model {d} (the fused tail runs 16, 32 and 64)"
     if length > _MAX_LENGTH:
         return f"{length} positions (at most {_MAX_LENGTH})"
-    params = (ansatz.ln_f.weight, ansatz.ln_f.bias, ansatz.head.weight, ansatz.head.bias)
-    if ansatz.head.bias is None or any(p.dtype != h.dtype for p in (*params, ansatz.logit_bias)):
+    if ansatz.head.bias is None or any(p.dtype != h.dtype for p in _tail_params(ansatz)):
         return "parameters of another dtype, or a head without bias"
     if h.numel() >= _MAX_ELEMENTS:
         return "too many rows for 32-bit offsets"
@@ -1365,13 +1365,11 @@ def amplitude_tail(ansatz, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     n, length, d = h.shape
     lp = max(16, pow2(length))
     consts = (length, lp, max(1, _TAIL_ROWS // lp), d, *ansatz.nelec, _prec(h.dtype))
-    params = (ansatz.ln_f.weight, ansatz.ln_f.bias, ansatz.head.weight, ansatz.head.bias)
     try:
         return _AmplitudeTail.apply(
             h.contiguous(),
             tokens.contiguous(),
-            *params,
-            ansatz.logit_bias,
+            *_tail_params(ansatz),
             consts,
             _split(float(ansatz.ln_f.eps)),
             aside.stream_for(h),
