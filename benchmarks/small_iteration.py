@@ -162,6 +162,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the amplitude's tail (ln_f, head, masked log-softmax) by the module's kernels instead of
     # one Triton kernel each way (``fused_ops.TAIL_ENABLED = False``)
     "graph-module-tail": {"graphs": True, "tail": False},
+    # each residual sum and the LayerNorm after it as two kernels each way, as the blocks run
+    # one by one (``fused_ops.ADD_NORM_ENABLED = False``)
+    "graph-apart-norms": {"graphs": True, "add_norm": False},
     # the flat AdamW step's moments and update as one Triton kernel (``graphs.ADAMW_KERNEL``)
     "graph-adamw-kernel": {"graphs": True, "adamw_kernel": True},
     # the training pass's attention kernels with every head of a sequence in one program
@@ -202,6 +205,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     tail = options.pop("tail", True)
     if hasattr(fused_ops, "TAIL_ENABLED"):  # a package with the fused tail
         fused_ops.TAIL_ENABLED = tail
+    add_norm = options.pop("add_norm", True)
+    if hasattr(fused_ops, "ADD_NORM_ENABLED"):  # a package with the residual sums in the norms
+        fused_ops.ADD_NORM_ENABLED = add_norm
     attn_heads = options.pop("attn_heads", 1)
     if hasattr(fused_ops, "_ATTN_HEADS"):  # a package with the option
         fused_ops._ATTN_HEADS = attn_heads

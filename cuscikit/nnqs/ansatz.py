@@ -523,8 +523,35 @@ class Ansatz(nn.Module):
     def _hidden(self, inputs: torch.Tensor) -> torch.Tensor:
         """The last block's output (n, L, d) for input sequences (n, L)."""
         h = aside.embed(inputs, self.token_embedding.weight, self.position_embedding.weight)
+        if self._chained(h):
+            return self._chain(h)
         for block in self.blocks:
             h = block(h)
+        return h
+
+    def _chained(self, h: torch.Tensor) -> bool:
+        """Whether `_hidden` runs the blocks as `_chain` (the residual sums in the LayerNorm
+        kernels): `fused_ops.ADD_NORM_ENABLED` with the LayerNorm kernels active on ``h``, and
+        the whole-block kernels (`fused_ops.BLOCK_ENABLED`) off."""
+        on = fused_ops.ADD_NORM_ENABLED and not fused_ops.BLOCK_ENABLED
+        return on and fused_ops.active(h)
+
+    def _chain(self, h: torch.Tensor) -> torch.Tensor:
+        """The blocks on the embeddings ``h`` (n, L, d) as `_Block.forward` computes them, each
+        residual sum that a LayerNorm reads computed with it (`fused_ops.add_layer_norm`):
+        x1 = x + attn(ln1(x)) with ln2(x1), x2 = x1 + mlp(ln2(x1)) with the next block's
+        ln1(x2); the last block's sum stays an addition."""
+        blocks = self.blocks
+        y = blocks[0].ln1(h)
+        for i, blk in enumerate(blocks):
+            h, y = fused_ops.add_layer_norm(
+                h, blk.attn(y), blk.ln2.weight, blk.ln2.bias, blk.ln2.eps
+            )
+            m = blk.proj(F.gelu(blk.fc(y)))
+            if i + 1 == len(blocks):
+                return h + m
+            nxt = blocks[i + 1].ln1
+            h, y = fused_ops.add_layer_norm(h, m, nxt.weight, nxt.bias, nxt.eps)
         return h
 
     def _head_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -60,12 +60,14 @@ from cuscikit.nnqs import aside
 from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
 
 __all__ = [
+    "ADD_NORM_ENABLED",
     "AMPLITUDE_ENABLED",
     "BLOCK_ENABLED",
     "COARSE_PRODUCTS",
     "ENABLED",
     "TAIL_ENABLED",
     "active",
+    "add_layer_norm",
     "amplitude",
     "amplitude_tail",
     "block",
@@ -111,6 +113,9 @@ _LAUNCH_STAGES = 1
 #: the tensor cores; float32-like accuracy, not torch's rounding). Float64 is unaffected.
 COARSE_PRODUCTS = "ieee"
 _POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
+#: True (default): in a training pass that takes these kernels, each residual sum of the
+#: transformer that a LayerNorm reads is that LayerNorm's kernel's (`add_layer_norm`), both ways.
+ADD_NORM_ENABLED = True
 #: True (default): a training pass runs the amplitude's tail (ln_f, the head and the masked
 #: log-softmax, summed over positions) as one kernel each way (`amplitude_tail`).
 TAIL_ENABLED = True
@@ -157,6 +162,8 @@ if triton is not None:
     @triton.jit(do_not_specialize=["m"])
     def _ln_fwd_kernel(
         x_ptr,
+        r_ptr,
+        s_ptr,
         w_ptr,
         b_ptr,
         y_ptr,
@@ -169,7 +176,10 @@ if triton is not None:
         DP: tl.constexpr,
         BLOCK: tl.constexpr,
         PREC: tl.constexpr,
+        ADD: tl.constexpr,
     ):
+        """y = LayerNorm(x) over rows of D; with ADD, of the residual sum s = x + r, stored
+        at s_ptr (one rounding, as torch's addition)."""
         rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, DP)
         rmask = rows < m
@@ -177,6 +187,9 @@ if triton is not None:
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None] * D + cols[None, :]
         x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        if ADD:
+            x = x + tl.load(r_ptr + offs, mask=mask, other=0.0)
+            tl.store(s_ptr + offs, x, mask=mask)
         mean = tl.sum(x, 1) / D
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.sum(xc * xc, 1) / D
@@ -197,13 +210,18 @@ if triton is not None:
         w_ptr,
         mean_ptr,
         rstd_ptr,
+        ds_ptr,
         dx_ptr,
         part_ptr,
         m,
         D: tl.constexpr,
         DP: tl.constexpr,
         BLOCK: tl.constexpr,
+        ACC: tl.constexpr,
     ):
+        """The input gradient of `_ln_fwd_kernel` (with ACC, plus the gradient ds_ptr that
+        reaches its input by another way: a residual sum's) and one row of partial weight and
+        bias gradients per program."""
         pid = tl.program_id(0)
         rows = pid * BLOCK + tl.arange(0, BLOCK)
         cols = tl.arange(0, DP)
@@ -221,6 +239,8 @@ if triton is not None:
         c1 = tl.sum(xhat * g, 1) / D
         c2 = tl.sum(g, 1) / D
         dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if ACC:
+            dx = dx + tl.load(ds_ptr + offs, mask=mask, other=0.0)
         tl.store(dx_ptr + offs, dx, mask=mask)
         # this program's rows of the weight and bias gradients: row pid of (programs, 2, DP)
         tl.store(part_ptr + pid * 2 * DP + cols, tl.sum(dy * xhat, 0))
@@ -910,10 +930,17 @@ def _row_tile(dp: int) -> int:
 
 
 class _LayerNorm(torch.autograd.Function):
+    """LayerNorm over the last dimension (`layer_norm`); with a residual ``r`` of the sum
+    s = x + r, returning (s, y) (`add_layer_norm`): the sum is the same kernel's, and its
+    gradient (the norm's input gradient plus s's own) is the backward kernel's."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(ctx, x, r, weight, bias, eps):
         d = x.shape[-1]
         x2 = x.reshape(-1, d).contiguous()
+        add = r is not None
+        r2 = r.reshape(-1, d).contiguous() if add else x2
+        s = torch.empty_like(x2) if add else x2
         m, dp = x2.shape[0], pow2(d)
         block = _row_tile(dp)
         y = torch.empty_like(x2)
@@ -924,27 +951,36 @@ class _LayerNorm(torch.autograd.Function):
             hi, lo = _split(eps)
             prec = _prec(x.dtype)
             with _on(x):
-                _ln_fwd_kernel[grid](x2, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, prec)
-        ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.shape, ctx.stream = x.shape, aside.stream_for(x)
+                _ln_fwd_kernel[grid](
+                    x2, r2, s, weight, bias, y, mean, rstd, m, hi, lo, d, dp, block, prec, add
+                )
+        ctx.save_for_backward(s, weight, mean, rstd)
+        ctx.shape, ctx.stream, ctx.add = x.shape, aside.stream_for(x), add
+        if add:
+            return s.view(x.shape), y.view(x.shape)
         return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx, dy):
-        x2, weight, mean, rstd = ctx.saved_tensors
-        m, d = x2.shape
+    def backward(ctx, *grads):
+        s, weight, mean, rstd = ctx.saved_tensors
+        ds, dy = grads if ctx.add else (None, grads[0])
+        m, d = s.shape
         dp = pow2(d)
         block = _row_tile(dp)
         programs = triton.cdiv(m, block)
         dy2 = dy.reshape(-1, d).contiguous()
-        dx = torch.empty_like(x2)
-        part = torch.empty((programs, 2, dp), dtype=x2.dtype, device=x2.device)
+        ds2 = ds.reshape(-1, d).contiguous() if ds is not None else dy2
+        dx = torch.empty_like(s)
+        part = torch.empty((programs, 2, dp), dtype=s.dtype, device=s.device)
         if m:
-            with _on(x2):
-                _ln_bwd_kernel[(programs,)](dy2, x2, weight, mean, rstd, dx, part, m, d, dp, block)
+            with _on(s):
+                _ln_bwd_kernel[(programs,)](
+                    dy2, s, weight, mean, rstd, ds2, dx, part, m, d, dp, block, ds is not None
+                )
         with aside.fork(ctx.stream, part):  # the weight and bias sums beside the pass
             sums = part.sum(0)
-        return dx.view(ctx.shape), sums[0, :d], sums[1, :d], None
+        dx = dx.view(ctx.shape)
+        return dx, dx if ctx.add else None, sums[0, :d], sums[1, :d], None
 
 
 def _heads_per_program(n_heads: int) -> int:
@@ -1392,14 +1428,46 @@ def _turn_off_tail(exc: Exception) -> None:
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
     """`torch.nn.functional.layer_norm` over the last dimension with an affine weight and
     bias, through the Triton kernels when `active` and the width fits (else torch's)."""
-    d = x.shape[-1]
-    same = weight.dtype == bias.dtype == x.dtype and weight.shape == bias.shape == (d,)
-    if same and d <= _MAX_WIDTH and x.numel() < _MAX_ELEMENTS and active(x):
+    if _norm_fits(x, weight, bias):
         try:
-            return _LayerNorm.apply(x, weight, bias, float(eps))
+            return _LayerNorm.apply(x, None, weight, bias, float(eps))
         except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
             _turn_off(exc)
-    return torch.nn.functional.layer_norm(x, (d,), weight, bias, eps)
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _norm_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> bool:
+    d = x.shape[-1]
+    same = weight.dtype == bias.dtype == x.dtype and weight.shape == bias.shape == (d,)
+    return same and d <= _MAX_WIDTH and x.numel() < _MAX_ELEMENTS and active(x)
+
+
+def add_layer_norm(
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual sum s = x + r and its LayerNorm y (as `layer_norm`), ``(s, y)``: one Triton
+    kernel each way when `ADD_NORM_ENABLED` and `layer_norm`'s kernels apply (the sum's
+    rounding is torch's; the backward kernel adds s's own gradient to the norm's input
+    gradient, the addition autograd makes where s has two uses), else torch's operations.
+
+    Example:
+        >>> x, r = torch.ones(2, 4), torch.arange(8.0).reshape(2, 4)
+        >>> s, y = add_layer_norm(x, r, torch.ones(4), torch.zeros(4), 1e-5)
+        >>> s[1].tolist(), [round(v, 3) for v in y[0].tolist()]
+        ([5.0, 6.0, 7.0, 8.0], [-1.342, -0.447, 0.447, 1.342])
+    """
+    if (
+        ADD_NORM_ENABLED
+        and x.shape == r.shape
+        and x.dtype == r.dtype
+        and _norm_fits(x, weight, bias)
+    ):
+        try:
+            return _LayerNorm.apply(x, r, weight, bias, float(eps))
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+            _turn_off(exc)
+    s = x + r
+    return s, layer_norm(s, weight, bias, eps)
 
 
 def causal_attention(qkv: torch.Tensor, n_heads: int) -> torch.Tensor | None:

@@ -59,6 +59,17 @@ def test_kernels_match_torch(dtype, tol, n, length, d, h):
     gr0 = torch.autograd.grad((y0 * gy).sum(), (x, w, b))
     for a, c in zip(gr, gr0, strict=True):
         assert _err(a, c) < tol * max(1.0, float(c.abs().max()))
+    # the residual sum with its LayerNorm, through both outputs
+    r = torch.randn(n, length, d, dtype=dtype, device="cuda", generator=g).requires_grad_()
+    gs = torch.randn(n, length, d, dtype=dtype, device="cuda", generator=g)
+    s, y = fused_ops.add_layer_norm(x, r, w, b, 1e-5)
+    s0 = x + r
+    y0 = torch.nn.functional.layer_norm(s0, (d,), w, b, 1e-5)
+    assert torch.equal(s, s0) and _err(y, y0) < tol
+    gr = torch.autograd.grad((s * gs).sum() + (y * gy).sum(), (x, r, w, b))
+    gr0 = torch.autograd.grad((s0 * gs).sum() + (y0 * gy).sum(), (x, r, w, b))
+    for a, c in zip(gr, gr0, strict=True):
+        assert _err(a, c) < tol * max(1.0, float(c.abs().max()))
     qkv = torch.randn(n, length, 3 * d, dtype=dtype, device="cuda", generator=g)
     qkv.requires_grad_()
     y = fused_ops.causal_attention(qkv, h)

@@ -77,6 +77,28 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
             assert err(y, y0) < tol, ("ln", dt, m, d, err(y, y0))
             for a, c in zip(gr, gr0):
                 assert err(a, c) < tol * max(1.0, float(c.abs().max())), ("ln grad", dt, m, d)
+        # the residual sum with its LayerNorm: the sum is torch's bit for bit, the norm, and
+        # the gradients through both outputs (the sum's own gradient added in the kernel)
+        for m, d in ((37, 32), (3, 20)):
+            x, r = (torch.randn(m, 2, d, dtype=dt, generator=g).requires_grad_() for _ in "xr")
+            w = torch.randn(d, dtype=dt, generator=g).requires_grad_()
+            b = torch.randn(d, dtype=dt, generator=g).requires_grad_()
+            gs, gy = (torch.randn(m, 2, d, dtype=dt, generator=g) for _ in "sy")
+            s, y = fo.add_layer_norm(x, r, w, b, 1e-5)
+            assert type(y.grad_fn).__name__ == "_LayerNormBackward", y.grad_fn
+            s0 = x + r
+            y0 = torch.nn.functional.layer_norm(s0, (d,), w, b, 1e-5)
+            assert torch.equal(s, s0)
+            assert err(y, y0) < tol, ("add ln", dt, m, d, err(y, y0))
+            gr = torch.autograd.grad((s * gs).sum() + (y * gy).sum(), (x, r, w, b))
+            gr0 = torch.autograd.grad((s0 * gs).sum() + (y0 * gy).sum(), (x, r, w, b))
+            for a, c in zip(gr, gr0):
+                assert err(a, c) < tol * max(1.0, float(c.abs().max())), ("add ln grad", dt, m, d)
+            _, y = fo.add_layer_norm(x, r, w, b, 1e-5)  # the sum unused: its gradient zero
+            (gx,) = torch.autograd.grad((y * gy).sum(), x)
+            (gx0,) = torch.autograd.grad((torch.nn.functional.layer_norm(
+                x + r, (d,), w, b, 1e-5) * gy).sum(), x)
+            assert err(gx, gx0) < tol, ("add ln, norm alone", dt, m, d)
         # attention: the Ansatz's written-out form; head width and length not powers of two;
         # one head a program, all heads of a sequence in one, two heads of three (one)
         cases = ((5, 4, 2, 4, 1), (3, 3, 3, 3, 1), (2, 28, 2, 3, 1), (5, 4, 2, 4, 0),
@@ -129,6 +151,20 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
         fo.ENABLED = True
         psi.log_psi(x)
     assert calls == {"ln": 3, "attn": 1, "tail": 0}, calls
+    # three blocks with the residual sums in the LayerNorm kernels (the first block's ln1, then
+    # two LayerNorms a block, each with the sum before it, but one after the last block, and
+    # ln_f: 7 calls) against the blocks one by one, and against torch's kernels
+    psi = Ansatz(4, (2, 1), d_model=8, n_heads=2, n_layers=3, phase_hidden=(4,), seed=1,
+                 dtype=torch.float64)
+    calls.update(ln=0, attn=0)
+    chained = log_psi_grads(psi, x, "ADD_NORM_ENABLED", True)
+    assert calls == {"ln": 1 + 2 * 3 - 1 + 1, "attn": 3, "tail": 0}, calls
+    apart = log_psi_grads(psi, x, "ADD_NORM_ENABLED", False)
+    fo.ADD_NORM_ENABLED = True
+    plain = log_psi_grads(psi, x, "ENABLED", False)
+    fo.ENABLED = True
+    worst = max(max(err(a, b), err(a, c)) for a, b, c in zip(chained, apart, plain))
+    assert worst < 1e-12, worst
     print("ok", worst)
     """
 )
