@@ -165,6 +165,9 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # each residual sum and the LayerNorm after it as two kernels each way, as the blocks run
     # one by one (``fused_ops.ADD_NORM_ENABLED = False``)
     "graph-apart-norms": {"graphs": True, "add_norm": False},
+    # the bias and LayerNorm gradients' sums over rows by torch's reduction instead of a
+    # product with a ones vector (``aside._ONES_ROWS = 0``)
+    "graph-reduce-sums": {"graphs": True, "ones_rows": 0},
     # the flat AdamW step's moments and update as one Triton kernel (``graphs.ADAMW_KERNEL``)
     "graph-adamw-kernel": {"graphs": True, "adamw_kernel": True},
     # the training pass's attention kernels with every head of a sequence in one program
@@ -208,6 +211,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     add_norm = options.pop("add_norm", True)
     if hasattr(fused_ops, "ADD_NORM_ENABLED"):  # a package with the residual sums in the norms
         fused_ops.ADD_NORM_ENABLED = add_norm
+    ones_rows = options.pop("ones_rows", 1 << 20)
+    if hasattr(aside, "_ONES_ROWS"):  # a package with the sums as products
+        aside._ONES_ROWS = ones_rows
     attn_heads = options.pop("attn_heads", 1)
     if hasattr(fused_ops, "_ATTN_HEADS"):  # a package with the option
         fused_ops._ATTN_HEADS = attn_heads

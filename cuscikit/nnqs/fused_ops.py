@@ -978,7 +978,7 @@ class _LayerNorm(torch.autograd.Function):
                     dy2, s, weight, mean, rstd, ds2, dx, part, m, d, dp, block, ds is not None
                 )
         with aside.fork(ctx.stream, part):  # the weight and bias sums beside the pass
-            sums = part.sum(0)
+            sums = aside.column_sums(part.view(programs, 2 * dp)).view(2, dp)
         dx = dx.view(ctx.shape)
         return dx, dx if ctx.add else None, sums[0, :d], sums[1, :d], None
 
@@ -1363,7 +1363,7 @@ class _AmplitudeTail(torch.autograd.Function):
                     wf.numel(), ctx.consts[6], num_warps=_TAIL_WARPS,
                 )  # fmt: skip
         with aside.fork(ctx.stream, part):  # the parameters' sums beside the pass
-            sums = part.sum(0)
+            sums = aside.column_sums(part)
         sizes = [s.numel() for s in ctx.shapes]
         grads = [g.view(s) for g, s in zip(sums.split(sizes), ctx.shapes, strict=True)]
         return (dh, None, *grads, None, None, None)

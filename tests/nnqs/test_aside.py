@@ -41,6 +41,21 @@ def test_linear_function_without_input_gradient():
         torch.testing.assert_close(a, e, rtol=0, atol=1e-13)
 
 
+def test_column_sums(monkeypatch):
+    """The sums over rows as a product with a ones vector (kept per row count), and torch's
+    reduction above the kept vectors' limit: both the column sums to rounding."""
+    monkeypatch.setattr(aside, "_ones", {})  # this test's vectors alone
+    g = torch.Generator().manual_seed(4)
+    for m in (1, 37, 37):
+        t = torch.randn(m, 5, dtype=F64, generator=g)
+        torch.testing.assert_close(aside.column_sums(t), t.sum(0), rtol=0, atol=1e-13)
+    assert aside._ones[(torch.device("cpu"), F64, 37)].shape == (37,)
+    monkeypatch.setattr(aside, "_ONES_ROWS", 8)
+    t = torch.randn(9, 3, dtype=F64, generator=g)
+    torch.testing.assert_close(aside.column_sums(t), t.sum(0), rtol=0, atol=0)
+    assert (torch.device("cpu"), F64, 9) not in aside._ones
+
+
 def test_embed_function_gradcheck_and_values():
     g = torch.Generator().manual_seed(3)
     inputs = torch.randint(0, 5, (6, 4), generator=g)
