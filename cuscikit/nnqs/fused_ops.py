@@ -142,14 +142,18 @@ def active(x: torch.Tensor) -> bool:
     return not torch.compiler.is_compiling()
 
 
-def _turn_off(exc: Exception, coarse: bool = False) -> None:
-    """A kernel failed to build or run: with ``coarse`` (a `block` or `amplitude` kernel) those
-    two paths go off and the LayerNorm and attention kernels stay; otherwise all go off."""
-    global _failed, _coarse_failed
+def _turn_off(exc: Exception, part: str = "all") -> None:
+    """A kernel failed to build or run: ``part`` "coarse" (a `block` or `amplitude` kernel)
+    turns those two paths off, "tail" `amplitude_tail`; the LayerNorm and attention kernels
+    stay. "all" turns every kernel off. Warns once with the reason, kept in the part's flag."""
+    global _failed, _coarse_failed, _tail_failed
     why = f"{type(exc).__name__}: {exc}"
-    if coarse:
+    if part == "coarse":
         _coarse_failed = why
         what = "the fused block/amplitude kernels failed ({}); using the module's pass"
+    elif part == "tail":
+        _tail_failed = why
+        what = "the fused amplitude tail failed ({}); using the module's tail"
     else:
         _failed = why
         what = "the Triton training kernels failed ({}); using torch's kernels"
@@ -1262,7 +1266,7 @@ def block(x: torch.Tensor, blk) -> torch.Tensor | None:
         w = _flat(_block_params(blk))
         return _FusedBlock.apply(x, w, consts, _scalars(float(blk.ln1.eps), d // h))
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
-        _turn_off(exc, coarse=True)
+        _turn_off(exc, "coarse")
         return None
 
 
@@ -1326,7 +1330,7 @@ def amplitude(ansatz, tokens: torch.Tensor) -> torch.Tensor | None:
             tokens.contiguous(), w, consts, scalars, ansatz.n_layers, tuple(ansatz.nelec)
         )
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
-        _turn_off(exc, coarse=True)
+        _turn_off(exc, "coarse")
         return None
 
 
@@ -1411,18 +1415,8 @@ def amplitude_tail(ansatz, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
             aside.stream_for(h),
         )
     except Exception as exc:  # noqa: BLE001 - a kernel that does not build: the module's
-        _turn_off_tail(exc)
+        _turn_off(exc, "tail")
         return None
-
-
-def _turn_off_tail(exc: Exception) -> None:
-    global _tail_failed
-    _tail_failed = f"{type(exc).__name__}: {exc}"
-    warnings.warn(
-        f"the fused amplitude tail failed ({_tail_failed}); using the module's tail",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):

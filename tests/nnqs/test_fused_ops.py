@@ -357,6 +357,20 @@ _TAIL_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
     h = torch.zeros(len(tok), 4, 8, dtype=torch.float64, requires_grad=True)
     assert "d_model 8" in fo.tail_unsupported(psi, h, tok)
     assert fo.amplitude_tail(psi, h, tok) is None
+    # a tail kernel that fails turns the tail off alone, with a warning
+    import warnings
+    def broken(*a):
+        raise RuntimeError("no build")
+    fo._AmplitudeTail.apply = broken
+    fo.TAIL_ENABLED = True
+    psi = Ansatz(4, (2, 1), d_model=16, n_heads=2, seed=0, dtype=torch.float64)
+    h = torch.zeros(len(tok), 4, 16, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fo.amplitude_tail(psi, h, tok) is None
+    assert "no build" in fo._tail_failed and fo._failed is None and fo._coarse_failed is None
+    assert any("amplitude tail" in str(w.message) for w in caught)
+    assert fo.amplitude_tail(psi, h, tok) is None  # off from now on
     print("ok")
     """
 )
