@@ -255,7 +255,11 @@ class _Block(nn.Module):
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP half with its residual sum: x + mlp(ln2(x)) (row by row)."""
-        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+        return x + self.ff(self.ln2(x))
+
+    def ff(self, y: torch.Tensor) -> torch.Tensor:
+        """The MLP itself on normalised rows ``y``: proj(gelu(fc(y)))."""
+        return self.proj(F.gelu(self.fc(y)))
 
     def shared(self, h: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
         """`forward` on the rows ``h`` (M, d) of the distinct prefixes of `tree`: every
@@ -547,7 +551,7 @@ class Ansatz(nn.Module):
             h, y = fused_ops.add_layer_norm(
                 h, blk.attn(y), blk.ln2.weight, blk.ln2.bias, blk.ln2.eps
             )
-            m = blk.proj(F.gelu(blk.fc(y)))
+            m = blk.ff(y)
             if i + 1 == len(blocks):
                 return h + m
             nxt = blocks[i + 1].ln1

@@ -114,7 +114,8 @@ _LAUNCH_STAGES = 1
 COARSE_PRODUCTS = "ieee"
 _POISON = False  # tests: partial-gradient rows start as NaN (`_part_rows`)
 #: True (default): in a training pass that takes these kernels, each residual sum of the
-#: transformer that a LayerNorm reads is that LayerNorm's kernel's (`add_layer_norm`), both ways.
+#: transformer that a LayerNorm reads is that LayerNorm's kernel's (`add_layer_norm`, through
+#: `Ansatz._chain`), both ways.
 ADD_NORM_ENABLED = True
 #: True (default): a training pass runs the amplitude's tail (ln_f, the head and the masked
 #: log-softmax, summed over positions) as one kernel each way (`amplitude_tail`).
@@ -1440,7 +1441,7 @@ def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual sum s = x + r and its LayerNorm y (as `layer_norm`), ``(s, y)``: one Triton
-    kernel each way when `ADD_NORM_ENABLED` and `layer_norm`'s kernels apply (the sum's
+    kernel each way when `layer_norm`'s kernels apply (the sum's
     rounding is torch's; the backward kernel adds s's own gradient to the norm's input
     gradient, the addition autograd makes where s has two uses), else torch's operations.
 
@@ -1450,12 +1451,7 @@ def add_layer_norm(
         >>> s[1].tolist(), [round(v, 3) for v in y[0].tolist()]
         ([5.0, 6.0, 7.0, 8.0], [-1.342, -0.447, 0.447, 1.342])
     """
-    if (
-        ADD_NORM_ENABLED
-        and x.shape == r.shape
-        and x.dtype == r.dtype
-        and _norm_fits(x, weight, bias)
-    ):
+    if x.shape == r.shape and x.dtype == r.dtype and _norm_fits(x, weight, bias):
         try:
             return _LayerNorm.apply(x, r, weight, bias, float(eps))
         except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
