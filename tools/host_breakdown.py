@@ -7,13 +7,19 @@ pieces it calls) over two windows: with the teacher and after it. A piece that w
 device shows that wait as its own time. One process, no synchronisation added.
 
     python tools/host_breakdown.py [--system N2] [--iterations 260] [--windows 20:60 230:260]
-        [--device cuda]
+        [--device cuda] [--cprofile-first K]
+
+``--cprofile-first K`` runs the first K iterations under cProfile and prints the functions
+that took the most time in them (cumulative and own), then the remaining iterations as
+before: where a run's first iterations (initialisation, kernel loading, recordings) go.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
+import pstats
 import time
 
 import numpy as np
@@ -47,6 +53,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=260)
     ap.add_argument("--windows", nargs="+", default=["20:60", "230:260"])
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (a check of the script)")
+    ap.add_argument("--cprofile-first", type=int, default=0, metavar="K")
     args = ap.parse_args()
     mol = Molecule.load(args.system)
     ansatz = Ansatz.for_molecule(mol, seed=0, device=args.device)
@@ -79,7 +86,18 @@ def main() -> None:
 
     STATE["it"] = 1
     t0 = time.perf_counter()
-    r.run(args.iterations, [Count()], progress=False)
+    first = min(max(args.cprofile_first, 0), args.iterations)
+    if first:
+        prof = cProfile.Profile()
+        prof.runcall(r.run, first, [Count()], progress=False)
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        print(f"# iterations 1-{first} under cProfile: {time.perf_counter() - t0:.2f} s")
+        for key in ("cumulative", "tottime"):
+            print(f"\n## iterations 1-{first}, by {key} time")
+            pstats.Stats(prof).sort_stats(key).print_stats(30)
+    if args.iterations > first:
+        r.run(args.iterations - first, [Count()], progress=False)
     if args.device != "cpu":
         torch.cuda.synchronize()
     print(f"# {args.system}: {args.iterations} iterations in {time.perf_counter() - t0:.1f} s")
