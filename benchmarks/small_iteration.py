@@ -15,6 +15,7 @@ first few dozen iterations, and against the eager path's own spread after that.
         [--profile-compile]
         [--attn-warps {1,2,4,8}]
     python benchmarks/small_iteration.py --kernels [--kernel-rows 1920] [--float64]
+    python benchmarks/small_iteration.py --kernels-attention [--kernel-rows 1920] [--float64]
 
 A variant named twice runs twice (``--variants eager eager``: is the path reproducible?).
 ``--history-out DIR`` writes each variant's energies, |S| and stage times per iteration;
@@ -35,8 +36,12 @@ the sum over positions) with the module's kernels instead of one Triton kernel e
 (``fused_ops.TAIL_ENABLED = False``); ``graph-adamw-kernel`` runs the recorded stage's flat
 AdamW step's moments and update as one Triton kernel instead of torch's eight
 (``graphs.ADAMW_KERNEL = True``; off by default);
-``graph-attn-heads-all`` (``-2``) runs every head (two heads) of a sequence in one attention
-program instead of one head a program (``fused_ops._ATTN_HEADS``).
+``graph-attn-tiles`` runs the attention's tile kernels (one sequence's head a program, its
+positions and head padded to 16 for the products) instead of float32's row-wise ones (a
+program of ``fused_ops._ATTN_ROWS[torch.float32]`` rows, a row one position of one head; float64
+takes the tile kernels either way); ``graph-attn-heads-all``
+(``-2``) runs the tile kernels with every head (two heads) of a sequence in one program
+(``fused_ops._ATTN_HEADS``).
 
 ``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
 queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
@@ -171,8 +176,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the flat AdamW step's moments and update as one Triton kernel (``graphs.ADAMW_KERNEL``)
     "graph-adamw-kernel": {"graphs": True, "adamw_kernel": True},
     # the training pass's attention kernels with every head of a sequence in one program
-    "graph-attn-heads-all": {"graphs": True, "attn_heads": 0},
-    "graph-attn-heads-2": {"graphs": True, "attn_heads": 2},
+    "graph-attn-heads-all": {"graphs": True, "attn_heads": 0, "attn_rows": {}},
+    "graph-attn-heads-2": {"graphs": True, "attn_heads": 2, "attn_rows": {}},
+    # the attention's tile kernels (one sequence's head a program) instead of the row-wise ones
+    "graph-attn-tiles": {"graphs": True, "attn_rows": {}},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
@@ -191,6 +198,9 @@ _ASIDE_DEFAULTS = (
     getattr(OptimizerGraph, "reuse_inputs", None),
     getattr(local_energy, "ENABLED", None) if local_energy is not None else None,
 )
+
+
+_ATTN_ROWS = dict(getattr(fused_ops, "_ATTN_ROWS", {}))  # the package's default
 
 
 def load_system(name: str):
@@ -217,6 +227,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     attn_heads = options.pop("attn_heads", 1)
     if hasattr(fused_ops, "_ATTN_HEADS"):  # a package with the option
         fused_ops._ATTN_HEADS = attn_heads
+    attn_rows = options.pop("attn_rows", _ATTN_ROWS)
+    if hasattr(fused_ops, "_ATTN_ROWS"):  # a package with the row-wise attention kernels
+        fused_ops._ATTN_ROWS = attn_rows
     adamw_kernel = options.pop("adamw_kernel", False)
     if hasattr(graphs, "ADAMW_KERNEL"):  # a package with the AdamW kernel
         graphs.ADAMW_KERNEL = adamw_kernel
@@ -493,12 +506,13 @@ TILES = (
 )
 
 
-def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
+def kernel_times(mol, dtype, n: int, reps: int = 200, attention_only: bool = False) -> int:
     """--kernels: microseconds per call of the training kernels at the model's shapes (n
-    sequences), forward and backward, the attention for 1, 2 and 4 warps per program, against
-    torch's written-out attention and LayerNorm, and a block and the whole ln|psi| as one kernel
-    each way for the launch settings of TILES against the module's pass; returns the fastest
-    attention warps."""
+    sequences), forward and backward, the attention's tile kernels for 1, 2 and 4 warps per
+    program and its row-wise kernels for several program sizes, against torch's written-out
+    attention and LayerNorm, and (unless ``attention_only``) a block and the whole ln|psi| as
+    one kernel each way for the launch settings of TILES against the module's pass; returns the
+    fastest attention warps of the tile kernels."""
     psi = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     length, d, h = psi.norb, psi.d_model, psi.n_heads
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -535,17 +549,35 @@ def kernel_times(mol, dtype, n: int, reps: int = 200) -> int:
         return fwd, bwd
 
     rows, best = [], (float("inf"), fused_ops._ATTN_WARPS)
-    keep = fused_ops._ATTN_WARPS
+    keep = fused_ops._ATTN_WARPS, getattr(fused_ops, "_ATTN_ROWS", None)
     y_torch = torch_attention(qkv).detach()
+    fused_ops._ATTN_ROWS = {}  # the tile kernels
     for warps in (1, 2, 4):
         fused_ops._ATTN_WARPS = warps
         fwd, bwd = both(lambda: fused_ops.causal_attention(qkv, h), qkv)
         err = float((fused_ops.causal_attention(qkv, h).detach() - y_torch).abs().max())
         rows.append([f"attention, Triton, {warps} warps", f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
         best = min(best, (fwd + bwd, warps))
-    fused_ops._ATTN_WARPS = keep
+    fused_ops._ATTN_WARPS = keep[0]
+    if keep[1] is not None:  # a package with the row-wise kernels: (rows, warps) a program
+        for tile in ((32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (256, 4), (256, 8)):
+            fused_ops._ATTN_ROWS = {dtype: tile}
+            fwd, bwd = both(lambda: fused_ops.causal_attention(qkv, h), qkv)
+            err = float((fused_ops.causal_attention(qkv, h).detach() - y_torch).abs().max())
+            label = f"attention, Triton rows, {tile[0]} rows, {tile[1]} warps"
+            rows.append([label, f"{fwd:.1f}", f"{bwd:.1f}", f"{err:.1e}"])
+        fused_ops._ATTN_ROWS = keep[1]
     fwd, bwd = both(lambda: torch_attention(qkv), qkv)
     rows.append(["attention, torch (written out)", f"{fwd:.1f}", f"{bwd:.1f}", "-"])
+    if attention_only:
+        print_table(
+            f"Attention kernels at {mol.name}'s shapes: {n} sequences x {length} positions, "
+            f"d_model {d}, {h} heads, {dtype}; microseconds per call launched from Python, CUDA "
+            f"events over {reps} calls",
+            ["kernel", "forward us", "backward us", "max |y - torch|"],
+            rows,
+        )
+        return best[1]
     y_ln = torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5).detach()
     fwd, bwd = both(lambda: fused_ops.layer_norm(x, w, b, 1e-5), (x, w, b))
     err = float((fused_ops.layer_norm(x, w, b, 1e-5).detach() - y_ln).abs().max())
@@ -635,6 +667,9 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-compile", action="store_true")
     ap.add_argument("--kernels", action="store_true")
+    ap.add_argument(
+        "--kernels-attention", action="store_true", help="--kernels for the attention alone"
+    )
     ap.add_argument("--kernel-rows", type=int, default=1920)
     ap.add_argument("--attn-warps", type=int, choices=(1, 2, 4, 8))
     ap.add_argument("--trace-out", help="with --profile: write the profiles as Chrome traces here")
@@ -658,12 +693,13 @@ def main():
     dtype = torch.float64 if args.float64 else torch.float32
     print(f"# {machine()}, torch {torch.__version__}, {dtype}")
     rows = []
-    if args.kernels:
+    if args.kernels or args.kernels_attention:
         for name in args.systems:
-            kernel_times(Molecule.load(name), dtype, args.kernel_rows)
+            kernel_times(Molecule.load(name), dtype, args.kernel_rows, 200, args.kernels_attention)
         return
     warps = getattr(fused_ops, "_ATTN_WARPS", None)  # None: a package without the option
-    print(f"# attention programs of {warps} warps")
+    tile = getattr(fused_ops, "_ATTN_ROWS", None)
+    print(f"# attention programs of {warps} warps, row-wise (rows, warps) {tile}")
     for name in args.systems:
         mol = load_system(name)
         hist = {}

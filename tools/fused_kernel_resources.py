@@ -6,6 +6,10 @@ spent. Needs Triton with its bundled ptxas and cuobjdump.
 
     python tools/fused_kernel_resources.py [--arch 90] [--norb 10] [--d-model 32] [--heads 4]
         [--layers 4] [--float64 | --products tf32x3] [--stages 1] [--tiles 32:4 64:8 128:8]
+    python tools/fused_kernel_resources.py --attention [--tiles 64:2 128:4] [--float64] ...
+
+``--attention``: the attention kernels of the training pass instead, the row-wise ones at each
+tile (rows a program : warps) and the tile kernels at its warps.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from triton.compiler import ASTSource
 
 from cuscikit.nnqs import fused_ops as fo
 
-_SCALARS = {"eps_hi", "eps_lo", "sc_hi", "sc_lo"}
+_SCALARS = {"eps_hi", "eps_lo", "sc_hi", "sc_lo", "scale_hi", "scale_lo"}
 
 
 def resources(kernel, pointers: dict, consts: dict, target, warps: int, stages: int) -> str:
@@ -31,17 +35,23 @@ def resources(kernel, pointers: dict, consts: dict, target, warps: int, stages: 
     for name in kernel.arg_names:
         if name in pointers:
             signature[name] = pointers[name]
-        elif name == "n":
+        elif name in ("n", "rows"):
             signature[name] = "i32"
         elif name in _SCALARS:
             signature[name] = "fp32"
         else:
             signature[name] = "constexpr"
     constexprs = {(kernel.arg_names.index(k),): v for k, v in consts.items()}
+    # the pointers 16-byte aligned, as Triton's launcher finds torch's tensors
+    attrs = {
+        (kernel.arg_names.index(k),): [["tt.divisibility", 16]]
+        for k in pointers
+        if k in kernel.arg_names
+    }
     t0 = time.perf_counter()
     try:
         compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+            ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
             target=target,
             options={"num_warps": warps, "num_stages": stages},
         )
@@ -79,6 +89,7 @@ def main() -> None:
     )
     ap.add_argument("--stages", type=int, default=fo._LAUNCH_STAGES)
     ap.add_argument("--tiles", nargs="+", default=["32:4", "64:8", "128:8"], help="rows:warps")
+    ap.add_argument("--attention", action="store_true", help="the attention kernels instead")
     args = ap.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
     fo.COARSE_PRODUCTS = args.products
@@ -95,6 +106,27 @@ def main() -> None:
         f"{'kernel':<16} {'rows':>5} {'warps':>5} {'regs':>4} {'stack':>6} {'shared B':>9} "
         f"{'compile s':>8}"
     )
+    if args.attention:
+        hd = args.d_model // args.heads
+        prec = fo._prec(dtype)
+        io = ("qkv_ptr", "y_ptr", "dy_ptr", "lse_ptr", "dqkv_ptr")
+        for tile in args.tiles:
+            rows, warps = (int(v) for v in tile.split(":"))
+            row = dict(L=length, H=args.heads, HD=hd, HDP=fo.pow2(hd), PREC=prec, R=rows)
+            row.update(A=hd & -hd, full=hd == fo.pow2(hd))
+            lp, hdp = max(16, fo.pow2(length)), max(16, fo.pow2(hd))
+            tiles = dict(L=length, LP=lp, H=args.heads, HD=hd, HDP=hdp, PREC=prec, HG=1)
+            for label, kernel, consts in (
+                ("rows forward", fo._attn_row_fwd_kernel, row),
+                ("rows backward", fo._attn_row_bwd_kernel, row),
+                ("tiles forward", fo._attn_fwd_kernel, tiles),
+                ("tiles backward", fo._attn_bwd_kernel, tiles),
+            ):
+                pointers = {name: ptr for name in io}
+                got = resources(kernel, pointers, consts, target, warps, args.stages)
+                shown = rows if label.startswith("rows") else 1
+                print(f"{label:<16} {shown:>5} {warps:>5} {got}", flush=True)
+        return
     for tile in args.tiles:
         rows, warps = (int(v) for v in tile.split(":"))
         fo._set_tile(dtype, rows, warps)

@@ -11,14 +11,26 @@ module gives three autograd functions with one Triton kernel each way:
   and one row of partial weight/bias sums per program, summed by one reduction (a fixed order:
   the result does not depend on scheduling).
 - `causal_attention`: softmax(q k^T / sqrt(hd), causal) v of every head, read straight from the
-  ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes). A program takes one
-  head of one sequence (the grid: sequences x heads; `_ATTN_HEADS` > 1 takes several heads one
-  after another) as matrices (positions, head width), both
-  padded to powers of two of at least 16, and forms the whole score matrix (positions x
-  positions) with matrix products (float32 FMAs, no TF32; float64 products in float64); the
-  backward recomputes the probabilities from the saved log-sum-exp and takes the gradients of
-  q, k and v as five such products, written in the ``qkv`` layout. Both kernels take their
-  offsets and masks from one helper, `_attn_rows`.
+  ``qkv`` projection (n, L, 3d) and written as (n, L, d) (no transposes), in one of two kernel
+  pairs:
+
+  - row-wise (float32's default; ``_ATTN_ROWS[dtype]`` = (rows, warps) a program): a row is
+    one position of one head of one sequence, its head's columns in registers (loaded as
+    vectors). The forward walks the keys of the row's sequence one position after another
+    (the largest score, then the exponentials and the weighted values); the backward walks
+    them twice: the row as a query (dq over the keys before it, the probabilities from the
+    saved log-sum-exp), then as a key (dk and dv over the queries after it). A score
+    is the same sum of the same products in every place it is formed. Nothing is padded: at
+    N2/STO-3G's shapes (10 positions, heads of 8) the tile kernels pad both to 16, about 5
+    times the products of the 10 x 10 scores.
+  - tiles (float64's default: a dtype not in ``_ATTN_ROWS``): a program takes one head of one
+    sequence (the grid: sequences x heads; `_ATTN_HEADS` > 1 takes several heads one after
+    another) as matrices (positions, head width), both padded to powers of two of at least
+    16, and forms the whole score matrix with matrix products (float32 FMAs, no TF32; float64
+    products in float64); the backward recomputes the probabilities from the saved
+    log-sum-exp and takes the gradients of q, k and v as five such products. Both kernels take
+    their offsets and masks from one helper, `_attn_rows` (the row-wise ones from
+    `_attn_row_at`).
 - `amplitude_tail`: the amplitude's tail after the last block (ln_f, the head, the logit
   offsets, the masked log-softmax, the pick of each position's token and the sum over
   positions) in one kernel each way (``TAIL_ENABLED``), with the head code of the
@@ -89,6 +101,13 @@ _ATTN_WARPS = 1  # warps per attention program (an H200: the N2/cc-pVDZ training
 # heads an attention program takes one after another (0: all of them): one program per
 # sequence and head (1) or per sequence (0), each head's loads and products as before
 _ATTN_HEADS = 1
+# (rows, warps) of a row-wise attention program (`_attn_row_fwd_kernel`: a row is one
+# sequence's position of one head) by dtype; a dtype not here takes the tile kernels
+# (`_attn_fwd_kernel`, one sequence's head a program, positions and head padded to 16). On an
+# H100 the row-wise kernels replayed a float32 N2/STO-3G stage with the teacher in 18.73 ms
+# against 20.87 with the tiles, and made float64's stage slower (27.75 against 26.25 ms), so
+# float64 keeps the tiles (docs/performance.md, "#row-attention").
+_ATTN_ROWS: dict = {torch.float32: (64, 2)}
 _MAX_ELEMENTS = 2**31  # the kernels index with 32-bit offsets
 _failed: str | None = None  # why the kernels were turned off
 _coarse_failed: str | None = None  # why `block` and `amplitude` were turned off
@@ -362,6 +381,148 @@ if triton is not None:
             tl.store(dqkv_ptr + q_at, _scaled(dq, scale_hi, scale_lo, PREC), mask=mask2)
             tl.store(dqkv_ptr + q_at + d, _scaled(dk, scale_hi, scale_lo, PREC), mask=mask2)
             tl.store(dqkv_ptr + q_at + 2 * d, dv, mask=mask2)
+
+    @triton.jit
+    def _row_load(at, cm, FULL: tl.constexpr):
+        """The (rows, HDP) tile at pointers ``at``, its columns past the head's (``cm`` false)
+        zero; without a mask when the head fills the tile (FULL)."""
+        if FULL:
+            x = tl.load(at)
+        else:
+            x = tl.load(at, mask=cm[None, :], other=0.0)
+        return x
+
+    @triton.jit
+    def _attn_row_at(
+        rows,
+        R: tl.constexpr,
+        L: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        A: tl.constexpr,
+    ):
+        """The R rows of a row-wise attention program: a row is one (sequence, position, head),
+        the head fastest (so a program's own rows lie side by side in ``qkv`` and ``y``). Past
+        the last row a program reads the last row again and stores nothing. Returns the rows'
+        sequence offsets in ``qkv`` (R,) (plus ``t 3 d`` for position t) and in ``y``, their
+        positions, their offsets of log-sum-exp in ``lse`` (n, H, L) less their position, the
+        head's columns (HDP,), their mask (HDP,), and the rows' store mask (R,)."""
+        d = H * HD
+        r = tl.program_id(0) * R + tl.arange(0, R)  # 32-bit: the tensors hold < 2^31 elements
+        ok = r < rows
+        r = tl.minimum(r, rows - 1)
+        head = r % H
+        pos = (r // H) % L
+        seq = r // (H * L)
+        col = tl.arange(0, HDP)
+        # a head's columns start at a multiple of A (the largest power of two dividing HD): the
+        # loads of a row go in vectors
+        return (
+            tl.multiple_of(seq * (L * 3 * d) + head * HD, A),
+            tl.multiple_of(seq * (L * d) + head * HD, A),
+            pos,
+            (seq * H + head) * L,
+            col,
+            col < HD,
+            ok,
+        )
+
+    @triton.jit
+    def _attn_row_fwd_kernel(
+        qkv_ptr,
+        y_ptr,
+        lse_ptr,
+        rows,
+        scale_hi,
+        scale_lo,
+        L: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        PREC: tl.constexpr,
+        R: tl.constexpr,
+        A: tl.constexpr,
+        full: tl.constexpr,
+    ):
+        """Row-wise causal attention: each row (`_attn_row_at`) holds its query and walks the
+        keys of its sequence one position after another (products as sums over the head's
+        columns, no padding of the positions or the head to a tensor-core tile)."""
+        d = H * HD
+        qa, ya, pos, la, col, cm, ok = _attn_row_at(rows, R, L, H, HD, HDP, A)
+        q = _row_load(qkv_ptr + (qa + pos * (3 * d))[:, None] + col[None, :], cm, full)
+        q = _scaled(q, scale_hi, scale_lo, PREC)
+        m = tl.full(pos.shape, float("-inf"), q.dtype)
+        for t in range(L):  # the largest score over keys t <= pos
+            k = _row_load(qkv_ptr + (qa + t * (3 * d) + d)[:, None] + col[None, :], cm, full)
+            m = tl.maximum(m, tl.where(t <= pos, tl.sum(q * k, 1), float("-inf")))
+        l_sum = tl.zeros(pos.shape, q.dtype)
+        acc = tl.zeros(q.shape, q.dtype)
+        for t in range(L):
+            at = qkv_ptr + (qa + t * (3 * d))[:, None] + col[None, :]
+            k = _row_load(at + d, cm, full)
+            v = _row_load(at + 2 * d, cm, full)
+            p = tl.where(t <= pos, tl.exp(tl.sum(q * k, 1) - m), 0.0)
+            l_sum += p
+            acc += p[:, None] * v
+        y = acc / l_sum[:, None]
+        tl.store(y_ptr + (ya + pos * d)[:, None] + col[None, :], y, mask=ok[:, None] & cm[None, :])
+        tl.store(lse_ptr + la + pos, m + tl.log(l_sum), mask=ok)
+
+    @triton.jit
+    def _attn_row_bwd_kernel(
+        qkv_ptr,
+        y_ptr,
+        dy_ptr,
+        lse_ptr,
+        dqkv_ptr,
+        rows,
+        scale_hi,
+        scale_lo,
+        L: tl.constexpr,
+        H: tl.constexpr,
+        HD: tl.constexpr,
+        HDP: tl.constexpr,
+        PREC: tl.constexpr,
+        R: tl.constexpr,
+        A: tl.constexpr,
+        full: tl.constexpr,
+    ):
+        """The gradient of `_attn_row_fwd_kernel`: each row is a query (its dq, over the keys
+        t <= pos) and a key (its dk and dv, over the queries t >= pos); a score is the same
+        sum of the same products in both roles and in the forward kernel."""
+        d = H * HD
+        qa, ya, pos, la, col, cm, ok = _attn_row_at(rows, R, L, H, HD, HDP, A)
+        own = (qa + pos * (3 * d))[:, None] + col[None, :]
+        q = _scaled(_row_load(qkv_ptr + own, cm, full), scale_hi, scale_lo, PREC)
+        k = _row_load(qkv_ptr + own + d, cm, full)
+        v = _row_load(qkv_ptr + own + 2 * d, cm, full)
+        yo = (ya + pos * d)[:, None] + col[None, :]
+        dy = _row_load(dy_ptr + yo, cm, full)
+        delta = tl.sum(dy * _row_load(y_ptr + yo, cm, full), 1)
+        lse = tl.load(lse_ptr + la + pos)
+        dq = tl.zeros(q.shape, q.dtype)
+        for t in range(L):  # as a query: keys t <= pos
+            at = (qa + t * (3 * d))[:, None] + col[None, :]
+            kt = _row_load(qkv_ptr + at + d, cm, full)
+            vt = _row_load(qkv_ptr + at + 2 * d, cm, full)
+            p = tl.where(t <= pos, tl.exp(tl.sum(q * kt, 1) - lse), 0.0)
+            dq += (p * (tl.sum(dy * vt, 1) - delta))[:, None] * kt
+        st = ok[:, None] & cm[None, :]
+        tl.store(dqkv_ptr + own, _scaled(dq, scale_hi, scale_lo, PREC), mask=st)
+        dk = tl.zeros(q.shape, q.dtype)
+        dv = tl.zeros(q.shape, q.dtype)
+        for t in range(L):  # as a key: queries t >= pos
+            qt = _row_load(qkv_ptr + (qa + t * (3 * d))[:, None] + col[None, :], cm, full)
+            qt = _scaled(qt, scale_hi, scale_lo, PREC)
+            yt = (ya + t * d)[:, None] + col[None, :]
+            dyt = _row_load(dy_ptr + yt, cm, full)
+            delta_t = tl.sum(dyt * _row_load(y_ptr + yt, cm, full), 1)
+            pt = tl.where(t >= pos, tl.exp(tl.sum(qt * k, 1) - tl.load(lse_ptr + la + t)), 0.0)
+            dv += pt[:, None] * dyt
+            dk += (pt * (tl.sum(dyt * v, 1) - delta_t))[:, None] * qt
+        tl.store(dqkv_ptr + own + d, dk, mask=st)
+        tl.store(dqkv_ptr + own + 2 * d, dv, mask=st)
 
     # ------------------------------------------------------------------ whole blocks
     # A block's parameters lie flat at one pointer, in the module's order (`_layer_ptrs`); a
@@ -1005,14 +1166,34 @@ class _CausalAttention(torch.autograd.Function):
         lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
         scale = _split(1.0 / math.sqrt(hd))
         consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), _prec(qkv.dtype))
-        if n:
+        tile = _ATTN_ROWS.get(qkv.dtype)
+        if n and tile:
+            rows = n * length * n_heads
+            with _on(qkv):
+                _attn_row_fwd_kernel[(triton.cdiv(rows, tile[0]),)](
+                    qkv,
+                    y,
+                    lse,
+                    rows,
+                    *scale,
+                    length,
+                    n_heads,
+                    hd,
+                    pow2(hd),
+                    consts[5],
+                    tile[0],
+                    hd & -hd,
+                    hd == pow2(hd),
+                    num_warps=tile[1],
+                )
+        elif n:
             hg = _heads_per_program(n_heads)
             with _on(qkv):
                 _attn_fwd_kernel[(n, n_heads // hg)](
                     qkv, y, lse, *scale, *consts, hg, num_warps=_ATTN_WARPS
                 )
         ctx.save_for_backward(qkv, y, lse)
-        ctx.consts, ctx.scale = consts, scale
+        ctx.consts, ctx.scale, ctx.tile = consts, scale, tile
         return y
 
     @staticmethod
@@ -1020,7 +1201,29 @@ class _CausalAttention(torch.autograd.Function):
         qkv, y, lse = ctx.saved_tensors
         n = qkv.shape[0]
         dqkv = torch.empty_like(qkv)
-        if n:
+        length, _, n_heads, hd, _, prec = ctx.consts
+        if n and ctx.tile:
+            rows = n * length * n_heads
+            with _on(qkv):
+                _attn_row_bwd_kernel[(triton.cdiv(rows, ctx.tile[0]),)](
+                    qkv,
+                    y,
+                    dy.contiguous(),
+                    lse,
+                    dqkv,
+                    rows,
+                    *ctx.scale,
+                    length,
+                    n_heads,
+                    hd,
+                    pow2(hd),
+                    prec,
+                    ctx.tile[0],
+                    hd & -hd,
+                    hd == pow2(hd),
+                    num_warps=ctx.tile[1],
+                )
+        elif n:
             hg = _heads_per_program(ctx.consts[2])
             with _on(qkv):
                 _attn_bwd_kernel[(n, ctx.consts[2] // hg)](

@@ -72,13 +72,19 @@ def test_kernels_match_torch(dtype, tol, n, length, d, h):
         assert _err(a, c) < tol * max(1.0, float(c.abs().max()))
     qkv = torch.randn(n, length, 3 * d, dtype=dtype, device="cuda", generator=g)
     qkv.requires_grad_()
-    y = fused_ops.causal_attention(qkv, h)
-    assert type(y.grad_fn).__name__ == "_CausalAttentionBackward"
     y0 = _attention(qkv, h)
-    assert _err(y, y0) < tol
-    (gq,) = torch.autograd.grad((y * gy).sum(), qkv)
     (gq0,) = torch.autograd.grad((y0 * gy).sum(), qkv)
-    assert _err(gq, gq0) < tol * max(1.0, float(gq0.abs().max()))
+    keep = fused_ops._ATTN_ROWS
+    try:  # the row-wise kernels (float32's default) and the tile kernels (float64's)
+        for rows in ({dtype: (64, 2)}, {}):
+            fused_ops._ATTN_ROWS = rows
+            y = fused_ops.causal_attention(qkv, h)
+            assert type(y.grad_fn).__name__ == "_CausalAttentionBackward"
+            assert _err(y, y0) < tol, rows
+            (gq,) = torch.autograd.grad((y * gy).sum(), qkv)
+            assert _err(gq, gq0) < tol * max(1.0, float(gq0.abs().max())), rows
+    finally:
+        fused_ops._ATTN_ROWS = keep
 
 
 def _assert_replays(fn, expected):

@@ -62,6 +62,7 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
     """
 
     g = torch.Generator().manual_seed(0)
+    keep_rows = fo._ATTN_ROWS
     for dt, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
         # LayerNorm: rows not a multiple of the tile, a width that is not a power of two
         for m, d in ((37, 32), (3, 20)):
@@ -100,11 +101,15 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
                 x + r, (d,), w, b, 1e-5) * gy).sum(), x)
             assert err(gx, gx0) < tol, ("add ln, norm alone", dt, m, d)
         # attention: the Ansatz's written-out form; head width and length not powers of two;
-        # one head a program, all heads of a sequence in one, two heads of three (one)
-        cases = ((5, 4, 2, 4, 1), (3, 3, 3, 3, 1), (2, 28, 2, 3, 1), (5, 4, 2, 4, 0),
-                 (3, 3, 3, 3, 2), (4, 10, 4, 8, 0))
-        for n, length, h, hd, heads in cases:
-            fo._ATTN_HEADS = heads
+        # the tile kernels (rows None) with one head a program, all heads of a sequence in
+        # one, two heads of three (one); the row kernels with programs of 16 and 64 rows (the
+        # last program part full, or one program for all rows)
+        cases = ((5, 4, 2, 4, 1, None), (3, 3, 3, 3, 1, None), (2, 28, 2, 3, 1, None),
+                 (5, 4, 2, 4, 0, None), (3, 3, 3, 3, 2, None), (4, 10, 4, 8, 0, None),
+                 (5, 4, 2, 4, 1, (16, 1)), (3, 3, 3, 3, 1, (16, 1)), (2, 28, 2, 3, 1, (64, 2)),
+                 (4, 10, 4, 8, 1, (64, 2)), (1, 2, 1, 8, 1, (64, 2)))
+        for n, length, h, hd, heads, rows in cases:
+            fo._ATTN_HEADS, fo._ATTN_ROWS = heads, {dt: rows} if rows else {}
             d = h * hd
             qkv = torch.randn(n, length, 3 * d, dtype=dt, generator=g).requires_grad_()
             y = fo.causal_attention(qkv, h)
@@ -119,9 +124,9 @@ _INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
             gy = torch.randn(n, length, d, dtype=dt, generator=g)
             (gq,) = torch.autograd.grad((y * gy).sum(), qkv)
             (gq0,) = torch.autograd.grad((y0 * gy).sum(), qkv)
-            assert err(y, y0) < tol, ("attn", dt, n, length, err(y, y0))
-            assert err(gq, gq0) < tol, ("attn grad", dt, n, length, err(gq, gq0))
-        fo._ATTN_HEADS = 1
+            assert err(y, y0) < tol, ("attn", dt, n, length, rows, err(y, y0))
+            assert err(gq, gq0) < tol, ("attn grad", dt, n, length, rows, err(gq, gq0))
+        fo._ATTN_HEADS, fo._ATTN_ROWS = 1, keep_rows
 
     long = torch.zeros(2, 33, 12, dtype=torch.float64, requires_grad=True)
     assert fo.causal_attention(long, 2) is None  # past 32 positions: torch's attention
