@@ -1156,6 +1156,18 @@ def _heads_per_program(n_heads: int) -> int:
     return max(h for h in range(1, want + 1) if n_heads % h == 0)
 
 
+def _row_launch(rows, length, n_heads, hd, scale, prec, dtype) -> tuple | None:
+    """The row-wise attention kernels' launch for ``rows`` = sequences x positions x heads:
+    (grid, the arguments after the tensors, warps), or None when `_ATTN_ROWS` gives ``dtype``
+    the tile kernels. Both kernels take the same arguments after their tensors."""
+    tile = _ATTN_ROWS.get(dtype)
+    if not tile:
+        return None
+    p2 = pow2(hd)
+    args = (rows, *scale, length, n_heads, hd, p2, prec, tile[0], hd & -hd, hd == p2)
+    return (triton.cdiv(rows, tile[0]),), args, tile[1]
+
+
 class _CausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, n_heads):
@@ -1166,26 +1178,11 @@ class _CausalAttention(torch.autograd.Function):
         lse = torch.empty((n, n_heads, length), dtype=qkv.dtype, device=qkv.device)
         scale = _split(1.0 / math.sqrt(hd))
         consts = (length, max(16, pow2(length)), n_heads, hd, max(16, pow2(hd)), _prec(qkv.dtype))
-        tile = _ATTN_ROWS.get(qkv.dtype)
-        if n and tile:
-            rows = n * length * n_heads
+        # the row-wise kernels' grid, arguments after the tensors and warps, both ways
+        row = _row_launch(n * length * n_heads, length, n_heads, hd, scale, consts[5], qkv.dtype)
+        if n and row:
             with _on(qkv):
-                _attn_row_fwd_kernel[(triton.cdiv(rows, tile[0]),)](
-                    qkv,
-                    y,
-                    lse,
-                    rows,
-                    *scale,
-                    length,
-                    n_heads,
-                    hd,
-                    pow2(hd),
-                    consts[5],
-                    tile[0],
-                    hd & -hd,
-                    hd == pow2(hd),
-                    num_warps=tile[1],
-                )
+                _attn_row_fwd_kernel[row[0]](qkv, y, lse, *row[1], num_warps=row[2])
         elif n:
             hg = _heads_per_program(n_heads)
             with _on(qkv):
@@ -1193,7 +1190,7 @@ class _CausalAttention(torch.autograd.Function):
                     qkv, y, lse, *scale, *consts, hg, num_warps=_ATTN_WARPS
                 )
         ctx.save_for_backward(qkv, y, lse)
-        ctx.consts, ctx.scale, ctx.tile = consts, scale, tile
+        ctx.consts, ctx.scale, ctx.row = consts, scale, row
         return y
 
     @staticmethod
@@ -1201,27 +1198,11 @@ class _CausalAttention(torch.autograd.Function):
         qkv, y, lse = ctx.saved_tensors
         n = qkv.shape[0]
         dqkv = torch.empty_like(qkv)
-        length, _, n_heads, hd, _, prec = ctx.consts
-        if n and ctx.tile:
-            rows = n * length * n_heads
+        row = ctx.row
+        if n and row:
             with _on(qkv):
-                _attn_row_bwd_kernel[(triton.cdiv(rows, ctx.tile[0]),)](
-                    qkv,
-                    y,
-                    dy.contiguous(),
-                    lse,
-                    dqkv,
-                    rows,
-                    *ctx.scale,
-                    length,
-                    n_heads,
-                    hd,
-                    pow2(hd),
-                    prec,
-                    ctx.tile[0],
-                    hd & -hd,
-                    hd == pow2(hd),
-                    num_warps=ctx.tile[1],
+                _attn_row_bwd_kernel[row[0]](
+                    qkv, y, dy.contiguous(), lse, dqkv, *row[1], num_warps=row[2]
                 )
         elif n:
             hg = _heads_per_program(ctx.consts[2])
