@@ -41,7 +41,8 @@ positions and head padded to 16 for the products) instead of float32's row-wise 
 program of ``fused_ops._ATTN_ROWS[torch.float32]`` rows, a row one position of one head; float64
 takes the tile kernels either way); ``graph-attn-heads-all``
 (``-2``) runs the tile kernels with every head (two heads) of a sequence in one program
-(``fused_ops._ATTN_HEADS``).
+(``fused_ops._ATTN_HEADS``); ``graph-attn-rows-128`` runs the row-wise kernels with 128 rows and
+4 warps a program.
 
 ``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
 queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
@@ -180,6 +181,7 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     "graph-attn-heads-2": {"graphs": True, "attn_heads": 2, "attn_rows": {}},
     # the attention's tile kernels (one sequence's head a program) instead of the row-wise ones
     "graph-attn-tiles": {"graphs": True, "attn_rows": {}},
+    "graph-attn-rows-128": {"graphs": True, "attn_rows": {torch.float32: (128, 4)}},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},

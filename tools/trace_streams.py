@@ -2,14 +2,16 @@
 `benchmarks/small_iteration.py --profile --trace-out DIR` (torch.profiler's export).
 
     python tools/trace_streams.py DIR/N2_graph_stage_5_passes.json.gz [--bin 250] [--gap 20]
-        [--marks _attn_fwd_kernel _attn_bwd_kernel]
+        [--marks _attn_fwd_kernel _attn_bwd_kernel] [--top 15]
 
 Prints the device events per stream (count, summed time, span), the time no kernel ran
 between the first and the last event and the longest such gaps with the kernels on either
 side, the busy share of every stream per time bin (which streams overlap, where one stream
-runs alone), and when the kernels named by --marks started (per pass: the attention kernels
-mark each block's forward and backward work). The docs' account of the recorded stage
-(docs/performance.md, "The parameter gradients on four streams") was read off such tables.
+runs alone), when the kernels named by --marks started (per pass: the attention kernels
+mark each block's forward and backward work), and with --top N each stream's N costliest
+kernels by summed time (what the busiest stream, the pass's own chain, spends its time on).
+The docs' account of the recorded stage (docs/performance.md, "The parameter gradients on four
+streams") was read off such tables.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main() -> None:
     ap.add_argument("--bin", type=float, default=250.0, help="microseconds per time bin")
     ap.add_argument("--gap", type=float, default=20.0, help="list idle gaps above this (us)")
     ap.add_argument("--marks", nargs="*", default=["_attn_fwd_kernel", "_attn_bwd_kernel"])
+    ap.add_argument("--top", type=int, default=0, help="each stream's N costliest kernels")
     args = ap.parse_args()
     events = device_events(args.trace)
     if not events:
@@ -84,6 +87,16 @@ def main() -> None:
         first, last = es[0]["ts"], max(e["ts"] + e["dur"] for e in es)
         busy = sum(e["dur"] for e in es)
         print(f"{s!s:>10} {len(es):8d} {busy:9.0f} {last - first:9.0f}")
+    if args.top:
+        for s, es in sorted(by.items(), key=lambda kv: -sum(e["dur"] for e in kv[1])):
+            cost, count = defaultdict(float), defaultdict(int)
+            for e in es:
+                cost[e["name"]] += e["dur"]
+                count[e["name"]] += 1
+            print(f"stream {s}: costliest kernels (summed us, count, mean us, name)")
+            for name, us in sorted(cost.items(), key=lambda kv: -kv[1])[: args.top]:
+                n = count[name]
+                print(f"  {us:9.0f} {n:6d} {us / n:7.1f}  {name[:90]}")
     gaps = idle_gaps(events)
     print(f"no kernel running: {sum(g for g, *_ in gaps):.0f} us in {len(gaps)} gaps")
     for g, at, a, b in gaps:
