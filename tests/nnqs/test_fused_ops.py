@@ -336,7 +336,7 @@ _TAIL_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
         for norb, nelec, d in ((6, (3, 2), 16), (10, (5, 5), 32)):
             psi = Ansatz(norb, nelec, d_model=d, n_layers=1, phase_hidden=(4,), seed=1,
                          dtype=dt)
-            tok = psi.tokens(all_determinants(norb, nelec)[:77])
+            tok = psi.tokens(all_determinants(norb, nelec)[:38])  # 41 with the 3 below
             off = tok[:3].clone()
             off[:, 0] = 3 - off[:, 0]  # outside the sector
             tok = torch.cat((tok, off))
