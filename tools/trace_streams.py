@@ -9,9 +9,10 @@ between the first and the last event and the longest such gaps with the kernels 
 side, the busy share of every stream per time bin (which streams overlap, where one stream
 runs alone), when the kernels named by --marks started (per pass: the attention kernels
 mark each block's forward and backward work), and with --top N each stream's N costliest
-kernels by summed time (what the busiest stream, the pass's own chain, spends its time on).
-The docs' account of the recorded stage (docs/performance.md, "The parameter gradients on four
-streams") was read off such tables.
+kernels by summed time. A replayed CUDA graph runs its branches on streams of the driver's
+choosing, not the recording's (docs/performance.md, "#row-lanes"). The docs' account of the
+recorded stage (docs/performance.md, "The parameter gradients on four streams") was read off
+such tables.
 """
 
 from __future__ import annotations

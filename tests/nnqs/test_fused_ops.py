@@ -263,7 +263,7 @@ _BLOCK_INTERPRETED = _SCRIPT_HEAD + textwrap.dedent(
              (torch.float32, 3e-5, "tf32x3"))
     for dt, tol, products in cases:
         fo.COARSE_PRODUCTS = products
-        # 43 and 54 configurations (neither fills its last program)
+        # 43 and 54 configurations (at 64 rows a program neither fills its last one)
         for norb, nelec, d, h, nl, every in ((6, (3, 2), 32, 4, 2, 7), (7, (3, 3), 16, 2, 3, 23)):
             psi = Ansatz(norb, nelec, d_model=d, n_heads=h, n_layers=nl, phase_hidden=(8,),
                          seed=0, dtype=dt)
