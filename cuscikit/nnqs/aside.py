@@ -54,6 +54,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from cuscikit.nnqs import products
+
 __all__ = [
     "ENABLED",
     "GRADIENT_STREAMS",
@@ -257,11 +259,19 @@ def column_sums(t: torch.Tensor) -> torch.Tensor:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, stream):
+    def forward(ctx, x, weight, bias, stream, tc):
         x2 = x.reshape(-1, x.shape[-1])
-        y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
+        y = None
+        if tc:
+            try:
+                y = products.mm(x2, weight.t(), bias)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+                products.turn_off(exc)
+                tc = False
+        if y is None:
+            y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
         ctx.save_for_backward(x2, weight)
-        ctx.stream, ctx.shape, ctx.has_bias = stream, x.shape, bias is not None
+        ctx.stream, ctx.shape, ctx.has_bias, ctx.tc = stream, x.shape, bias is not None, tc
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -271,20 +281,36 @@ class _Linear(torch.autograd.Function):
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         want_b = want_b and ctx.has_bias
         side = fork(ctx.stream if (want_w or want_b) else None, x2, dy2)
-        dx = dy2.mm(weight).view(ctx.shape) if want_x else None
-        with side:
-            dw = dy2.t().mm(x2) if want_w else None
-            db = column_sums(dy2) if want_b else None
-        return dx, dw, db, None
+        dx = dw = db = None
+        tc = ctx.tc and products.usable()
+        if tc:
+            try:
+                if want_x:
+                    dx = products.mm(dy2, weight).view(ctx.shape)
+                with side:
+                    if want_w:  # the bias's column sums from the same kernel's loads
+                        dw, db = products.weight_grad(dy2, x2, want_b)
+                    elif want_b:
+                        db = column_sums(dy2)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+                products.turn_off(exc)
+                tc = False
+        if not tc:
+            dx = dy2.mm(weight).view(ctx.shape) if want_x else None
+            with side:
+                dw = dy2.t().mm(x2) if want_w else None
+                db = column_sums(dy2) if want_b else None
+        return dx, dw, db, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`torch.nn.functional.linear`, with the weight and bias gradients on a side stream
     inside `gradients_aside` (`stream_for`)."""
     s = stream_for(x)
-    if s is None:
+    tc = products.applies(x, weight)
+    if s is None and not tc:
         return F.linear(x, weight, bias)
-    return _Linear.apply(x, weight, bias, s)
+    return _Linear.apply(x, weight, bias, s, tc)
 
 
 class _Embed(torch.autograd.Function):
