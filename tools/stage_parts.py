@@ -23,7 +23,7 @@ The replays of ``stage`` and ``AdamW`` change the weights (after the run: nothin
 from them but their time).
 
     python tools/stage_parts.py [--iterations 40] [--float64] [--reps 20] [--json-out F]
-        [--products default|tc|torch]
+        [--products default|tc|tc-apart|torch]
 """
 
 from __future__ import annotations
@@ -102,14 +102,15 @@ def main() -> None:
     ap.add_argument("--json-out", default=None)
     ap.add_argument(
         "--products",
-        choices=["default", "tc", "torch"],
+        choices=["default", "tc", "tc-apart", "torch"],
         default="default",
         help="the linear layers' float32 products: the package's default, the tensor-core "
-        "kernel (cuscikit.nnqs.products) or cuBLAS's",
+        "kernel (cuscikit.nnqs.products), the same with each MLP's GELUs apart, or cuBLAS's",
     )
     args = ap.parse_args()
     if args.products != "default":
-        products.ENABLED = args.products == "tc"
+        products.ENABLED = args.products.startswith("tc")
+        products.FUSED_MLP = args.products == "tc"
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     dtype = torch.float64 if args.float64 else torch.float32

@@ -34,12 +34,26 @@ import warnings
 
 import torch
 
-from cuscikit.nnqs._triton import interpreting, tf32x3, tl, triton
+from cuscikit.nnqs._triton import gelu, gelu_grad, interpreting, tf32x3, tl, triton
 
-__all__ = ["ENABLED", "applies", "mm", "turn_off", "usable", "weight_grad"]
+__all__ = [
+    "ENABLED",
+    "FUSED_MLP",
+    "applies",
+    "mm",
+    "mm_gelu",
+    "mm_gelu_grad",
+    "turn_off",
+    "usable",
+    "weight_grad",
+]
 
 #: True: a float32 training pass's linear layers take these products (see the module).
 ENABLED = False
+#: True (with ENABLED): an MLP's layers and the GELUs between them are one autograd function
+#: (`cuscikit.nnqs.aside.mlp`) whose GELUs are in the products' kernels (the forward one in
+#: the layer before, its derivative in the input gradient of the layer after).
+FUSED_MLP = True
 _failed: str | None = None  # why the kernel was turned off
 _BK = 32  # the reduction's step (rows of the operands a program loads at once)
 _WARPS = 4
@@ -88,6 +102,7 @@ if triton is not None:
         c_ptr,
         bias_ptr,
         sums_ptr,
+        u_ptr,
         M,
         N,
         K,
@@ -98,6 +113,7 @@ if triton is not None:
         sbn,
         HAS_BIAS: tl.constexpr,
         SUMS: tl.constexpr,
+        ACT: tl.constexpr,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
@@ -105,7 +121,9 @@ if triton is not None:
         """Split s (third grid axis) of C = A @ B: A (M, K) and B (K, N) by their strides, the
         reduction over s's slice [s k_split, (s + 1) k_split) of K, written to the contiguous
         C[s] (M, N), plus ``bias`` (N,) with HAS_BIAS. With SUMS the programs of the first
-        column tile also write A's row sums over the slice to sums[s] (M,)."""
+        column tile also write A's row sums over the slice to sums[s] (M,). ACT (one split):
+        0 C as it is; 1 (a layer and its GELU) the sum u to u_ptr (M, N) and gelu(u) to C;
+        2 (an input gradient through the GELU before it) C times gelu'(u), u read from u_ptr."""
         pm = tl.program_id(0)
         pn = tl.program_id(1)
         ps = tl.program_id(2)
@@ -135,8 +153,14 @@ if triton is not None:
                 sums += tl.sum(a, axis=1)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=in_n, other=0.0)[None, :]
-        c_at = c_ptr + ps * M * N + rm[:, None] * N + rn[None, :]
-        tl.store(c_at, acc, mask=in_m[:, None] & in_n[None, :])
+        at = rm[:, None] * N + rn[None, :]
+        inside = in_m[:, None] & in_n[None, :]
+        if ACT == 1:
+            tl.store(u_ptr + at, acc, mask=inside)
+            acc = gelu(acc)
+        if ACT == 2:
+            acc = acc * gelu_grad(tl.load(u_ptr + at, mask=inside, other=0.0))
+        tl.store(c_ptr + ps * M * N + at, acc, mask=inside)
         if SUMS:
             if pn == 0:
                 tl.store(sums_ptr + ps * M + rm, sums, mask=in_m)
@@ -159,8 +183,9 @@ def _sms(device: torch.device) -> int:
     return _SMS[key]
 
 
-def _launch(a, b, bias, splits: int, sums: bool):
-    """(C over its splits (splits, M, N), A's row sums over the splits (splits, M) or None)."""
+def _launch(a, b, bias, splits: int, sums: bool, act: int = 0, u=None):
+    """(C over its splits (splits, M, N), A's row sums over the splits (splits, M) or None);
+    ``act`` and ``u`` as the kernel's ACT (one split)."""
     m, k = a.shape
     n = b.shape[1]
     bm, bn = _tile(m), _tile(n)
@@ -178,6 +203,7 @@ def _launch(a, b, bias, splits: int, sums: bool):
             c,
             bias if bias is not None else c,
             s,
+            u if u is not None else c,
             m,
             n,
             k,
@@ -188,6 +214,7 @@ def _launch(a, b, bias, splits: int, sums: bool):
             b.stride(1),
             HAS_BIAS=bias is not None,
             SUMS=sums,
+            ACT=act,
             BM=bm,
             BN=bn,
             BK=_BK,
@@ -202,6 +229,25 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> to
     the module), one program per 64 x 64 (or narrower) tile of the result."""
     _check(a, b)
     return _launch(a, b, bias, 1, False)[0][0]
+
+
+def mm_gelu(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(u, gelu(u))`` for u = ``a @ b (+ bias)`` (as `mm`), the GELU applied as the kernel
+    writes (torch's exact GELU, `cuscikit.nnqs._triton.gelu`)."""
+    _check(a, b)
+    u = a.new_empty((a.shape[0], b.shape[1]))
+    return u, _launch(a, b, bias, 1, False, act=1, u=u)[0][0]
+
+
+def mm_gelu_grad(a: torch.Tensor, b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``(a @ b) * gelu'(u)`` (as `mm`): the input gradient of a layer whose input was
+    gelu(u), taken back through the GELU as the kernel writes. ``u`` contiguous (M, N)."""
+    _check(a, b)
+    if u.shape != (a.shape[0], b.shape[1]) or not u.is_contiguous():
+        raise ValueError(f"u must be contiguous {(a.shape[0], b.shape[1])}, got {tuple(u.shape)}")
+    return _launch(a, b, None, 1, False, act=2, u=u)[0][0]
 
 
 def weight_grad(

@@ -37,6 +37,7 @@ _INTERPRETED = textwrap.dedent(
     import torch
     from cuscikit import Ansatz
     from cuscikit.nnqs import aside, products as P
+    from cuscikit.nnqs.ansatz import _Linear
     from cuscikit.sci.configs import all_determinants
 
     P.ENABLED = True
@@ -49,8 +50,8 @@ _INTERPRETED = textwrap.dedent(
 
     splits = []
     launch = P._launch
-    def counted(a, b, bias, n, sums):
-        c, s = launch(a, b, bias, n, sums)
+    def counted(a, b, bias, n, sums, **kw):
+        c, s = launch(a, b, bias, n, sums, **kw)
         splits.append(c.shape[0])
         return c, s
     P._launch = counted
@@ -93,6 +94,33 @@ _INTERPRETED = textwrap.dedent(
     y = aside.linear(torch.randn(5, 32, generator=g), w, None)
     (gw,) = torch.autograd.grad(y.sum(), (w,))
     assert gw.shape == w.shape
+
+    # MLPs through aside.mlp (the GELUs in the kernels), both ways, against float64: the
+    # transformer's sublayer shape and a phase-MLP-like stack whose input has no gradient
+    for sizes, x_grad in (((32, 128, 32), True), ((20, 64, 64, 64, 1), False)):
+        layers = [_Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+        x = torch.randn(7, 3, sizes[0], generator=g).requires_grad_(x_grad)
+        y = aside.mlp(x, layers)
+        assert type(y.grad_fn).__name__ == "_GeluMLPBackward", y.grad_fn
+        gy = torch.randn(y.shape, generator=g)
+        ps = [p for m in layers for p in (m.weight, m.bias)]
+        ins = ([x] if x_grad else []) + ps
+        gr = torch.autograd.grad((y * gy).sum(), ins)
+        ins0 = [t.detach().double().requires_grad_() for t in ins]
+        h = ins0[0] if x_grad else x.detach().double()
+        ps0 = ins0[1:] if x_grad else ins0
+        for i in range(len(layers)):
+            h = torch.nn.functional.linear(h, ps0[2 * i], ps0[2 * i + 1])
+            h = torch.nn.functional.gelu(h) if i < len(layers) - 1 else h
+        gr0 = torch.autograd.grad((h * gy.double()).sum(), ins0)
+        assert rel(y, h) < 3e-6, (sizes, rel(y, h))
+        for a, c in zip(gr, gr0):
+            assert rel(a, c) < 3e-6, (sizes, rel(a, c))
+        P.FUSED_MLP = False  # the layers one by one, each through the products
+        y1 = aside.mlp(x, layers)
+        assert type(y1.grad_fn).__name__ == "_LinearBackward", y1.grad_fn
+        assert rel(y1, h) < 3e-6
+        P.FUSED_MLP = True
 
     # the Ansatz's float32 gradient with the products (every linear layer, the phase MLP's
     # included) against float64 and against torch's float32 products
