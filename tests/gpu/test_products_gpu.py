@@ -63,10 +63,13 @@ def test_products_match_float64(m, k, n):
     assert _rel(torch.addmm(b, x, w.t()), want) < 3e-6  # cuBLAS's, for scale
 
 
-def test_float32_pass_with_the_products_matches_float64():
+@pytest.mark.parametrize("fused_mlp", [True, False])
+def test_float32_pass_with_the_products_matches_float64(fused_mlp, monkeypatch):
     """N2's ansatz over 1,920 configurations: ln psi within 1e-5 of float64 (as the pass with
     cuBLAS's products), the gradient of a weighted loss within 1e-4 of float64's, and the
-    kernel taken by every linear layer (the phase MLP's included)."""
+    kernel taken by every linear layer (the phase MLP's included), with each MLP's GELUs in
+    the kernels or apart."""
+    monkeypatch.setattr(products, "FUSED_MLP", fused_mlp)
     mol = Molecule.load("N2")
     psi32 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float32, device="cuda")
     psi64 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device="cuda")
