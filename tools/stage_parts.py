@@ -89,7 +89,7 @@ class Frozen:
 
     def __exit__(self, *exc):
         for p in self.params:
-            p.requires_grad_(True)
+            p.requires_grad_(True)  # all of them did: the recorded stage requires it
 
 
 def main() -> None:
@@ -156,7 +156,6 @@ def main() -> None:
 
     def adamw_only():
         grads = [1e-3 * torch.ones_like(p) for p in stage.params]
-        stage._state()
 
         def fn():
             with torch.no_grad():
