@@ -12,7 +12,7 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
     tl = None
 
-__all__ = ["gelu", "interpreting", "pow2", "tf32", "tf32x3", "tl", "triton"]
+__all__ = ["gelu", "gelu_grad", "interpreting", "pow2", "tf32", "tf32x3", "tl", "triton"]
 
 
 def pow2(n: int) -> int:
@@ -38,6 +38,12 @@ if triton is not None:
         return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
 
     @triton.jit
+    def gelu_grad(u):
+        """The derivative of `gelu` at u: Phi(u) + u phi(u), as torch's GELU backward."""
+        cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
+        return cdf + u * tl.exp(-0.5 * u * u) * 0.3989422804014327
+
+    @triton.jit
     def tf32(x):
         """x rounded to the nearest TF32 value (10 mantissa bits; ties away from zero)."""
         bits = x.to(tl.int32, bitcast=True)
@@ -54,4 +60,4 @@ if triton is not None:
         acc = tl.dot(ah, tf32(b - bh), acc, input_precision="tf32")
         return tl.dot(ah, bh, acc, input_precision="tf32")
 else:  # pragma: no cover - depends on the installation
-    gelu = tf32 = tf32x3 = None
+    gelu = gelu_grad = tf32 = tf32x3 = None

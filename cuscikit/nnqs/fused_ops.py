@@ -69,7 +69,7 @@ import warnings
 import torch
 
 from cuscikit.nnqs import aside
-from cuscikit.nnqs._triton import gelu, interpreting, pow2, tf32x3, tl, triton
+from cuscikit.nnqs._triton import gelu, gelu_grad, interpreting, pow2, tf32x3, tl, triton
 
 __all__ = [
     "ADD_NORM_ENABLED",
@@ -576,11 +576,6 @@ if triton is not None:
         return tl.load(w_ptr + ro[:, None] * IN + ci[None, :])
 
     @triton.jit
-    def _blk_gelu_grad(u):
-        cdf = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
-        return cdf + u * tl.exp(-0.5 * u * u) * 0.3989422804014327
-
-    @triton.jit
     def _blk_rows(n, L: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr, D: tl.constexpr):
         """A program's rows: their sequences and positions, their offsets (R, D) in (n, L, D)
         activations, the mask of the real ones and the feature columns."""
@@ -703,7 +698,7 @@ if triton is not None:
             gu = gelu(u)
             # W2's columns f0.. get gu^T dh2; the chunk's input gradient is dh2 W2[:, chunk]
             tl.store(g_prw + c[None, :] * FF + (f0 + cf)[:, None], _mm(tl.trans(gu), dh2, PREC))
-            du = _mm(dh2, _blk_w(prw + f0, c, cf, FF), PREC) * _blk_gelu_grad(u)
+            du = _mm(dh2, _blk_w(prw + f0, c, cf, FF), PREC) * gelu_grad(u)
             tl.store(g_fcw + (f0 + cf)[None, :] * D + c[:, None], _mm(tl.trans(b), du, PREC))
             tl.store(g_fcb + f0 + cf, tl.sum(du, 0))
             db += _mm(du, _blk_w(fcw + f0 * D, cf, c, D), PREC)
