@@ -44,6 +44,12 @@ takes the tile kernels either way); ``graph-attn-heads-all``
 (``fused_ops._ATTN_HEADS``); ``graph-attn-rows-128`` runs the row-wise kernels with 128 rows and
 4 warps a program.
 
+``graph-tc-products`` runs the float32 linear layers' products (forward, input and weight
+gradients, the phase MLP's included) as one Triton kernel each with three TF32 products on the
+tensor cores (``cuscikit.nnqs.products.ENABLED``), each MLP's GELUs in those kernels
+(``products.FUSED_MLP``; ``graph-tc-products-apart`` without), ``graph-torch-products`` with
+cuBLAS's.
+
 ``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
 queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
 
@@ -114,6 +120,10 @@ try:  # another version of the package (--reference, BASE_NNQS) may not have it
     from cuscikit.nnqs import local_energy
 except ImportError:
     local_energy = None
+try:
+    from cuscikit.nnqs import products
+except ImportError:
+    products = None
 
 VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels on or off
     "eager": {"graphs": False},
@@ -182,6 +192,12 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the attention's tile kernels (one sequence's head a program) instead of the row-wise ones
     "graph-attn-tiles": {"graphs": True, "attn_rows": {}},
     "graph-attn-rows-128": {"graphs": True, "attn_rows": {torch.float32: (128, 4)}},
+    # the float32 linear layers' products as three TF32 products on the tensor cores, one
+    # Triton kernel a product (``products.ENABLED``), and with torch's (cuBLAS) products
+    "graph-tc-products": {"graphs": True, "products": True},
+    # the same with each MLP's layers and GELUs apart (``products.FUSED_MLP = False``)
+    "graph-tc-products-apart": {"graphs": True, "products": True, "fused_mlp": False},
+    "graph-torch-products": {"graphs": True, "products": False},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
@@ -203,6 +219,7 @@ _ASIDE_DEFAULTS = (
 
 
 _ATTN_ROWS = dict(getattr(fused_ops, "_ATTN_ROWS", {}))  # the package's default
+_PRODUCTS_DEFAULT = getattr(products, "ENABLED", False)
 
 
 def load_system(name: str):
@@ -249,6 +266,11 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     prefetch = options.pop("prefetch", True)
     if hasattr(graphs, "PREFETCH"):  # a package with the prefetch
         graphs.PREFETCH = prefetch
+    tc = options.pop("products", _PRODUCTS_DEFAULT)
+    fused_mlp = options.pop("fused_mlp", True)
+    if products is not None:  # a package with the tensor-core products
+        products.ENABLED = tc
+        products.FUSED_MLP = fused_mlp
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)

@@ -23,6 +23,7 @@ The replays of ``stage`` and ``AdamW`` change the weights (after the run: nothin
 from them but their time).
 
     python tools/stage_parts.py [--iterations 40] [--float64] [--reps 20] [--json-out F]
+        [--products default|tc|tc-apart|torch]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from cuscikit import Ansatz, Molecule, Runner
-from cuscikit.nnqs import aside, graphs, local_energy
+from cuscikit.nnqs import aside, graphs, local_energy, products
 from cuscikit.nnqs.ansatz import reuse_token_work
 from cuscikit.nnqs.runner import LearningRateDecay
 
@@ -99,7 +100,17 @@ def main() -> None:
     ap.add_argument("--float64", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json-out", default=None)
+    ap.add_argument(
+        "--products",
+        choices=["default", "tc", "tc-apart", "torch"],
+        default="default",
+        help="the linear layers' float32 products: the package's default, the tensor-core "
+        "kernel (cuscikit.nnqs.products), the same with each MLP's GELUs apart, or cuBLAS's",
+    )
     args = ap.parse_args()
+    if args.products != "default":
+        products.ENABLED = args.products.startswith("tc")
+        products.FUSED_MLP = args.products == "tc"
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     dtype = torch.float64 if args.float64 else torch.float32
@@ -198,7 +209,10 @@ def main() -> None:
     variants.append(("AdamW (concatenation included)", lambda: rec(adamw_only())))
 
     rows = []
-    print(f"# {args.system}, {dtype}, {n} padded rows, {passes} passes a replay")
+    print(
+        f"# {args.system}, {dtype}, {n} padded rows, {passes} passes a replay, "
+        f"tensor-core products {'on' if products.ENABLED else 'off'}"
+    )
     print("| variant | ms a replay | ms a pass |\n| --- | --- | --- |", flush=True)
     for label, make in variants:
         try:
@@ -216,6 +230,7 @@ def main() -> None:
             "passes": passes,
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
+            "products": products.ENABLED,
         }
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

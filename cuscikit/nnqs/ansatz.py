@@ -258,8 +258,8 @@ class _Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
     def ff(self, y: torch.Tensor) -> torch.Tensor:
-        """The MLP itself on normalised rows ``y``: proj(gelu(fc(y)))."""
-        return self.proj(F.gelu(self.fc(y)))
+        """The MLP itself on normalised rows ``y``: proj(gelu(fc(y))) (`aside.mlp`)."""
+        return aside.mlp(y, (self.fc, self.proj))
 
     def shared(self, h: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
         """`forward` on the rows ``h`` (M, d) of the distinct prefixes of `tree`: every
@@ -686,6 +686,12 @@ class Ansatz(nn.Module):
 
     def phase(self, tokens: torch.Tensor) -> torch.Tensor:
         """Phase ``phi`` (n,) from the MLP on the +/-1 spin-orbital occupation vector."""
+        layers = list(self.phase_net)
+        linear, gelus = layers[::2], layers[1::2]
+        if all(isinstance(m, nn.GELU) and m.approximate == "none" for m in gelus) and all(
+            isinstance(m, nn.Linear) for m in linear
+        ):  # the layers with a GELU between each two (`_build`), as one MLP (`aside.mlp`)
+            return aside.mlp(self._spins(tokens), linear).squeeze(-1)
         return self.phase_net(self._spins(tokens)).squeeze(-1)
 
     def log_psi(

@@ -54,6 +54,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from cuscikit.nnqs import products
+
 __all__ = [
     "ENABLED",
     "GRADIENT_STREAMS",
@@ -67,6 +69,7 @@ __all__ = [
     "join",
     "linear",
     "merge",
+    "mlp",
     "stream_for",
 ]
 
@@ -257,11 +260,19 @@ def column_sums(t: torch.Tensor) -> torch.Tensor:
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, stream):
+    def forward(ctx, x, weight, bias, stream, tc):
         x2 = x.reshape(-1, x.shape[-1])
-        y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
+        y = None
+        if tc:
+            try:
+                y = products.mm(x2, weight.t(), bias)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+                products.turn_off(exc)
+                tc = False
+        if y is None:
+            y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
         ctx.save_for_backward(x2, weight)
-        ctx.stream, ctx.shape, ctx.has_bias = stream, x.shape, bias is not None
+        ctx.stream, ctx.shape, ctx.has_bias, ctx.tc = stream, x.shape, bias is not None, tc
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -271,20 +282,121 @@ class _Linear(torch.autograd.Function):
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         want_b = want_b and ctx.has_bias
         side = fork(ctx.stream if (want_w or want_b) else None, x2, dy2)
-        dx = dy2.mm(weight).view(ctx.shape) if want_x else None
-        with side:
-            dw = dy2.t().mm(x2) if want_w else None
-            db = column_sums(dy2) if want_b else None
-        return dx, dw, db, None
+        dx = dw = db = None
+        tc = ctx.tc and products.usable()
+        if tc:
+            try:
+                if want_x:
+                    dx = products.mm(dy2, weight).view(ctx.shape)
+                with side:
+                    if want_w:  # the bias's column sums from the same kernel's loads
+                        dw, db = products.weight_grad(dy2, x2, want_b)
+                    elif want_b:
+                        db = column_sums(dy2)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+                products.turn_off(exc)
+                tc = False
+        if not tc:
+            dx = dy2.mm(weight).view(ctx.shape) if want_x else None
+            with side:
+                dw = dy2.t().mm(x2) if want_w else None
+                db = column_sums(dy2) if want_b else None
+        return dx, dw, db, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`torch.nn.functional.linear`, with the weight and bias gradients on a side stream
     inside `gradients_aside` (`stream_for`)."""
     s = stream_for(x)
-    if s is None:
+    tc = products.applies(x, weight)
+    if s is None and not tc:
         return F.linear(x, weight, bias)
-    return _Linear.apply(x, weight, bias, s)
+    return _Linear.apply(x, weight, bias, s, tc)
+
+
+class _GeluMLP(torch.autograd.Function):
+    """Linear layers with a GELU between each two (``x -> L0 -> gelu -> L1 -> ...``) through
+    the tensor-core products (`cuscikit.nnqs.products`), each GELU in the kernel of the layer
+    before it (forward) and of the layer after it (the input gradient), the layers' weight
+    and bias gradients on their side streams as `linear`'s."""
+
+    @staticmethod
+    def forward(ctx, x, streams, *wb):
+        n = len(wb) // 2
+        h = x.reshape(-1, x.shape[-1])
+        ins, pre = [h], []
+        for i in range(n):
+            w, b = wb[2 * i], wb[2 * i + 1]
+            if i < n - 1:
+                u, h = products.mm_gelu(h, w.t(), b)
+                ins.append(h)
+                pre.append(u)
+            else:
+                h = products.mm(h, w.t(), b)
+        ctx.save_for_backward(*ins, *pre, *wb[::2])
+        ctx.n, ctx.streams, ctx.shape = n, streams, x.shape
+        ctx.has_bias = [b is not None for b in wb[1::2]]
+        return h.view(*x.shape[:-1], h.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dout):
+        try:
+            return _GeluMLP._backward(ctx, dout, True)
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+            products.turn_off(exc)
+            return _GeluMLP._backward(ctx, dout, False)
+
+    @staticmethod
+    def _backward(ctx, dout, tc: bool):
+        n = ctx.n
+        saved = ctx.saved_tensors
+        ins, pre, ws = saved[:n], saved[n : 2 * n - 1], saved[2 * n - 1 :]
+        need = ctx.needs_input_grad
+        g = dout.reshape(-1, dout.shape[-1])
+        grads: list = [None] * (2 * n)
+        dx = None
+        for i in reversed(range(n)):
+            want_w, want_b = need[2 + 2 * i], need[3 + 2 * i] and ctx.has_bias[i]
+            side = fork(ctx.streams[i] if (want_w or want_b) else None, ins[i], g)
+            g_in = None
+            if i > 0:  # back through the GELU before layer i
+                if tc:
+                    g_in = products.mm_gelu_grad(g, ws[i], pre[i - 1])
+                else:
+                    g_in = torch.ops.aten.gelu_backward(g.mm(ws[i]), pre[i - 1])
+            elif need[0]:
+                dx = (products.mm(g, ws[0]) if tc else g.mm(ws[0])).view(ctx.shape)
+            with side:
+                if want_w and tc:  # the bias's column sums from the same kernel's loads
+                    grads[2 * i], grads[2 * i + 1] = products.weight_grad(g, ins[i], want_b)
+                else:
+                    grads[2 * i] = g.t().mm(ins[i]) if want_w else None
+                    grads[2 * i + 1] = column_sums(g) if want_b else None
+            g = g_in
+        return (dx, None, *grads)
+
+
+def mlp(x: torch.Tensor, layers) -> torch.Tensor:
+    """``layers[-1](gelu(... gelu(layers[0](x))))`` for linear modules (``.weight``, ``.bias``
+    or None) with torch's exact GELU between each two: the Ansatz's MLP sublayer and its phase
+    MLP. In a pass that takes the tensor-core products (`cuscikit.nnqs.products.applies`, with
+    ``products.FUSED_MLP``) one autograd function whose GELUs are in the products' kernels;
+    otherwise the layers one by one (through `linear`) with `torch.nn.functional.gelu`."""
+    w0 = layers[0].weight
+    if products.FUSED_MLP and products.applies(x, w0):
+        if all(m.weight.dtype == w0.dtype for m in layers):
+            streams = tuple(stream_for(x) for _ in layers)
+            wb = [t for m in layers for t in (m.weight, m.bias)]
+            try:
+                return _GeluMLP.apply(x, streams, *wb)
+            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+                products.turn_off(exc)
+    h = x
+    for i, m in enumerate(layers):
+        h = m(h)
+        if i < len(layers) - 1:
+            h = F.gelu(h)
+    return h
 
 
 class _Embed(torch.autograd.Function):

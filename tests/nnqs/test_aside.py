@@ -21,7 +21,7 @@ def test_linear_function_gradcheck(shape, bias):
     x = torch.randn(*shape, dtype=F64, generator=g, requires_grad=True)
     w = torch.randn(6, 5, dtype=F64, generator=g, requires_grad=True)
     b = torch.randn(6, dtype=F64, generator=g, requires_grad=True) if bias else None
-    fn = lambda x, w, b: aside._Linear.apply(x, w, b, None)  # noqa: E731
+    fn = lambda x, w, b: aside._Linear.apply(x, w, b, None, False)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, w, b))
     y = fn(x, w, b)
     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=0, atol=1e-14)
@@ -35,7 +35,7 @@ def test_linear_function_without_input_gradient():
     w = torch.randn(3, 4, dtype=F64, generator=g, requires_grad=True)
     b = torch.randn(3, dtype=F64, generator=g, requires_grad=True)
     up = torch.randn(9, 3, dtype=F64, generator=g)
-    got = torch.autograd.grad((aside._Linear.apply(x, w, b, None) * up).sum(), (w, b))
+    got = torch.autograd.grad((aside._Linear.apply(x, w, b, None, False) * up).sum(), (w, b))
     want = torch.autograd.grad((torch.nn.functional.linear(x, w, b) * up).sum(), (w, b))
     for a, e in zip(got, want, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-13)
@@ -104,7 +104,7 @@ def test_ansatz_gradient_through_the_functions(monkeypatch):
 
     def linear(x, w, b):
         calls.append("linear")
-        return aside._Linear.apply(x, w, b, None)
+        return aside._Linear.apply(x, w, b, None, False)
 
     def embed(inputs, t, p):
         calls.append("embed")

@@ -1,0 +1,166 @@
+"""The tensor-core products of `cuscikit.nnqs.products` on the GPU: against float64 at the
+shapes of N2/STO-3G's training pass, the Ansatz's float32 pass with them, and a recorded
+optimiser stage with them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
+from cuscikit.nnqs import aside, products  # noqa: E402
+from cuscikit.sci.configs import all_determinants  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _need_cuda(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    pytest.importorskip("triton")
+    monkeypatch.setattr(products, "ENABLED", True)
+
+
+def _rel(a, ref):
+    if a.is_complex():
+        a, ref = torch.view_as_real(a), torch.view_as_real(ref)
+    return float((a.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (19200, 32, 96),
+        (19200, 32, 32),
+        (19200, 32, 128),
+        (19200, 128, 32),
+        (1920, 20, 512),
+        (1920, 512, 512),
+        (1920, 512, 1),
+        (1003, 48, 144),
+    ],
+)
+def test_products_match_float64(m, k, n):
+    """Forward, input and weight gradients (with the bias's sums) to 3e-6 of the largest
+    entry, as close as cuBLAS's float32 products come (checked beside them)."""
+    g = torch.Generator(device=DEV).manual_seed(m + k + n)
+    x = torch.randn(m, k, device=DEV, generator=g)
+    w = torch.randn(n, k, device=DEV, generator=g)
+    b = torch.randn(n, device=DEV, generator=g)
+    dy = torch.randn(m, n, device=DEV, generator=g)
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    want = x64 @ w64.t() + b.double()
+    assert _rel(products.mm(x, w.t(), b), want) < 3e-6
+    assert _rel(products.mm(dy, w), dy64 @ w64) < 3e-6
+    dw, db = products.weight_grad(dy, x, True)
+    assert _rel(dw, dy64.t() @ x64) < 3e-6
+    assert _rel(db, dy64.sum(0)) < 3e-6
+    assert _rel(torch.addmm(b, x, w.t()), want) < 3e-6  # cuBLAS's, for scale
+
+
+@pytest.mark.parametrize("fused_mlp", [True, False])
+def test_float32_pass_with_the_products_matches_float64(fused_mlp, monkeypatch):
+    """N2's ansatz over 1,920 configurations: ln psi within 1e-5 of float64 (as the pass with
+    cuBLAS's products), the gradient of a weighted loss within 1e-4 of float64's, and the
+    kernel taken by every linear layer (the phase MLP's included), with each MLP's GELUs in
+    the kernels or apart."""
+    monkeypatch.setattr(products, "FUSED_MLP", fused_mlp)
+    mol = Molecule.load("N2")
+    psi32 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float32, device="cuda")
+    psi64 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device="cuda")
+    x = all_determinants(mol.norb, mol.nelec)
+    x = x[:: max(1, len(x) // 1920)][:1920]
+    calls = []
+    launch = products._launch
+
+    def counted(*a, **kw):
+        calls.append(a[0].shape)
+        return launch(*a, **kw)
+
+    def run(psi, on):
+        products.ENABLED = on
+        with aside.gradients_aside(DEV):
+            lp = psi.log_psi(x)
+            weights = torch.linspace(-1, 1, len(x), device=DEV, dtype=lp.real.dtype)
+            loss = (lp.real * weights).sum() + lp.imag.sum()
+            grads = torch.autograd.grad(loss, list(psi.parameters()))
+            aside.join(DEV)
+        return lp.detach(), grads
+
+    products._launch = counted
+    try:
+        lp_tc, g_tc = run(psi32, True)
+    finally:
+        products._launch = launch
+    n_linear = sum(1 for m in psi32.modules() if isinstance(m, torch.nn.Linear))
+    # forward, input and weight gradient of each but the head (the tail kernel's); no input
+    # gradient for the phase MLP's first layer (its input is the occupations)
+    assert len(calls) >= 3 * (n_linear - 1) - 1
+    lp_32, _ = run(psi32, False)
+    lp_64, g_64 = run(psi64, False)
+    err_tc = float((lp_tc - lp_64).abs().max())
+    err_32 = float((lp_32 - lp_64).abs().max())
+    assert err_tc <= max(1e-5, 2 * err_32), (err_tc, err_32)
+    for a, c in zip(g_tc, g_64, strict=True):
+        if c.abs().max() > 0:
+            assert _rel(a, c) < 1e-4
+
+
+def test_recorded_stage_with_the_products_equals_its_body():
+    """A float32 N2 run with the products and the teacher's 16 inner steps: one recorded
+    stage (17 passes) from a saved state gives the weights that the same stage's body run
+    without a recording gives (the same kernels: float32 rounding apart at most)."""
+    from cuscikit.nnqs.graphs import OptimizerGraph
+
+    mol = Molecule.load("N2")
+    ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float32, device="cuda")
+    runner = Runner(mol, ansatz, seed=0, topk=256, graphs=True, teacher_inner_steps=16)
+    runner.run(3, progress=False)
+    stage, seen = runner._graph_stage, {}
+    run = stage.run
+
+    def spy(*args, **kw):
+        seen.update(args=args, kw=kw)
+        seen["weights"] = copy.deepcopy(runner.ansatz.state_dict())
+        seen["adamw"] = copy.deepcopy(runner.optimizer.state_dict())
+        return run(*args, **kw)
+
+    stage.run = spy
+    try:
+        runner.run(1, progress=False)
+    finally:
+        del stage.run
+    assert seen["args"][5] == 16
+    out = {}
+    for recorded in (True, False):
+        psi = copy.deepcopy(runner.ansatz)
+        psi.load_state_dict(seen["weights"])
+        opt = torch.optim.AdamW(psi.parameters())
+        opt.load_state_dict(copy.deepcopy(seen["adamw"]))
+        calls = []
+        launch = products._launch
+
+        def counted(*a, launch=launch, calls=calls, **kw):
+            calls.append(1)
+            return launch(*a, **kw)
+
+        products._launch = counted
+        try:
+            res = OptimizerGraph(psi, opt, use_graph=recorded).run(*seen["args"], **seen["kw"])
+        finally:
+            products._launch = launch
+        assert calls  # the passes took the kernel
+        out[recorded] = res, {k: p.detach().clone() for k, p in psi.named_parameters()}
+    (loss_g, *flags_g), w_g = out[True]
+    (loss_e, *flags_e), w_e = out[False]
+    assert flags_g == flags_e == [True, True]
+    assert abs(loss_g - loss_e) <= 1e-5 * max(1.0, abs(loss_e))
+    moved = max(float((p - seen["weights"][k]).abs().max()) for k, p in w_e.items())
+    assert moved > 1e-5
+    for k, p in w_g.items():
+        torch.testing.assert_close(p, w_e[k], rtol=0, atol=1e-5, msg=k)
