@@ -12,10 +12,13 @@ float32 (`cuscikit.nnqs._triton.tf32x3`): about float32's accuracy, not its roun
 gradient splits the rows over programs, each writing its partial product (and, for the bias,
 its partial column sums of ``dy``), summed over the splits in a fixed order.
 
-`cuscikit.nnqs.aside.linear` (the Ansatz's linear layers, the phase MLP's included) takes these
-products in a float32 pass that records a gradient on a CUDA device (`applies`) when
-``ENABLED``; float64 and inference keep torch's. A kernel that fails to build turns them off
-with a warning.
+`cuscikit.nnqs.aside.linear` (the Ansatz's linear layers) takes these products in a float32
+pass that records a gradient on a CUDA device (`applies`): by default (``ENABLED``) for the
+layers no wider than ``MAX_WIDTH`` = 256, the transformer's; the phase MLP's 512-wide layers
+keep cuBLAS's, which are faster there (on an H100 the default N2/STO-3G iteration with the
+teacher took 18.1 ms against 20.4 with cuBLAS's products everywhere, docs/performance.md,
+"tensor-core-products"). Float64 and inference keep torch's. A kernel that fails to build turns
+them off with a warning.
 
 Example (needs a CUDA GPU and Triton):
     >>> import torch
@@ -39,6 +42,7 @@ from cuscikit.nnqs._triton import gelu, gelu_grad, interpreting, tf32x3, tl, tri
 __all__ = [
     "ENABLED",
     "FUSED_MLP",
+    "MAX_WIDTH",
     "applies",
     "mm",
     "mm_gelu",
@@ -49,7 +53,12 @@ __all__ = [
 ]
 
 #: True: a float32 training pass's linear layers take these products (see the module).
-ENABLED = False
+ENABLED = True
+#: A layer whose weight is wider than this (in or out) keeps torch's products (None: no
+#: limit): 256 takes the transformer's layers up to d_model 64 (its MLP 4 d_model wide) and
+#: leaves the phase MLP's 512-wide ones to cuBLAS, which is faster there (measured on an H100
+#: at N2/STO-3G's shapes, docs/performance.md).
+MAX_WIDTH: int | None = 256
 #: True (with ENABLED): an MLP's layers and the GELUs between them are one autograd function
 #: (`cuscikit.nnqs.aside.mlp`) whose GELUs are in the products' kernels (the forward one in
 #: the layer before, its derivative in the input gradient of the layer after).
@@ -63,7 +72,8 @@ _SMS: dict = {}  # device index -> multiprocessors
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear layer over ``x`` takes these products: ``ENABLED``, Triton present and
     working, a gradient being recorded, float32 ``x`` and ``weight`` on a CUDA device (any
-    device under the Triton interpreter), not inside `torch.compile`.
+    device under the Triton interpreter), ``weight`` no wider than ``MAX_WIDTH``, not inside
+    `torch.compile`.
 
     Example:
         >>> applies(torch.zeros(4, 8), torch.zeros(2, 8))   # CPU tensors
@@ -74,6 +84,8 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     if not (x.is_cuda or interpreting()):
+        return False
+    if MAX_WIDTH is not None and max(weight.shape) > MAX_WIDTH:
         return False
     return not torch.compiler.is_compiling()
 

@@ -63,13 +63,14 @@ def test_products_match_float64(m, k, n):
     assert _rel(torch.addmm(b, x, w.t()), want) < 3e-6  # cuBLAS's, for scale
 
 
-@pytest.mark.parametrize("fused_mlp", [True, False])
-def test_float32_pass_with_the_products_matches_float64(fused_mlp, monkeypatch):
+@pytest.mark.parametrize("fused_mlp,max_width", [(True, None), (False, None), (True, 256)])
+def test_float32_pass_with_the_products_matches_float64(fused_mlp, max_width, monkeypatch):
     """N2's ansatz over 1,920 configurations: ln psi within 1e-5 of float64 (as the pass with
     cuBLAS's products), the gradient of a weighted loss within 1e-4 of float64's, and the
-    kernel taken by every linear layer (the phase MLP's included), with each MLP's GELUs in
-    the kernels or apart."""
+    kernel taken by every linear layer (without MAX_WIDTH: the phase MLP's included; with 256:
+    the transformer's only), with each MLP's GELUs in the kernels or apart."""
     monkeypatch.setattr(products, "FUSED_MLP", fused_mlp)
+    monkeypatch.setattr(products, "MAX_WIDTH", max_width)
     mol = Molecule.load("N2")
     psi32 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float32, device="cuda")
     psi64 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device="cuda")
@@ -97,10 +98,13 @@ def test_float32_pass_with_the_products_matches_float64(fused_mlp, monkeypatch):
         lp_tc, g_tc = run(psi32, True)
     finally:
         products._launch = launch
-    n_linear = sum(1 for m in psi32.modules() if isinstance(m, torch.nn.Linear))
+    linears = [m for m in psi32.modules() if isinstance(m, torch.nn.Linear)]
+    narrow = [m for m in linears if max(m.weight.shape) <= (max_width or max(m.weight.shape))]
     # forward, input and weight gradient of each but the head (the tail kernel's); no input
     # gradient for the phase MLP's first layer (its input is the occupations)
-    assert len(calls) >= 3 * (n_linear - 1) - 1
+    assert len(calls) >= 3 * (len(narrow) - 1) - (max_width is None)
+    # every call of a phase MLP layer has a 512-wide operand; the transformer's none
+    assert any(512 in shape for shape in calls) == (max_width is None)
     lp_32, _ = run(psi32, False)
     lp_64, g_64 = run(psi64, False)
     err_tc = float((lp_tc - lp_64).abs().max())

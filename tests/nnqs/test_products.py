@@ -25,6 +25,21 @@ def test_products_apply_only_to_float32_training_passes_on_a_gpu(monkeypatch):
     assert not products.applies(x, w)
 
 
+def test_products_skip_layers_wider_than_max_width(monkeypatch):
+    """A weight wider than MAX_WIDTH, in or out, keeps torch's products (the interpreter
+    stands in for a GPU so that only the width decides)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    monkeypatch.setattr(products, "ENABLED", True)
+    monkeypatch.setattr(products, "MAX_WIDTH", 128)
+    x = torch.zeros(4, 128)
+    assert products.applies(x, torch.zeros(128, 128))
+    assert not products.applies(x, torch.zeros(129, 128))
+    assert not products.applies(torch.zeros(4, 512), torch.zeros(1, 512))
+    monkeypatch.setattr(products, "MAX_WIDTH", None)
+    assert products.applies(torch.zeros(4, 512), torch.zeros(512, 512))
+
+
 def test_mm_rejects_bad_operands():
     with pytest.raises(ValueError, match="K\\) @ \\(K"):
         products.mm(torch.zeros(3, 4), torch.zeros(5, 2))
