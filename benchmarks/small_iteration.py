@@ -45,10 +45,14 @@ takes the tile kernels either way); ``graph-attn-heads-all``
 4 warps a program.
 
 ``graph-tc-products`` runs the float32 linear layers' products (forward, input and weight
-gradients, the phase MLP's included) as one Triton kernel each with three TF32 products on the
-tensor cores (``cuscikit.nnqs.products.ENABLED``), each MLP's GELUs in those kernels
-(``products.FUSED_MLP``; ``graph-tc-products-apart`` without), ``graph-torch-products`` with
-cuBLAS's.
+gradients) as one Triton kernel each with three TF32 products on the tensor cores
+(``cuscikit.nnqs.products.ENABLED``, the package's default) for the layers the package's
+``products.MAX_WIDTH`` admits, each MLP's GELUs in those kernels (``products.FUSED_MLP``;
+``graph-tc-products-apart`` without); ``graph-tc-wide`` for every layer (the phase MLP's
+512-wide ones included), ``graph-tc-narrow`` for those no wider than 256 (the transformer's),
+``graph-torch-products`` with cuBLAS's everywhere, ``graph-tf32`` with cuBLAS's in one TF32
+pass (``torch.backends.cuda.matmul.allow_tf32``; about 1e-3 relative error a product: a speed
+comparison, not a path within float32's accuracy).
 
 ``graph-noprefetch`` waits for the recorded stage before the next iteration's ln psi over S is
 queued (``graphs.PREFETCH = False``; by default it is queued right after the stage).
@@ -198,6 +202,13 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the same with each MLP's layers and GELUs apart (``products.FUSED_MLP = False``)
     "graph-tc-products-apart": {"graphs": True, "products": True, "fused_mlp": False},
     "graph-torch-products": {"graphs": True, "products": False},
+    # the tensor-core products only for layers no wider than 256 (``products.MAX_WIDTH``:
+    # the transformer's), the phase MLP's 512-wide layers with cuBLAS's; and for every layer
+    "graph-tc-narrow": {"graphs": True, "products": True, "max_width": 256},
+    "graph-tc-wide": {"graphs": True, "products": True, "max_width": None},
+    # cuBLAS's float32 products in one TF32 pass (torch.backends.cuda.matmul.allow_tf32):
+    # about 1e-3 relative error a product, not float32's accuracy; a speed comparison only
+    "graph-tf32": {"graphs": True, "tf32": True},
     # the recorded stage writing S's tokens, pairs and diagonal into its buffers every
     # iteration (``OptimizerGraph.reuse_inputs = False``) and with the gradients on one stream
     "graph-rewrite": {"graphs": True, "reuse_inputs": False},
@@ -220,6 +231,7 @@ _ASIDE_DEFAULTS = (
 
 _ATTN_ROWS = dict(getattr(fused_ops, "_ATTN_ROWS", {}))  # the package's default
 _PRODUCTS_DEFAULT = getattr(products, "ENABLED", False)
+_MAX_WIDTH = getattr(products, "MAX_WIDTH", None)
 
 
 def load_system(name: str):
@@ -268,9 +280,13 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
         graphs.PREFETCH = prefetch
     tc = options.pop("products", _PRODUCTS_DEFAULT)
     fused_mlp = options.pop("fused_mlp", True)
+    max_width = options.pop("max_width", _MAX_WIDTH)
     if products is not None:  # a package with the tensor-core products
         products.ENABLED = tc
         products.FUSED_MLP = fused_mlp
+        if hasattr(products, "MAX_WIDTH"):
+            products.MAX_WIDTH = max_width
+    torch.backends.cuda.matmul.allow_tf32 = options.pop("tf32", False)
     reuse = options.pop("reuse_space", True)
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=dtype, device="cuda")
     runner = Runner(mol, ansatz, seed=0, verbose=0, **options)
