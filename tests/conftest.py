@@ -40,6 +40,29 @@ def count_calls(monkeypatch, owner, name: str) -> list:
     return calls
 
 
+def next_recorded_stage(runner) -> dict:
+    """One more iteration of ``runner`` (a Runner with a recorded optimiser stage); returns the
+    stage's arguments (``args``, ``kw``) and the weights and AdamW state just before it
+    (``weights``, ``adamw``)."""
+    import copy
+
+    stage, seen = runner._graph_stage, {}
+    run = stage.run
+
+    def spy(*args, **kw):
+        seen.update(args=args, kw=kw)
+        seen["weights"] = copy.deepcopy(runner.ansatz.state_dict())
+        seen["adamw"] = copy.deepcopy(runner.optimizer.state_dict())
+        return run(*args, **kw)
+
+    stage.run = spy
+    try:
+        runner.run(1, progress=False)
+    finally:
+        del stage.run
+    return seen
+
+
 def run_interpreted(script: str, timeout: float = 300):
     """Run a Python script in a fresh process under Triton's interpreter (the kernels on the
     CPU); skips without Triton, fails with the process's output if it fails. Returns its

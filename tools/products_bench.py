@@ -9,9 +9,9 @@ replayed) and the largest error against float64, relative to the largest entry.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from stage_parts import wall_ms  # the same replay timer (tools/ is on the path)
 
 from cuscikit.nnqs import aside, graphs, products
 
@@ -25,17 +25,7 @@ def per_call_us(fn, calls: int = 50, reps: int = 20) -> float:
         for _ in range(calls):
             fn()
 
-    graph = graphs.record(many, DEV)[0]
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] / calls * 1e6
+    return wall_ms(graphs.record(many, DEV)[0], reps) / calls * 1e3
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
 from cuscikit.nnqs.runner import LearningRateDecay, NonFiniteLossError  # noqa: E402
-from tests.conftest import count_calls  # noqa: E402
+from tests.conftest import count_calls, next_recorded_stage  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 COLUMNS = ["e_tot", "e_coupled", "e_variational", "e_pt2", "loss"]
@@ -98,28 +98,6 @@ def test_graphed_stage_with_the_teacher_matches_eager_stage(name, hold):
         torch.testing.assert_close(a, b, rtol=0, atol=tol_w)
 
 
-def _next_stage(runner) -> dict:
-    """One more iteration of ``runner``; returns its recorded stage's arguments and the weights
-    and AdamW state just before the stage."""
-    import copy
-
-    stage, seen = runner._graph_stage, {}
-    run = stage.run
-
-    def spy(*args, **kw):
-        seen.update(args=args, kw=kw)
-        seen["weights"] = copy.deepcopy(runner.ansatz.state_dict())
-        seen["adamw"] = copy.deepcopy(runner.optimizer.state_dict())
-        return run(*args, **kw)
-
-    stage.run = spy
-    try:
-        runner.run(1, progress=False)
-    finally:
-        del stage.run
-    return seen
-
-
 @pytest.mark.parametrize("name", ["N2", "Hubbard-6-ring-U4"])
 def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
     """A run with the defaults uses the side streams (`aside.ENABLED` over
@@ -145,7 +123,7 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
     roles = {role for _, role in aside._streams}
     assert roles == {"phase"} | {f"gradients {i}" for i in range(4)}
     assert not aside._held and not aside._pending
-    seen = _next_stage(runner)
+    seen = next_recorded_stage(runner)
     assert seen["args"][5] == 16
     results = {}
     for switches in [
@@ -191,7 +169,7 @@ def test_a_recording_has_room_for_more_pairs():
 
     runner = _runner("N2", graphs=True, topk=1024)
     runner.run(5, progress=False)
-    seen = _next_stage(runner)
+    seen = next_recorded_stage(runner)
     configs, w, de, hdiag, (src, dst, val), inner = seen["args"][:6]
     assert seen["kw"].get("teacher") is None
     n, m = len(configs), len(src)

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from cuscikit import Ansatz, Molecule, Runner  # noqa: E402
 from cuscikit.nnqs import aside, products  # noqa: E402
 from cuscikit.sci.configs import all_determinants  # noqa: E402
+from tests.conftest import next_recorded_stage  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -125,20 +126,7 @@ def test_recorded_stage_with_the_products_equals_its_body():
     ansatz = Ansatz.for_molecule(mol, seed=0, dtype=torch.float32, device="cuda")
     runner = Runner(mol, ansatz, seed=0, topk=256, graphs=True, teacher_inner_steps=16)
     runner.run(3, progress=False)
-    stage, seen = runner._graph_stage, {}
-    run = stage.run
-
-    def spy(*args, **kw):
-        seen.update(args=args, kw=kw)
-        seen["weights"] = copy.deepcopy(runner.ansatz.state_dict())
-        seen["adamw"] = copy.deepcopy(runner.optimizer.state_dict())
-        return run(*args, **kw)
-
-    stage.run = spy
-    try:
-        runner.run(1, progress=False)
-    finally:
-        del stage.run
+    seen = next_recorded_stage(runner)
     assert seen["args"][5] == 16
     out = {}
     for recorded in (True, False):
