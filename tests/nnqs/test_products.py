@@ -56,6 +56,7 @@ _INTERPRETED = textwrap.dedent(
     from cuscikit.sci.configs import all_determinants
 
     P.ENABLED = True
+    P.MAX_WIDTH = None  # every layer, the phase MLP's 512-wide ones included
     g = torch.Generator().manual_seed(0)
 
     def rel(a, ref):
