@@ -66,6 +66,8 @@ FUSED_MLP = True
 _failed: str | None = None  # why the kernel was turned off
 _BK = 32  # the reduction's step (rows of the operands a program loads at once)
 _WARPS = 4
+_STAGES: int | None = None  # Triton's pipelining depth of the reduction's loop (None: its own)
+_WG_PER_SM = 2  # a weight gradient's programs: about this many a multiprocessor
 _SMS: dict = {}  # device index -> multiprocessors
 
 
@@ -231,6 +233,7 @@ def _launch(a, b, bias, splits: int, sums: bool, act: int = 0, u=None):
             BN=bn,
             BK=_BK,
             num_warps=_WARPS,
+            **({} if _STAGES is None else {"num_stages": _STAGES}),
         )
     return c, (s if sums else None)
 
@@ -266,13 +269,13 @@ def weight_grad(
     dy: torch.Tensor, x: torch.Tensor, bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A linear layer's ``(dy^T @ x, dy.sum(0) or None)`` for float32 ``dy`` (rows, out) and
-    ``x`` (rows, in): the rows split over about two programs per multiprocessor, each split's
-    partial product (and with ``bias`` its partial column sums of dy, from the same loads)
-    written apart and summed over the splits in a fixed order."""
+    ``x`` (rows, in): the rows split over about ``_WG_PER_SM`` (2) programs a multiprocessor,
+    each split's partial product (and with ``bias`` its partial column sums of dy, from the same
+    loads) written apart and summed over the splits in a fixed order."""
     _check(dy.t(), x)
     rows = x.shape[0]
     tiles = -(-dy.shape[1] // _tile(dy.shape[1])) * -(-x.shape[1] // _tile(x.shape[1]))
-    splits = max(1, min(-(-rows // (4 * _BK)), (2 * _sms(x.device)) // tiles))
+    splits = max(1, min(-(-rows // (4 * _BK)), (_WG_PER_SM * _sms(x.device)) // tiles))
     c, s = _launch(dy.t(), x, None, splits, bias)
     dw = c[0] if c.shape[0] == 1 else c.sum(0)
     db = None if s is None else (s[0] if s.shape[0] == 1 else s.sum(0))

@@ -90,6 +90,25 @@ _INTERPRETED = textwrap.dedent(
             assert P.weight_grad(dy, x, False)[1] is None
     assert max(splits) > 1 and min(splits) == 1, splits
 
+    # other launch settings (the reduction's step, tiles of 16 or up to 128, fewer or more
+    # weight-gradient programs, a pipelining depth): the same products to the same accuracy
+    saved = (P._BK, P._tile, P._WG_PER_SM, P._STAGES)
+    tile128 = lambda n: 128 if n % 128 == 0 else 32
+    for bk, tile, wg in ((16, lambda n: 16, 8), (64, tile128, 1)):
+        P._BK, P._tile, P._WG_PER_SM, P._STAGES = bk, tile, wg, 2
+        for m, k, n in ((256, 32, 96), (37, 20, 128)):
+            a = torch.randn(m, k, generator=g)
+            w = torch.randn(n, k, generator=g)
+            b = torch.randn(n, generator=g)
+            ref = a.double() @ w.double().t() + b.double()
+            assert rel(P.mm(a, w.t(), b), ref) < 3e-6, (bk, m, k, n)
+            dy = torch.randn(997, n, generator=g)
+            x = torch.randn(997, k, generator=g)
+            dw, db = P.weight_grad(dy, x, True)
+            assert rel(dw, dy.double().t() @ x.double()) < 3e-6, ("dw", bk, k, n)
+            assert rel(db, dy.double().sum(0)) < 3e-6, ("db", bk, n)
+    P._BK, P._tile, P._WG_PER_SM, P._STAGES = saved
+
     # a linear layer through aside.linear: both ways, with and without a bias, against
     # float64, and an input without a gradient
     for bias in (True, False):
