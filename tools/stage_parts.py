@@ -105,12 +105,14 @@ def main() -> None:
         choices=["default", "tc", "tc-apart", "torch"],
         default="default",
         help="the linear layers' float32 products: the package's default, the tensor-core "
-        "kernel (cuscikit.nnqs.products), the same with each MLP's GELUs apart, or cuBLAS's",
+        "kernel (cuscikit.nnqs.products) for every layer (no MAX_WIDTH), the same with each "
+        "MLP's GELUs apart, or cuBLAS's",
     )
     args = ap.parse_args()
     if args.products != "default":
         products.ENABLED = args.products.startswith("tc")
         products.FUSED_MLP = args.products == "tc"
+        products.MAX_WIDTH = None
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     dtype = torch.float64 if args.float64 else torch.float32
@@ -211,7 +213,8 @@ def main() -> None:
     rows = []
     print(
         f"# {args.system}, {dtype}, {n} padded rows, {passes} passes a replay, "
-        f"tensor-core products {'on' if products.ENABLED else 'off'}"
+        f"tensor-core products {'on' if products.ENABLED else 'off'} "
+        f"(layers up to {products.MAX_WIDTH or 'any'} wide)"
     )
     print("| variant | ms a replay | ms a pass |\n| --- | --- | --- |", flush=True)
     for label, make in variants:
@@ -231,6 +234,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "products": products.ENABLED,
+            "products_max_width": products.MAX_WIDTH,
         }
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
