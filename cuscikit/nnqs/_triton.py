@@ -1,5 +1,6 @@
 """Triton where the installation has it (CUDA builds of torch ship it; the package imports
-without it) and the helpers the Triton kernels of `fast_infer` and `fused_ops` share."""
+without it) and the helpers the Triton kernels of `fast_infer`, `fused_ops` and `products`
+share."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ except ImportError:  # pragma: no cover - depends on the installation
     triton = None
     tl = None
 
-__all__ = ["gelu", "gelu_grad", "interpreting", "pow2", "tf32", "tf32x3", "tl", "triton"]
+__all__ = [
+    "gelu",
+    "gelu_grad",
+    "interpreting",
+    "pow2",
+    "tf32",
+    "tf32x3",
+    "tl",
+    "training_pass",
+    "triton",
+]
 
 
 def pow2(n: int) -> int:
@@ -28,6 +39,25 @@ def pow2(n: int) -> int:
 def interpreting() -> bool:
     """Whether Triton runs its kernels in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def training_pass(x) -> bool:
+    """Whether a pass over the tensor ``x`` may take Triton's training kernels: Triton present,
+    a gradient being recorded, ``x`` on a CUDA device (any device under the interpreter), not
+    inside `torch.compile` (which traces torch's own operations).
+
+    Example:
+        >>> import torch
+        >>> training_pass(torch.zeros(3))   # a CPU tensor
+        False
+    """
+    import torch
+
+    if triton is None or not torch.is_grad_enabled():
+        return False
+    if not (x.is_cuda or interpreting()):
+        return False
+    return not torch.compiler.is_compiling()
 
 
 if triton is not None:

@@ -69,7 +69,15 @@ import warnings
 import torch
 
 from cuscikit.nnqs import aside
-from cuscikit.nnqs._triton import gelu, gelu_grad, interpreting, pow2, tf32x3, tl, triton
+from cuscikit.nnqs._triton import (
+    gelu,
+    gelu_grad,
+    pow2,
+    tf32x3,
+    tl,
+    training_pass,
+    triton,
+)
 
 __all__ = [
     "ADD_NORM_ENABLED",
@@ -153,13 +161,9 @@ def active(x: torch.Tensor) -> bool:
         >>> active(torch.zeros(3, requires_grad=True))   # a CPU tensor
         False
     """
-    if not ENABLED or triton is None or _failed is not None:
+    if not ENABLED or _failed is not None or x.dtype not in (torch.float32, torch.float64):
         return False
-    if not torch.is_grad_enabled() or x.dtype not in (torch.float32, torch.float64):
-        return False
-    if not (x.is_cuda or interpreting()):
-        return False
-    return not torch.compiler.is_compiling()
+    return training_pass(x)
 
 
 def _turn_off(exc: Exception, part: str = "all") -> None:

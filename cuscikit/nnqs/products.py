@@ -37,7 +37,7 @@ import warnings
 
 import torch
 
-from cuscikit.nnqs._triton import gelu, gelu_grad, interpreting, tf32x3, tl, triton
+from cuscikit.nnqs._triton import gelu, gelu_grad, tf32x3, tl, training_pass, triton
 
 __all__ = [
     "ENABLED",
@@ -81,15 +81,11 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         >>> applies(torch.zeros(4, 8), torch.zeros(2, 8))   # CPU tensors
         False
     """
-    if not usable() or not torch.is_grad_enabled():
-        return False
-    if x.dtype != torch.float32 or weight.dtype != torch.float32:
-        return False
-    if not (x.is_cuda or interpreting()):
+    if not usable() or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     if MAX_WIDTH is not None and max(weight.shape) > MAX_WIDTH:
         return False
-    return not torch.compiler.is_compiling()
+    return training_pass(x)
 
 
 def usable() -> bool:

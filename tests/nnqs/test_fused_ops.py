@@ -11,12 +11,13 @@ torch = pytest.importorskip("torch")
 
 from cuscikit import Ansatz  # noqa: E402
 from cuscikit.nnqs import fused_ops  # noqa: E402
+from cuscikit.nnqs._triton import interpreting  # noqa: E402
 from tests.conftest import run_interpreted  # noqa: E402
 
 
 def test_cpu_passes_keep_torch_kernels():
     """On the CPU (no interpreter) the kernels are not taken and the results are torch's."""
-    if fused_ops.interpreting():
+    if interpreting():
         pytest.skip("the Triton interpreter runs the kernels on the CPU")
     x = torch.randn(6, 5, 8, dtype=torch.float64, requires_grad=True)
     w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
@@ -413,7 +414,7 @@ def test_coarse_products_are_checked():
 
 def test_fused_block_stays_off_on_the_cpu():
     """Without the interpreter a CPU pass keeps the module's block, switch on or off."""
-    if fused_ops.interpreting():
+    if interpreting():
         pytest.skip("the Triton interpreter runs the kernels on the CPU")
     from cuscikit.nnqs.ansatz import _Block
 

@@ -10,13 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuscikit.nnqs import products  # noqa: E402
+from cuscikit.nnqs._triton import interpreting  # noqa: E402
 from tests.conftest import run_interpreted  # noqa: E402
 
 
 def test_products_apply_only_to_float32_training_passes_on_a_gpu(monkeypatch):
     monkeypatch.setattr(products, "ENABLED", True)
     x, w = torch.zeros(4, 8), torch.zeros(2, 8)
-    if not products.interpreting():
+    if not interpreting():
         assert not products.applies(x, w)  # a CPU tensor
     assert not products.applies(x.double(), w.double())
     with torch.no_grad():
