@@ -258,21 +258,40 @@ def column_sums(t: torch.Tensor) -> torch.Tensor:
     return ones @ t
 
 
+def _with_products(fn, tc: bool):
+    """``fn(tc)``; where the products' kernel fails to build or run, the products turned off
+    (`cuscikit.nnqs.products.turn_off`) and ``fn(False)``, torch's."""
+    try:
+        return fn(tc)
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
+        if not tc:
+            raise
+        products.turn_off(exc)
+        return fn(False)
+
+
+def _weight_grads(dy: torch.Tensor, x: torch.Tensor, want_w: bool, want_b: bool, tc: bool):
+    """A linear layer's ``(dy^T x, dy's column sums)``, None where not wanted: with ``tc`` the
+    products' kernel (the bias's sums from the same loads), else torch's."""
+    if want_w and tc:
+        return products.weight_grad(dy, x, want_b)
+    return (dy.t().mm(x) if want_w else None, column_sums(dy) if want_b else None)
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, stream, tc):
         x2 = x.reshape(-1, x.shape[-1])
-        y = None
-        if tc:
-            try:
-                y = products.mm(x2, weight.t(), bias)
-            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-                products.turn_off(exc)
-                tc = False
-        if y is None:
-            y = x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
+
+        def product(on: bool) -> torch.Tensor:
+            if on:
+                return products.mm(x2, weight.t(), bias)
+            return x2.mm(weight.t()) if bias is None else torch.addmm(bias, x2, weight.t())
+
+        y = _with_products(product, tc)
         ctx.save_for_backward(x2, weight)
-        ctx.stream, ctx.shape, ctx.has_bias, ctx.tc = stream, x.shape, bias is not None, tc
+        ctx.stream, ctx.shape, ctx.has_bias = stream, x.shape, bias is not None
+        ctx.tc = tc and products.usable()
         return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -282,26 +301,16 @@ class _Linear(torch.autograd.Function):
         want_x, want_w, want_b = ctx.needs_input_grad[:3]
         want_b = want_b and ctx.has_bias
         side = fork(ctx.stream if (want_w or want_b) else None, x2, dy2)
-        dx = dw = db = None
-        tc = ctx.tc and products.usable()
-        if tc:
-            try:
-                if want_x:
-                    dx = products.mm(dy2, weight).view(ctx.shape)
-                with side:
-                    if want_w:  # the bias's column sums from the same kernel's loads
-                        dw, db = products.weight_grad(dy2, x2, want_b)
-                    elif want_b:
-                        db = column_sums(dy2)
-            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-                products.turn_off(exc)
-                tc = False
-        if not tc:
-            dx = dy2.mm(weight).view(ctx.shape) if want_x else None
+
+        def grads(tc: bool):
+            dx = None
+            if want_x:
+                dx = (products.mm(dy2, weight) if tc else dy2.mm(weight)).view(ctx.shape)
             with side:
-                dw = dy2.t().mm(x2) if want_w else None
-                db = column_sums(dy2) if want_b else None
-        return dx, dw, db, None, None
+                dw, db = _weight_grads(dy2, x2, want_w, want_b, tc)
+            return dx, dw, db, None, None
+
+        return _with_products(grads, ctx.tc and products.usable())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -340,11 +349,7 @@ class _GeluMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        try:
-            return _GeluMLP._backward(ctx, dout, True)
-        except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-            products.turn_off(exc)
-            return _GeluMLP._backward(ctx, dout, False)
+        return _with_products(lambda tc: _GeluMLP._backward(ctx, dout, tc), True)
 
     @staticmethod
     def _backward(ctx, dout, tc: bool):
@@ -367,11 +372,7 @@ class _GeluMLP(torch.autograd.Function):
             elif need[0]:
                 dx = (products.mm(g, ws[0]) if tc else g.mm(ws[0])).view(ctx.shape)
             with side:
-                if want_w and tc:  # the bias's column sums from the same kernel's loads
-                    grads[2 * i], grads[2 * i + 1] = products.weight_grad(g, ins[i], want_b)
-                else:
-                    grads[2 * i] = g.t().mm(ins[i]) if want_w else None
-                    grads[2 * i + 1] = column_sums(g) if want_b else None
+                grads[2 * i], grads[2 * i + 1] = _weight_grads(g, ins[i], want_w, want_b, tc)
             g = g_in
         return (dx, None, *grads)
 

@@ -41,6 +41,42 @@ def test_products_skip_layers_wider_than_max_width(monkeypatch):
     assert products.applies(torch.zeros(4, 512), torch.zeros(512, 512))
 
 
+def test_a_failing_kernel_turns_the_products_off_with_torchs_results(monkeypatch):
+    """A kernel that fails in the forward (or, the forward done, in the backward) turns the
+    products off with one warning, and the layer's output and gradients are torch's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # applies on the CPU; the kernels never run
+    pytest.importorskip("triton")
+    from cuscikit.nnqs import aside
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 8, generator=g, requires_grad=True)
+    w = torch.randn(3, 8, generator=g, requires_grad=True)
+    b = torch.randn(3, generator=g, requires_grad=True)
+    want = torch.nn.functional.linear(x, w, b)
+    want_grads = torch.autograd.grad(want.sum(), (x, w, b))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel here")
+
+    for where in ("mm", "weight_grad"):
+        monkeypatch.setattr(products, "ENABLED", True)
+        monkeypatch.setattr(products, "_failed", None)
+        assert products.applies(x, w)
+        with monkeypatch.context() as m:
+            m.setattr(products, where, broken)
+            if where == "weight_grad":  # the forward takes the kernel: torch's product here
+                m.setattr(
+                    products, "mm", lambda a, c, bias=None: a @ c + (0 if bias is None else bias)
+                )
+            with pytest.warns(RuntimeWarning, match="no kernel here"):
+                y = aside.linear(x, w, b)
+                grads = torch.autograd.grad(y.sum(), (x, w, b))
+        assert products._failed is not None and not products.applies(x, w)
+        torch.testing.assert_close(y, want, rtol=0, atol=1e-6)
+        for got, ref in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+
+
 def test_mm_rejects_bad_operands():
     with pytest.raises(ValueError, match="K\\) @ \\(K"):
         products.mm(torch.zeros(3, 4), torch.zeros(5, 2))
