@@ -28,12 +28,21 @@ def per_call_us(fn, calls: int = 50, reps: int = 20) -> float:
     return wall_ms(graphs.record(many, DEV)[0], reps) / calls * 1e3
 
 
-def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+def rel(a, ref) -> float:
+    """The largest error of ``a`` against ``ref`` relative to ref's largest entry (of pairs of
+    tensors: the larger of the two)."""
+    if isinstance(ref, tuple):
+        return max(rel(x, r) for x, r in zip(a, ref, strict=True))
     return float((a.double() - ref).abs().max() / ref.abs().max())
 
 
-def _cases(x, w, b, dy) -> list:
-    """(product, cuBLAS's call, the kernel's call, float64's result) of one layer."""
+def layer_cases(m: int, k: int, n: int, g: torch.Generator) -> list:
+    """(product, cuBLAS's call, the kernel's call, float64's result) of a random layer
+    ``k -> n`` over ``m`` rows: its forward, input gradient and weight gradient with the bias."""
+    x = torch.randn(m, k, device=DEV, generator=g)
+    w = torch.randn(n, k, device=DEV, generator=g) / k**0.5
+    b = torch.randn(n, device=DEV, generator=g)
+    dy = torch.randn(m, n, device=DEV, generator=g)
     x64, w64, dy64 = x.double(), w.double(), dy.double()
     return [
         (
@@ -78,18 +87,8 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |"
     )
     for label, m, k, n in shapes:
-        x = torch.randn(m, k, device=DEV, generator=g)
-        w = torch.randn(n, k, device=DEV, generator=g) / k**0.5
-        b = torch.randn(n, device=DEV, generator=g)
-        dy = torch.randn(m, n, device=DEV, generator=g)
-        cases = _cases(x, w, b, dy)
-        for what, ref_fn, tc_fn, want in cases:
-            got_ref, got_tc = ref_fn(), tc_fn()
-            if isinstance(want, tuple):
-                e_ref = max(rel(a, c) for a, c in zip(got_ref, want, strict=True))
-                e_tc = max(rel(a, c) for a, c in zip(got_tc, want, strict=True))
-            else:
-                e_ref, e_tc = rel(got_ref, want), rel(got_tc, want)
+        for what, ref_fn, tc_fn, want in layer_cases(m, k, n, g):
+            e_ref, e_tc = rel(ref_fn(), want), rel(tc_fn(), want)
             us_ref, us_tc = per_call_us(ref_fn), per_call_us(tc_fn)
             print(
                 f"| {label} | {m} x {k} -> {n} | {what} | {us_ref:.1f} | {us_tc:.1f} "

@@ -19,11 +19,10 @@ import json
 import time
 
 import torch
-from products_bench import _cases, per_call_us, rel  # tools/ is on the path
+from products_bench import DEV, layer_cases, per_call_us, rel  # tools/ is on the path
 
 from cuscikit.nnqs import products
 
-DEV = torch.device("cuda")
 _PACKAGE_TILE = products._tile
 
 
@@ -94,13 +93,7 @@ def main() -> None:
     tokens, d = args.rows * args.length, args.d
     shapes = [("qkv", d, 3 * d), ("attention proj", d, d), ("fc", d, 4 * d), ("mlp proj", 4 * d, d)]
     g = torch.Generator(device=DEV).manual_seed(0)
-    layers = []
-    for label, k, n in shapes:
-        x = torch.randn(tokens, k, device=DEV, generator=g)
-        w = torch.randn(n, k, device=DEV, generator=g) / k**0.5
-        b = torch.randn(n, device=DEV, generator=g)
-        dy = torch.randn(tokens, n, device=DEV, generator=g)
-        layers.append((label, _cases(x, w, b, dy)))
+    layers = [(label, layer_cases(tokens, k, n, g)) for label, k, n in shapes]
     kinds = ("forward", "input gradient", "weight gradient + bias")
 
     def measure(which: int) -> tuple[dict, float]:
@@ -109,12 +102,7 @@ def main() -> None:
         for label, cases in layers:
             for case in cases:
                 fn, want = case[1 + which], case[3]
-                got = fn()
-                if isinstance(want, tuple):
-                    err = max(rel(a, c) for a, c in zip(got, want, strict=True))
-                else:
-                    err = rel(got, want)
-                worst = max(worst, err)
+                worst = max(worst, rel(fn(), want))
                 times[(label, case[0])] = per_call_us(fn)
         return times, worst
 
