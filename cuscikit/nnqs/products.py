@@ -65,8 +65,10 @@ MAX_WIDTH: int | None = 256
 FUSED_MLP = True
 _failed: str | None = None  # why the kernel was turned off
 _BK = 32  # the reduction's step (rows of the operands a program loads at once)
-_WARPS = 4
-_STAGES: int | None = None  # Triton's pipelining depth of the reduction's loop (None: its own)
+_WARPS = 4  # warps a program where B is read along the reduction (a forward: x @ w.t())
+_WARPS_ROWS = 2  # ... where it is read along its rows (input and weight gradients)
+_STAGES: int | None = None  # Triton's pipelining depth of the reduction's loop (None: its
+# own; one stage where the reduction is a single step, which Triton's pipelining only slows)
 _WG_PER_SM = 2  # a weight gradient's programs: about this many a multiprocessor
 _SMS: dict = {}  # device index -> multiprocessors
 
@@ -117,6 +119,8 @@ if triton is not None:
         N,
         K,
         k_split,
+        c_split,
+        s_split,
         sam,
         sak,
         sbk,
@@ -130,8 +134,9 @@ if triton is not None:
     ):
         """Split s (third grid axis) of C = A @ B: A (M, K) and B (K, N) by their strides, the
         reduction over s's slice [s k_split, (s + 1) k_split) of K, written to the contiguous
-        C[s] (M, N), plus ``bias`` (N,) with HAS_BIAS. With SUMS the programs of the first
-        column tile also write A's row sums over the slice to sums[s] (M,). ACT (one split):
+        (M, N) at c_ptr + s c_split, plus ``bias`` (N,) with HAS_BIAS. With SUMS the programs of
+        the first column tile also write A's row sums over the slice to sums_ptr + s s_split
+        (M,). ACT (one split):
         0 C as it is; 1 (a layer and its GELU) the sum u to u_ptr (M, N) and gelu(u) to C;
         2 (an input gradient through the GELU before it) C times gelu'(u), u read from u_ptr."""
         pm = tl.program_id(0)
@@ -170,10 +175,10 @@ if triton is not None:
             acc = gelu(acc)
         if ACT == 2:
             acc = acc * gelu_grad(tl.load(u_ptr + at, mask=inside, other=0.0))
-        tl.store(c_ptr + ps * M * N + at, acc, mask=inside)
+        tl.store(c_ptr + ps * c_split + at, acc, mask=inside)
         if SUMS:
             if pn == 0:
-                tl.store(sums_ptr + ps * M + rm, sums, mask=in_m)
+                tl.store(sums_ptr + ps * s_split + rm, sums, mask=in_m)
 
 
 def _tile(n: int) -> int:
@@ -182,6 +187,13 @@ def _tile(n: int) -> int:
     if n % 64 == 0 or n > 256:
         return 64
     return 32 if n % 32 == 0 or n > 16 else 16
+
+
+def _stages(k_split: int) -> dict:
+    """Triton's pipelining depth for a reduction of k_split (as a launch keyword, or none)."""
+    if _STAGES is not None:
+        return {"num_stages": _STAGES}
+    return {"num_stages": 1} if k_split <= _BK else {}
 
 
 def _sms(device: torch.device) -> int:
@@ -194,30 +206,35 @@ def _sms(device: torch.device) -> int:
 
 
 def _launch(a, b, bias, splits: int, sums: bool, act: int = 0, u=None):
-    """(C over its splits (splits, M, N), A's row sums over the splits (splits, M) or None);
-    ``act`` and ``u`` as the kernel's ACT (one split)."""
+    """(C over its splits (splits, M, N), A's row sums over the splits (splits, M) or None,
+    the buffer (splits, M N (+ M)) both are views of: each split's products followed by its
+    sums, so that one reduction over the splits sums both); ``act`` and ``u`` as the kernel's
+    ACT (one split)."""
     m, k = a.shape
     n = b.shape[1]
     bm, bn = _tile(m), _tile(n)
     k_split = -(-k // splits)
     k_split = -(-k_split // _BK) * _BK
     splits = -(-k // k_split) if k else 1
-    c = a.new_empty((splits, m, n))
-    s = a.new_empty((splits, m)) if sums else c
+    width = m * n + (m if sums else 0)
+    buf = a.new_empty((splits, width))
+    c, s = buf[:, : m * n].view(splits, m, n), buf[:, m * n :]
     grid = (-(-m // bm), -(-n // bn), splits)
     dev = torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext()
     with dev:
         _mm_kernel[grid](
             a,
             b,
-            c,
-            bias if bias is not None else c,
-            s,
-            u if u is not None else c,
+            buf,
+            bias if bias is not None else buf,
+            s if sums else buf,
+            u if u is not None else buf,
             m,
             n,
             k,
             k_split,
+            width,
+            width,
             a.stride(0),
             a.stride(1),
             b.stride(0),
@@ -228,10 +245,10 @@ def _launch(a, b, bias, splits: int, sums: bool, act: int = 0, u=None):
             BM=bm,
             BN=bn,
             BK=_BK,
-            num_warps=_WARPS,
-            **({} if _STAGES is None else {"num_stages": _STAGES}),
+            num_warps=_WARPS if b.stride(0) == 1 else _WARPS_ROWS,
+            **_stages(k_split),
         )
-    return c, (s if sums else None)
+    return c, (s if sums else None), buf
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -272,10 +289,12 @@ def weight_grad(
     rows = x.shape[0]
     tiles = -(-dy.shape[1] // _tile(dy.shape[1])) * -(-x.shape[1] // _tile(x.shape[1]))
     splits = max(1, min(-(-rows // (4 * _BK)), (_WG_PER_SM * _sms(x.device)) // tiles))
-    c, s = _launch(dy.t(), x, None, splits, bias)
-    dw = c[0] if c.shape[0] == 1 else c.sum(0)
-    db = None if s is None else (s[0] if s.shape[0] == 1 else s.sum(0))
-    return dw, db
+    c, s, buf = _launch(dy.t(), x, None, splits, bias)
+    if c.shape[0] == 1:
+        return c[0], (None if s is None else s[0])
+    out, mn = c.shape[1], c.shape[1] * c.shape[2]
+    total = buf.sum(0)  # the products' and the sums' splits in one reduction
+    return total[:mn].view(out, c.shape[2]), (None if s is None else total[mn:])
 
 
 def _check(a: torch.Tensor, b: torch.Tensor) -> None:
