@@ -6,9 +6,11 @@ the microseconds of each layer's forward, input gradient and weight gradient wit
 sums (50 calls recorded in one CUDA graph, median of 20 replays), their sum over the four
 layers (one block's twelve products), and the largest error against float64 relative to the
 largest entry, beside cuBLAS's float32 products. A setting whose error passes 3e-6 is marked;
-one Triton cannot launch (shared memory) is reported and skipped.
+one Triton cannot launch (shared memory) is reported and skipped. ``--phase`` sweeps the phase
+MLP's products instead (1,920 rows, 2 L -> hidden, hidden -> hidden, hidden -> 1).
 
-    python tools/products_sweep.py [--rows 1920] [--length 10] [--d 32] [--json-out F]
+    python tools/products_sweep.py [--rows 1920] [--length 10] [--d 32] [--phase]
+        [--hidden 512] [--json-out F]
 """
 
 from __future__ import annotations
@@ -40,45 +42,47 @@ def _tile_rule(side: int):
     return rule
 
 
-# (label, the reduction's step, warps, stages or None, tile side, weight-gradient programs/SM)
-BASE = ("package", 32, 4, None, 64, 2)
+# (label, the reduction's step, warps or None, stages or None, tile side, weight-gradient
+# programs/SM); None: the package's rule (warps: 4 for a forward, 2 for the gradients; stages:
+# 1 for a one-step reduction, else Triton's own)
+BASE = ("package", 32, None, None, 64, 2)
 SETTINGS = [
     BASE,
-    ("bk16", 16, 4, None, 64, 2),
-    ("bk64", 64, 4, None, 64, 2),
+    ("warps4", 32, 4, None, 64, 2),
+    ("bk16", 16, None, None, 64, 2),
+    ("bk64", 64, None, None, 64, 2),
     ("warps2", 32, 2, None, 64, 2),
     ("warps8", 32, 8, None, 64, 2),
-    ("stages1", 32, 4, 1, 64, 2),
-    ("stages2", 32, 4, 2, 64, 2),
-    ("stages3", 32, 4, 3, 64, 2),
-    ("stages4", 32, 4, 4, 64, 2),
-    ("tile32", 32, 4, None, 32, 2),
-    ("tile128", 32, 4, None, 128, 2),
+    ("stages1", 32, None, 1, 64, 2),
+    ("stages2", 32, None, 2, 64, 2),
+    ("stages3", 32, None, 3, 64, 2),
+    ("stages4", 32, None, 4, 64, 2),
+    ("tile32", 32, None, None, 32, 2),
+    ("tile128", 32, None, None, 128, 2),
     ("tile128-warps8", 32, 8, None, 128, 2),
-    ("wg1", 32, 4, None, 64, 1),
-    ("wg4", 32, 4, None, 64, 4),
-    ("wg8", 32, 4, None, 64, 8),
+    ("wg1", 32, None, None, 64, 1),
+    ("wg4", 32, None, None, 64, 4),
+    ("wg8", 32, None, None, 64, 8),
     ("bk64-warps8-tile128", 64, 8, None, 128, 2),
-    ("bk64-stages3", 64, 4, 3, 64, 2),
+    ("bk64-stages3", 64, None, 3, 64, 2),
 ]
 
 
 @contextlib.contextmanager
-def setting(bk: int, warps: int, stages, side: int, wg: int):
-    """The products' module settings for the duration, restored after."""
-    saved = (products._BK, products._WARPS, products._STAGES, products._tile, products._WG_PER_SM)
-    products._BK, products._WARPS, products._STAGES = bk, warps, stages
+def setting(bk: int, warps, stages, side: int, wg: int):
+    """The products' module settings for the duration, restored after (``warps`` None: the
+    package's rule, else that many warps for every product; ``stages`` None: the package's)."""
+    names = ("_BK", "_WARPS", "_WARPS_ROWS", "_STAGES", "_tile", "_WG_PER_SM")
+    saved = [getattr(products, name) for name in names]
+    products._BK, products._STAGES = bk, stages
+    if warps is not None:
+        products._WARPS = products._WARPS_ROWS = warps
     products._tile, products._WG_PER_SM = _tile_rule(side), wg
     try:
         yield
     finally:
-        (
-            products._BK,
-            products._WARPS,
-            products._STAGES,
-            products._tile,
-            products._WG_PER_SM,
-        ) = saved
+        for name, value in zip(names, saved, strict=True):
+            setattr(products, name, value)
 
 
 def main() -> None:
@@ -86,12 +90,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1920)
     ap.add_argument("--length", type=int, default=10)
     ap.add_argument("--d", type=int, default=32)
+    ap.add_argument("--phase", action="store_true", help="the phase MLP's layers instead")
+    ap.add_argument("--hidden", type=int, default=512, help="the phase MLP's width")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     tokens, d = args.rows * args.length, args.d
     shapes = [("qkv", d, 3 * d), ("attention proj", d, d), ("fc", d, 4 * d), ("mlp proj", 4 * d, d)]
+    what = "block's 12 products"
+    if args.phase:
+        tokens, h = args.rows, args.hidden
+        shapes = [("phase in", 2 * args.length, h), ("phase hidden", h, h), ("phase out", h, 1)]
+        what = "the phase MLP's 9 products"
     g = torch.Generator(device=DEV).manual_seed(0)
     layers = [(label, layer_cases(tokens, k, n, g)) for label, k, n in shapes]
     kinds = ("forward", "input gradient", "weight gradient + bias")
@@ -109,7 +120,7 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {tokens} rows, d {d}")
     print(
         "| setting | BK | warps | stages | tile | wg/SM | forward us | input gradient us "
-        "| weight gradient us | block's 12 products us | largest error |\n"
+        f"| weight gradient us | {what} us | largest error |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     rows = []
