@@ -206,6 +206,10 @@ VARIANTS = {  # label: Runner options; "fused_ops": the Triton training kernels 
     # the transformer's), the phase MLP's 512-wide layers with cuBLAS's; and for every layer
     "graph-tc-narrow": {"graphs": True, "products": True, "max_width": 256},
     "graph-tc-wide": {"graphs": True, "products": True, "max_width": None},
+    # the recorded stage captured on a stream of the highest priority, its side streams' work
+    # (parameter gradients, phase MLP) at the default one (``graphs.CHAIN_PRIORITY``), and not
+    "graph-priority": {"graphs": True, "chain_priority": True},
+    "graph-no-priority": {"graphs": True, "chain_priority": False},
     # cuBLAS's float32 products in one TF32 pass (torch.backends.cuda.matmul.allow_tf32):
     # about 1e-3 relative error a product, not float32's accuracy; a speed comparison only
     "graph-tf32": {"graphs": True, "tf32": True},
@@ -232,6 +236,7 @@ _ASIDE_DEFAULTS = (
 _ATTN_ROWS = dict(getattr(fused_ops, "_ATTN_ROWS", {}))  # the package's default
 _PRODUCTS_DEFAULT = getattr(products, "ENABLED", False)
 _MAX_WIDTH = getattr(products, "MAX_WIDTH", None)
+_CHAIN_PRIORITY = getattr(graphs, "CHAIN_PRIORITY", False)
 
 
 def load_system(name: str):
@@ -278,6 +283,9 @@ def run(mol, options: dict, iterations: int, dtype, extra: dict | None = None):
     prefetch = options.pop("prefetch", True)
     if hasattr(graphs, "PREFETCH"):  # a package with the prefetch
         graphs.PREFETCH = prefetch
+    priority = options.pop("chain_priority", _CHAIN_PRIORITY)
+    if hasattr(graphs, "CHAIN_PRIORITY"):  # a package with the option
+        graphs.CHAIN_PRIORITY = priority
     tc = options.pop("products", _PRODUCTS_DEFAULT)
     fused_mlp = options.pop("fused_mlp", True)
     max_width = options.pop("max_width", _MAX_WIDTH)

@@ -91,7 +91,14 @@ _ADAMW_BLOCK = 1024
 #: True: the Runner queues the next iteration's ln psi over S (`InferenceGraph.prefetch`)
 #: right after its recorded optimiser stage, ahead of the host's wait for the stage.
 PREFETCH = True
+#: True: `record` captures on a stream of the device's highest priority. torch instantiates
+#: graphs with their nodes' own priorities, so the recorded stage's chain (the pass's forward
+#: and input gradients) is then scheduled ahead of its side streams' work (the parameter
+#: gradients and the phase MLP, `cuscikit.nnqs.aside`), which is captured at the default
+#: priority, wherever both wait for the same multiprocessors.
+CHAIN_PRIORITY = False
 _SIDE_STREAMS: dict = {}
+_CAPTURE_STREAMS: dict = {}
 
 
 def _side_stream(device) -> torch.cuda.Stream:
@@ -105,11 +112,23 @@ def _side_stream(device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[key]
 
 
+def _capture_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream `record` captures on: with ``CHAIN_PRIORITY`` one of the highest priority a
+    device, kept for the process (None: torch's own capture stream, of the default priority)."""
+    if not CHAIN_PRIORITY:
+        return None
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _CAPTURE_STREAMS:  # torch maps a priority beyond the range to its end
+        _CAPTURE_STREAMS[key] = torch.cuda.Stream(key, priority=-(1 << 10))
+    return _CAPTURE_STREAMS[key]
+
+
 def record(fn, device=None, *, warm_up=None, warm_ups: int = 2):
     """``fn()`` recorded as a CUDA graph: ``warm_ups`` calls of ``warm_up`` (default ``fn``)
     on the device's side stream first (lazy initialisation and workspaces outside the
     recording), then ``fn()`` captured. Returns ``(graph, what fn returned while recorded)``;
-    ``graph.replay()`` reruns it on the same tensors.
+    ``graph.replay()`` reruns it on the same tensors. With ``CHAIN_PRIORITY`` the capture runs
+    on a stream of the highest priority (see there).
 
     Example (needs a CUDA GPU):
         >>> x = torch.ones(4, device="cuda")                     # doctest: +SKIP
@@ -125,7 +144,7 @@ def record(fn, device=None, *, warm_up=None, warm_ups: int = 2):
             (warm_up or fn)()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=_capture_stream(device)):
         out = fn()
     return graph, out
 

@@ -104,15 +104,16 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
     `aside.GRADIENT_STREAMS` streams, `aside.PHASE`) and releases every read at its joins.
     Then one recorded stage of that run (the teacher's 16 inner steps, 17 passes), from the
     same weights and AdamW state, with the parameter gradients (on one side stream or in turn
-    on four) and/or the phase MLP on their side streams, and with the local energies by
-    `local_energy`'s kernels or torch's operations: the weights after it equal those of
+    on four) and/or the phase MLP on their side streams, with the local energies by
+    `local_energy`'s kernels or torch's operations, and recorded on a stream of the highest
+    priority (`graphs.CHAIN_PRIORITY`) or not: the weights after it equal those of
     the stage on one stream to 1e-10, and so do the loss and flags (a missing fork or join
     reads gradients before they are written). Whole runs are not compared: with the teacher's
     inner steps two runs of the same path part from iteration 10 at 1e-8 (N2) and from
     iteration 6 at 1e-9 (the ring), growing, on an H100."""
     import copy
 
-    from cuscikit.nnqs import aside, local_energy
+    from cuscikit.nnqs import aside, graphs, local_energy
     from cuscikit.nnqs.graphs import OptimizerGraph
 
     kw = dict(graphs=True, teacher=1.0, teacher_until=20, teacher_hold=0.0)
@@ -127,18 +128,20 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
     assert seen["args"][5] == 16
     results = {}
     for switches in [
-        (False, False, 1, False),
-        (False, False, 1, True),
-        (True, False, 1, False),
-        (True, False, 4, False),
-        (False, True, 1, False),
-        (True, True, 1, False),
-        (True, True, 4, True),
+        (False, False, 1, False, False),
+        (False, False, 1, True, False),
+        (True, False, 1, False, False),
+        (True, False, 4, False, False),
+        (False, True, 1, False, False),
+        (True, True, 1, False, False),
+        (True, True, 4, True, False),
+        (True, True, 4, True, True),
     ]:
         monkeypatch.setattr(aside, "ENABLED", switches[0])
         monkeypatch.setattr(aside, "PHASE", switches[1])
         monkeypatch.setattr(aside, "GRADIENT_STREAMS", switches[2])
         monkeypatch.setattr(local_energy, "ENABLED", switches[3])
+        monkeypatch.setattr(graphs, "CHAIN_PRIORITY", switches[4])
         ansatz = copy.deepcopy(runner.ansatz)
         ansatz.load_state_dict(seen["weights"])
         opt = torch.optim.AdamW(ansatz.parameters())
@@ -148,7 +151,7 @@ def test_side_streams_leave_a_recorded_stage_unchanged(name, monkeypatch):
         assert stage.captures == 1 and stage.replays == 1 and stage._key.csr == switches[3]
         assert not aside._held and not aside._pending
         results[switches] = out, {k: p.detach().clone() for k, p in ansatz.named_parameters()}
-    (loss, *flags), want = results.pop((False, False, 1, False))
+    (loss, *flags), want = results.pop((False, False, 1, False, False))
     assert flags == [True, True]
     moved = max(float((p - seen["weights"][k]).abs().max()) for k, p in want.items())
     assert moved > 1e-6  # the stage moved the weights
