@@ -13,12 +13,12 @@ gradient splits the rows over programs, each writing its partial product (and, f
 its partial column sums of ``dy``), summed over the splits in a fixed order.
 
 `cuscikit.nnqs.aside.linear` (the Ansatz's linear layers) takes these products in a float32
-pass that records a gradient on a CUDA device (`applies`): by default (``ENABLED``) for the
-layers no wider than ``MAX_WIDTH`` = 256, the transformer's; the phase MLP's 512-wide layers
-keep cuBLAS's, which are faster there (on an H100 the default N2/STO-3G iteration with the
-teacher took 18.1 ms against 20.4 with cuBLAS's products everywhere, docs/performance.md,
-"tensor-core-products"). Float64 and inference keep torch's. A kernel that fails to build turns
-them off with a warning.
+pass that records a gradient on a CUDA device (`applies`): by default (``ENABLED``) for every
+layer, the transformer's and the phase MLP's (``MAX_WIDTH`` None; on an H100 the recorded
+optimiser stage of a default N2/STO-3G iteration with the teacher took 15.2 ms against 18.9 with
+cuBLAS's products and 15.8 with the kernels for the transformer's layers alone,
+docs/performance.md, "products-sweep"). Float64 and inference keep torch's. A kernel that
+fails to build turns them off with a warning.
 
 Example (needs a CUDA GPU and Triton):
     >>> import torch
@@ -54,11 +54,11 @@ __all__ = [
 
 #: True: a float32 training pass's linear layers take these products (see the module).
 ENABLED = True
-#: A layer whose weight is wider than this (in or out) keeps torch's products (None: no
-#: limit): 256 takes the transformer's layers up to d_model 64 (its MLP 4 d_model wide) and
-#: leaves the phase MLP's 512-wide ones to cuBLAS, which is faster there (measured on an H100
-#: at N2/STO-3G's shapes, docs/performance.md).
-MAX_WIDTH: int | None = 256
+#: A layer whose weight is wider than this (in or out) keeps torch's products (None, the
+#: default: no limit). 256 takes the transformer's layers up to d_model 64 (its MLP 4 d_model
+#: wide) and leaves the phase MLP's 512-wide ones to cuBLAS, which was the faster choice
+#: before the gradients' launch settings of the kernel were tuned (docs/performance.md).
+MAX_WIDTH: int | None = None
 #: True (with ENABLED): an MLP's layers and the GELUs between them are one autograd function
 #: (`cuscikit.nnqs.aside.mlp`) whose GELUs are in the products' kernels (the forward one in
 #: the layer before, its derivative in the input gradient of the layer after).
