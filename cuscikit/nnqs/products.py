@@ -119,8 +119,7 @@ if triton is not None:
         N,
         K,
         k_split,
-        c_split,
-        s_split,
+        split,
         sam,
         sak,
         sbk,
@@ -134,11 +133,11 @@ if triton is not None:
     ):
         """Split s (third grid axis) of C = A @ B: A (M, K) and B (K, N) by their strides, the
         reduction over s's slice [s k_split, (s + 1) k_split) of K, written to the contiguous
-        (M, N) at c_ptr + s c_split, plus ``bias`` (N,) with HAS_BIAS. With SUMS the programs of
-        the first column tile also write A's row sums over the slice to sums_ptr + s s_split
-        (M,). ACT (one split):
-        0 C as it is; 1 (a layer and its GELU) the sum u to u_ptr (M, N) and gelu(u) to C;
-        2 (an input gradient through the GELU before it) C times gelu'(u), u read from u_ptr."""
+        (M, N) at c_ptr + s split, plus ``bias`` (N,) with HAS_BIAS. With SUMS the programs of
+        the first column tile also write A's row sums over the slice to sums_ptr + s split (M,).
+        ACT (one split): 0 C as it is; 1 (a layer and its GELU) the sum u to u_ptr (M, N) and
+        gelu(u) to C; 2 (an input gradient through the GELU before it) C times gelu'(u), u read
+        from u_ptr."""
         pm = tl.program_id(0)
         pn = tl.program_id(1)
         ps = tl.program_id(2)
@@ -175,10 +174,10 @@ if triton is not None:
             acc = gelu(acc)
         if ACT == 2:
             acc = acc * gelu_grad(tl.load(u_ptr + at, mask=inside, other=0.0))
-        tl.store(c_ptr + ps * c_split + at, acc, mask=inside)
+        tl.store(c_ptr + ps * split + at, acc, mask=inside)
         if SUMS:
             if pn == 0:
-                tl.store(sums_ptr + ps * s_split + rm, sums, mask=in_m)
+                tl.store(sums_ptr + ps * split + rm, sums, mask=in_m)
 
 
 def _tile(n: int) -> int:
@@ -233,7 +232,6 @@ def _launch(a, b, bias, splits: int, sums: bool, act: int = 0, u=None):
             n,
             k,
             k_split,
-            width,
             width,
             a.stride(0),
             a.stride(1),
