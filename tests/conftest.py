@@ -27,13 +27,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def count_calls(monkeypatch, owner, name: str) -> list:
-    """Replace ``owner.name`` (a function or method) by one that records each call in the
-    returned list, then calls the original."""
+    """Replace ``owner.name`` (a function or method) by one that records each call's
+    positional arguments in the returned list, then calls the original."""
     original = getattr(owner, name)
     calls: list = []
 
     def counted(*args, **kwargs):
-        calls.append(1)
+        calls.append(args)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, counted)

@@ -349,7 +349,7 @@ class _GeluMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        return _with_products(lambda tc: _GeluMLP._backward(ctx, dout, tc), True)
+        return _with_products(lambda tc: _GeluMLP._backward(ctx, dout, tc), products.usable())
 
     @staticmethod
     def _backward(ctx, dout, tc: bool):
@@ -383,21 +383,22 @@ def mlp(x: torch.Tensor, layers) -> torch.Tensor:
     MLP. In a pass that takes the tensor-core products (`cuscikit.nnqs.products.applies`, with
     ``products.FUSED_MLP``) one autograd function whose GELUs are in the products' kernels;
     otherwise the layers one by one (through `linear`) with `torch.nn.functional.gelu`."""
-    w0 = layers[0].weight
-    if products.FUSED_MLP and products.applies(x, w0):
-        if all(m.weight.dtype == w0.dtype for m in layers):
+
+    def run(fused: bool) -> torch.Tensor:
+        if fused:
             streams = tuple(stream_for(x) for _ in layers)
             wb = [t for m in layers for t in (m.weight, m.bias)]
-            try:
-                return _GeluMLP.apply(x, streams, *wb)
-            except Exception as exc:  # noqa: BLE001 - a kernel that does not build: torch's
-                products.turn_off(exc)
-    h = x
-    for i, m in enumerate(layers):
-        h = m(h)
-        if i < len(layers) - 1:
-            h = F.gelu(h)
-    return h
+            return _GeluMLP.apply(x, streams, *wb)
+        h = x
+        for i, m in enumerate(layers):
+            h = m(h)
+            if i < len(layers) - 1:
+                h = F.gelu(h)
+        return h
+
+    w0 = layers[0].weight
+    fused = products.FUSED_MLP and products.applies(x, w0)
+    return _with_products(run, fused and all(m.weight.dtype == w0.dtype for m in layers))
 
 
 class _Embed(torch.autograd.Function):

@@ -77,12 +77,6 @@ def test_float32_pass_with_the_products_matches_float64(fused_mlp, max_width, mo
     psi64 = Ansatz.for_molecule(mol, seed=0, dtype=torch.float64, device="cuda")
     x = all_determinants(mol.norb, mol.nelec)
     x = x[:: max(1, len(x) // 1920)][:1920]
-    calls = []
-    launch = products._launch
-
-    def counted(*a, **kw):
-        calls.append(a[0].shape)
-        return launch(*a, **kw)
 
     def run(psi, on):
         products.ENABLED = on
@@ -94,11 +88,10 @@ def test_float32_pass_with_the_products_matches_float64(fused_mlp, max_width, mo
             aside.join(DEV)
         return lp.detach(), grads
 
-    products._launch = counted
-    try:
+    with monkeypatch.context() as m:
+        launches = count_calls(m, products, "_launch")
         lp_tc, g_tc = run(psi32, True)
-    finally:
-        products._launch = launch
+    calls = [args[0].shape for args in launches]
     linears = [m for m in psi32.modules() if isinstance(m, torch.nn.Linear)]
     narrow = [m for m in linears if max(m.weight.shape) <= (max_width or max(m.weight.shape))]
     # forward, input and weight gradient of each but the head (the tail kernel's); no input
